@@ -1,0 +1,152 @@
+"""`--backend server`: time chunks against a live SGLang server through its radix cache.
+
+Why: this measures the kernels, attention backend, TP/PP and scheduler SGLang really uses. The
+prefix is sent once (the radix cache keeps it), then prefix + x fresh tokens is sent per repeat;
+only the x tokens are prefilled. The time is the server's own prefill span when its meta_info has
+one (`--enable-metrics`: prefill_finished_time - forward_entry_time), else the client-side time to
+the first streamed chunk. Samples cover the whole model (all PP stages), marked scope "all".
+Keep the server's --chunked-prefill-size >= the largest chunk, or SGLang splits the chunk itself.
+"""
+from __future__ import annotations
+
+import json
+import time
+import warnings
+
+from tqdm import tqdm
+
+from .grid import MAX_LEN_CAP, ProfileConfig, median
+
+TOKEN_RANGE = (1000, 30000)  # inside any modern vocabulary, clear of special tokens
+
+
+class ServerClient:
+    def __init__(self, base_url: str, timeout: float = 600.0):
+        import requests
+
+        self.url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+        self._requests = requests
+
+    def _call(self, method: str, path: str, **kw):
+        timeout = kw.pop("timeout", self.timeout)
+        try:
+            return self.session.request(method, self.url + path, timeout=timeout, **kw)
+        except self._requests.Timeout:
+            raise ValueError(f"SGLang server at {self.url} did not answer {path} within {timeout} s; "
+                             "raise --timeout, check the server log or fix --base-url") from None
+        except self._requests.ConnectionError as exc:
+            raise ValueError(f"cannot reach the SGLang server at {self.url} ({type(exc).__name__}); start it "
+                             "(python -m sglang.launch_server ...) or fix --base-url") from None
+        except self._requests.RequestException as exc:
+            raise ValueError(f"--base-url {self.url!r}: request to {path} failed ({exc}); "
+                             "use a URL like http://127.0.0.1:30000") from None
+
+    def get_json(self, *paths: str) -> dict:
+        """First of `paths` that answers 200 with JSON ({} if none does: older/newer servers)."""
+        for path in paths:
+            r = self._call("GET", path, timeout=min(self.timeout, 30.0))
+            if r.status_code == 200:
+                try:
+                    return r.json()
+                except ValueError:
+                    pass
+        return {}
+
+    def flush(self) -> None:
+        try:
+            self._call("POST", "/flush_cache", timeout=min(self.timeout, 30.0))
+        except ValueError:
+            pass  # best effort: a busy server refuses to flush
+
+    def generate(self, input_ids: list[int], stream: bool = False) -> tuple[dict, float]:
+        """(meta_info, client seconds to the first response chunk)."""
+        body = {"input_ids": input_ids, "stream": stream,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        t0 = time.perf_counter()
+        r = self._call("POST", "/generate", json=body, stream=stream)
+        if r.status_code != 200:
+            raise ValueError(f"SGLang server at {self.url} answered /generate with HTTP {r.status_code}: "
+                             f"{r.text[:300]}")
+        if not stream:
+            return r.json().get("meta_info", {}), time.perf_counter() - t0
+        first, meta = None, {}
+        for line in r.iter_lines():
+            if not line or not line.startswith(b"data:"):
+                continue
+            if first is None:
+                first = time.perf_counter() - t0
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            meta = json.loads(data).get("meta_info", meta)
+        return meta, first if first is not None else time.perf_counter() - t0
+
+
+def server_prefill_ms(meta: dict) -> float | None:
+    """The server-side prefill span in ms, when the server reports it (--enable-metrics)."""
+    a, b = meta.get("forward_entry_time"), meta.get("prefill_finished_time")
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > a:
+        return (b - a) * 1e3
+    return None
+
+
+def profile_server(cfg: ProfileConfig, progress: bool = True) -> tuple[list[dict], dict]:
+    import random
+
+    client = ServerClient(cfg.base_url, cfg.timeout)
+    info = client.get_json("/server_info", "/get_server_info")
+    minfo = client.get_json("/model_info", "/get_model_info")
+    if info.get("disable_radix_cache"):
+        raise ValueError(f"SGLang server at {client.url} runs with --disable-radix-cache; the server backend "
+                         "needs the radix cache to hold the prefix. Restart it without that flag.")
+    ctx = info.get("context_length") or MAX_LEN_CAP
+    max_len = cfg.max_len or min(int(ctx), MAX_LEN_CAP)
+    grid = cfg.grid(max_len)
+    cps = info.get("chunked_prefill_size")
+    if isinstance(cps, int) and cps > 0 and max(x for _, x in grid) > cps:
+        warnings.warn(f"server --chunked-prefill-size {cps} < largest chunk {max(x for _, x in grid)}: SGLang "
+                      "will split those chunks, so their times cover several forwards", stacklevel=2)
+    rng = random.Random(cfg.seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+
+    samples, low_hits, sources = [], [], set()
+    for L, x in tqdm(grid, desc=f"profile server {client.url}", unit="pt", disable=not progress):
+        client.flush()
+        prefix = ids(L)
+        if L:
+            client.generate(prefix)  # caches the prefix in the radix tree
+        runs, cached = [], []
+        for r in range(cfg.warmup + cfg.repeats):
+            meta, ttft = client.generate(prefix + ids(x), stream=True)
+            srv = server_prefill_ms(meta)
+            sources.add("server_meta" if srv is not None else "client_ttft")
+            if r >= cfg.warmup:
+                runs.append(srv if srv is not None else ttft * 1e3)
+                cached.append(int(meta.get("cached_tokens", 0) or 0))
+        hit = median(cached)
+        if L and hit < 0.9 * L:
+            low_hits.append((L, x, hit))
+        samples.append({"L": L, "x": x, "ms": median(runs), "stage": 0, "scope": "all", "backend": "server",
+                        "cached_tokens": hit})
+    if low_hits:
+        L, x, hit = low_hits[0]
+        warnings.warn(f"{len(low_hits)} points reused less than 90% of the prefix (e.g. L={L}, x={x}: "
+                      f"cached_tokens={hit:.0f}); is the radix cache disabled or too small?", stacklevel=2)
+    meta = {
+        "model": minfo.get("model_path") or info.get("model_path"),
+        "device_name": info.get("device"), "dtype": info.get("dtype"),
+        "tp": info.get("tp_size"), "pp": info.get("pp_size"), "stage": "all",
+        "page_size": info.get("page_size"),
+        "base_url": client.url, "attention_backend": info.get("attention_backend"),
+        "chunked_prefill_size": cps, "max_len": max_len, "timing": sorted(sources),
+    }
+    if info.get("version"):
+        meta["sglang_version"] = info["version"]  # the server's, not this client's
+    return samples, meta
+
+
+__all__ = ["profile_server", "ServerClient", "server_prefill_ms"]

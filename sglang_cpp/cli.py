@@ -1,0 +1,150 @@
+"""`sglang-cpp` command line: plan, simulate, profile, tune, bench.
+
+Each subcommand lives in its own module and is imported lazily, so `sglang-cpp plan` never pays
+for matplotlib, transformers or sglang imports.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from . import __version__
+
+# name -> (module, add_args, run, help)
+SUBCOMMANDS = {
+    "plan": ("sglang_cpp.cli", "add_plan_args", "run_plan", "print the chunk plan for one prompt"),
+    "simulate": ("sglang_cpp.simulator", "add_simulate_args", "run_simulate",
+                 "simulate a pipeline running a chunk plan (TTFT, bubbles, Perfetto trace)"),
+    "profile": ("sglang_cpp.profiler.cli", "add_args", "run", "measure t(L, x) on this hardware"),
+    "tune": ("sglang_cpp.tuning.cli", "add_args", "run", "fit, recommend chunking/sigma/plan, partition layers"),
+    "bench": ("sglang_cpp.bench", "add_args", "run", "TTFT benchmark client and side-by-side comparison"),
+}
+
+
+def parse_len(text: str | int) -> int:
+    """'131072', '128k' (x1024) or '1m' (x1024^2)."""
+    if isinstance(text, int):
+        return text
+    t = str(text).strip().lower()
+    mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a length (examples: 8192, 128k, 1m)") from None
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--profile", help="profile / cost-model JSON (from `sglang-cpp profile` or `tune`)")
+    g.add_argument("--coeffs", help="A,B,C (upstream f(l)=A l^2+B l+C) or c0,g,b,d,e,f (2-D model)")
+
+
+def load_cost_arg(args):
+    from .costmodel import load_cost, parse_coeffs
+
+    if getattr(args, "profile", None):
+        return load_cost(args.profile)
+    if getattr(args, "coeffs", None):
+        return parse_coeffs(args.coeffs)
+    raise SystemExit("error: give --profile JSON or --coeffs")
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", choices=["plan", "quadratic", "fixed"], default="plan")
+    add_cost_args(p)
+    p.add_argument("--prompt-len", type=parse_len, required=True)
+    p.add_argument("--prefix-len", type=parse_len, default=0, help="tokens already cached (radix/HiCache hit)")
+    p.add_argument("--pp-size", type=int, default=2)
+    p.add_argument("--chunk-size", type=int, default=None, help="--chunked-prefill-size (base chunk C)")
+    p.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--context-len", type=parse_len, default=None)
+    p.add_argument("--max-prefill-tokens", type=int, default=16384)
+    p.add_argument("--align", type=int, default=None, help="chunk alignment (default max(page-size, 64))")
+    p.add_argument("--min-chunk", type=int, default=None, help="smallest non-final chunk (default chunk-size//4)")
+    p.add_argument("--max-chunk", type=int, default=None, help="largest chunk (default --max-prefill-tokens)")
+    p.add_argument("--overhead-ms", type=float, default=0.0, help="per-chunk P2P + scheduling overhead")
+    p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--out", help="also write the plan JSON here")
+
+
+def build_plan(args):
+    """The plan for `args` (shared by `plan`, `simulate` and `tune`)."""
+    from .plan import ChunkPlan
+    from .planner import PlanConfig, make_plan, plan_dp, plan_equal_time, plan_fixed
+
+    align = args.align or max(args.page_size, 64)
+    if args.policy == "quadratic":
+        from .costmodel import CostModel
+        from .upstream import UpstreamPredictor
+
+        if not args.coeffs or len(args.coeffs.split(",")) != 3:
+            raise SystemExit("error: --policy quadratic needs --coeffs A,B,C (upstream's fitted f(l))")
+        if not args.chunk_size:
+            raise SystemExit("error: --policy quadratic needs --chunk-size (the base chunk C)")
+        a, b, c = (float(v) for v in args.coeffs.split(","))
+        up = UpstreamPredictor(a=a, b=b, c=c, chunk_size=args.chunk_size, sigma=args.sigma,
+                               page_size=args.page_size, context_len=args.context_len or 1 << 62,
+                               max_prefill_tokens=args.max_prefill_tokens)
+        chunks = up.chunk_sequence(args.prompt_len, args.prefix_len)
+        cfg = PlanConfig(pp_size=args.pp_size, align=align, max_chunk=max(chunks + [align]),
+                         overhead_ms=args.overhead_ms)
+        plan = make_plan(chunks, args.prompt_len, args.prefix_len, CostModel.from_upstream(a, b, c), cfg,
+                         "quadratic")
+        return ChunkPlan(**{**plan.__dict__, "meta": {"sigma": up.sigma, "target_ms": up.target_latency}})
+    cost = load_cost_arg(args)
+    max_chunk = args.max_chunk or args.max_prefill_tokens
+    min_chunk = args.min_chunk if args.min_chunk is not None else (args.chunk_size or 0) // 4
+    cfg = PlanConfig(pp_size=args.pp_size, align=align, min_chunk=min(min_chunk, max_chunk),
+                     max_chunk=max_chunk, context_len=args.context_len, overhead_ms=args.overhead_ms,
+                     chunk_size=args.chunk_size, method=args.method)
+    if args.policy == "fixed":
+        if not args.chunk_size:
+            raise SystemExit("error: --policy fixed needs --chunk-size")
+        return plan_fixed(args.prompt_len, cost, cfg, args.chunk_size, args.prefix_len)
+    fn = plan_dp if args.method == "dp" else plan_equal_time
+    return fn(args.prompt_len, cost, cfg, args.prefix_len)
+
+
+def run_plan(args) -> int:
+    plan = build_plan(args)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(plan.to_json(indent=1))
+    print(plan.to_json() if args.json else plan.timeline())
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="sglang-cpp", description=__doc__.splitlines()[0])
+    ap.add_argument("--version", action="version", version=f"sglang-cpp {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, (mod, add, _run, help_) in SUBCOMMANDS.items():
+        try:
+            m = importlib.import_module(mod)
+        except ImportError as exc:  # keep the other commands usable
+            sp = sub.add_parser(name, help=f"{help_} (unavailable: {exc})")
+            sp.set_defaults(_unavailable=str(exc))
+            continue
+        sp = sub.add_parser(name, help=help_, description=help_)
+        getattr(m, add)(sp)
+        sp.set_defaults(_run=getattr(m, _run))
+    args = ap.parse_args(argv)
+    if getattr(args, "_unavailable", None):
+        print(f"sglang-cpp {args.cmd}: unavailable: {args._unavailable}", file=sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except ValueError as exc:
+        print(f"sglang-cpp {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "parse_len", "build_plan", "json"]

@@ -1,0 +1,318 @@
+"""2-D chunk cost model t(L, x): one forward of x new tokens over a cached prefix of L tokens.
+
+    t = c0 + g*L + b*x + d*L^2 + e*L*x + f*x^2        (ms, per PP stage, all terms >= 0)
+
+Why bivariate: SGLang's torch_native backend recomputes attention over the whole prefix for each
+chunk, so a chunk costs about (L+x)^2 (d ~ f, e ~ 2f); FlashAttention-style kernels cost x*(2L+x)
+(d = 0, e = 2f). One model with non-negative terms serves both, and upstream's 1-D fit
+f(l) = a l^2 + b l + c is the special case c0=c, b=b, f=a, e=2a, d=g=0.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+COEFS = ("c0", "g", "b", "d", "e", "f")
+PROFILE_FORMAT = "sglang-cpp-profile"
+META_KEYS = ("model", "device_name", "dtype", "tp", "pp", "stage", "page_size", "sglang_version",
+             "torch_version", "date", "backend")
+_SCALE = 1000.0  # fit in kilo-tokens for conditioning
+
+
+@dataclass(frozen=True)
+class CostModel:
+    c0: float = 0.0
+    g: float = 0.0
+    b: float = 0.0
+    d: float = 0.0
+    e: float = 0.0
+    f: float = 0.0
+    meta: dict = field(default_factory=dict, compare=False)
+    fit: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        for name in COEFS:
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"cost model coefficient {name}={v!r} must be a finite number >= 0")
+        if self.b == 0 and self.e == 0 and self.f == 0:
+            raise ValueError("cost model has b = e = f = 0: chunk time would not grow with the chunk size x")
+
+    # -- evaluation ------------------------------------------------------------------
+    def time(self, L, x):
+        """Predicted ms for a chunk of x tokens over a prefix of L (numpy broadcasting)."""
+        return (self.c0 + self.g * L + self.b * x + self.d * L * L + self.e * L * x + self.f * x * x)
+
+    def max_chunk_for(self, L: float, T: float) -> float:
+        """Largest real x >= 0 with t(L, x) <= T (closed-form root); 0 when even x=0 exceeds T."""
+        qc = self.c0 + self.g * L + self.d * L * L - T
+        if qc >= 0:
+            return 0.0
+        qb = self.b + self.e * L
+        if self.f == 0.0:
+            return -qc / qb
+        disc = qb * qb - 4.0 * self.f * qc
+        # numerically stable positive root of f x^2 + qb x + qc = 0 (qc < 0)
+        return (-2.0 * qc) / (qb + math.sqrt(disc))
+
+    @property
+    def coeffs(self) -> dict:
+        return {k: getattr(self, k) for k in COEFS}
+
+    @property
+    def is_fa_form(self) -> bool:
+        return self.d == 0 and math.isclose(self.e, 2 * self.f, rel_tol=1e-9, abs_tol=1e-15)
+
+    @classmethod
+    def fa(cls, a: float, b: float, c0: float = 0.0, g: float = 0.0, **kw) -> "CostModel":
+        """FlashAttention form t = c0 + g L + b x + a x (2L + x)."""
+        return cls(c0=c0, g=g, b=b, d=0.0, e=2 * a, f=a, **kw)
+
+    @classmethod
+    def from_upstream(cls, a: float, b: float, c: float, **kw) -> "CostModel":
+        """Upstream's f(l) = a l^2 + b l + c with chunk time f(L+x) - f(L) + c."""
+        return cls.fa(a=a, b=max(b, 0.0), c0=max(c, 0.0), **kw)
+
+    def to_dict(self) -> dict:
+        return {"coeffs": self.coeffs, "meta": dict(self.meta), "fit": dict(self.fit)}
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "cost model") -> "CostModel":
+        try:
+            co = d["coeffs"]
+            return cls(**{k: float(co.get(k, 0.0)) for k in COEFS}, meta=dict(d.get("meta", {})),
+                       fit=dict(d.get("fit", {})))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{where}: expected {{'coeffs': {{c0,g,b,d,e,f}}}}, got {exc!r}") from None
+
+    def __str__(self) -> str:
+        terms = " + ".join(f"{getattr(self, k):.4g}*{t}" for k, t in
+                           zip(COEFS, ("1", "L", "x", "L^2", "L*x", "x^2")) if getattr(self, k))
+        return f"t(L,x) = {terms} ms"
+
+
+@dataclass(frozen=True)
+class PipelineCost:
+    """Per-stage models; the pipeline runs at the pace of its slowest stage for every (L, x)."""
+
+    stages: tuple
+
+    def __post_init__(self):
+        if not self.stages:
+            raise ValueError("PipelineCost needs at least one stage model")
+
+    def time(self, L, x):
+        out = self.stages[0].time(L, x)
+        for m in self.stages[1:]:
+            out = np.maximum(out, m.time(L, x))
+        return out
+
+    def max_chunk_for(self, L: float, T: float) -> float:
+        return min(m.max_chunk_for(L, T) for m in self.stages)
+
+    @property
+    def meta(self) -> dict:
+        return self.stages[0].meta
+
+    def to_dict(self) -> dict:
+        return {"stages": [m.to_dict() for m in self.stages]}
+
+
+# -- fitting -----------------------------------------------------------------------------
+def _design(L: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:
+    Ls, xs = L / _SCALE, x / _SCALE
+    if form == "full":
+        return np.column_stack([np.ones_like(Ls), Ls, xs, Ls * Ls, Ls * xs, xs * xs])
+    if form == "fa":
+        return np.column_stack([np.ones_like(Ls), Ls, xs, xs * (2 * Ls + xs)])
+    raise ValueError(f"unknown cost-model form {form!r}; use 'full' or 'fa'")
+
+
+def _to_model(p: np.ndarray, form: str, **kw) -> CostModel:
+    s = _SCALE
+    p = [float(v) for v in p]
+    if form == "full":
+        c0, g, b, d, e, f = p
+        return CostModel(c0=c0, g=g / s, b=b / s, d=d / s**2, e=e / s**2, f=f / s**2, **kw)
+    c0, g, b, a = p
+    return CostModel.fa(a=a / s**2, b=b / s, c0=c0, g=g / s, **kw)
+
+
+def _solve(A: np.ndarray, y: np.ndarray, loss: str, free: np.ndarray, f_scale: float = 0.02) -> np.ndarray:
+    from scipy.optimize import least_squares, nnls
+
+    w = 1.0 / y  # relative residuals: times span orders of magnitude
+    Aw = A[:, free] * w[:, None]
+    p0, _ = nnls(Aw, np.ones_like(y))
+    p0 = np.maximum(p0, 1e-12)
+    res = least_squares(lambda p: Aw @ p - 1.0, p0, bounds=(0.0, np.inf), loss=loss, f_scale=f_scale,
+                        method="trf", x_scale="jac")
+    p = np.zeros(A.shape[1])
+    p[free] = res.x
+    return p
+
+
+def _stats(model: CostModel, L, x, y) -> dict:
+    pred = model.time(L, x)
+    ss_res = float(np.sum((y - pred) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2)) or 1e-30
+    rel = np.abs(pred - y) / y
+    return {"r2": 1.0 - ss_res / ss_tot, "median_rel_err": float(np.median(rel)),
+            "max_rel_err": float(np.max(rel))}
+
+
+def fit_cost_model(L: Sequence[float], x: Sequence[float], ms: Sequence[float], *, form: str = "full",
+                   loss: str = "soft_l1", holdout: float = 0.2, seed: int = 0,
+                   meta: dict | None = None, name: str = "profile") -> CostModel:
+    """Robust non-negative least squares fit; reports R^2, median and held-out relative error.
+
+    Samples with L == 0 everywhere (upstream-style fresh prefills) cannot identify the prefix terms,
+    so they are fitted in the FA form with g = 0, which is exactly upstream's assumption.
+    """
+    L = np.asarray(L, dtype=float)
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(ms, dtype=float)
+    if not (L.shape == x.shape == y.shape) or L.ndim != 1:
+        raise ValueError(f"{name}: L, x and ms must be 1-D arrays of one length")
+    bad = ~(np.isfinite(L) & np.isfinite(x) & np.isfinite(y)) | (L < 0) | (x <= 0) | (y <= 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name}: sample {i} (L={L[i]}, x={x[i]}, ms={y[i]}) is invalid: need L >= 0, "
+                         "x > 0, ms > 0, all finite. Re-profile or drop the sample.")
+    one_d = bool(np.all(L == 0))
+    if one_d:
+        form = "fa"
+    nparam = 4 if form == "fa" else 6
+    free = np.ones(nparam, dtype=bool)
+    if one_d:
+        free[1] = False  # g unidentifiable without prefixes
+    need = int(free.sum()) + 2
+    if len(y) < need or len(np.unique(x)) < 2 or (not one_d and len(np.unique(L)) < 3):
+        raise ValueError(f"{name}: cannot fit a {form} cost model from {len(y)} samples with "
+                         f"{len(np.unique(L))} distinct prefixes and {len(np.unique(x))} distinct chunk "
+                         f"sizes; need >= {need} samples, >= 3 prefixes and >= 2 chunk sizes. Profile a wider grid.")
+    A = _design(L, x, form)
+    extra = {"meta": dict(meta or {})}
+    fit = {"form": form, "loss": loss, "n": int(len(y)), "one_d": one_d}
+    rng = np.random.default_rng(seed)
+    n_hold = int(round(holdout * len(y))) if len(y) - int(round(holdout * len(y))) >= need else 0
+    if n_hold:
+        idx = rng.permutation(len(y))
+        te, tr = idx[:n_hold], idx[n_hold:]
+        m_tr = _to_model(_solve(A[tr], y[tr], loss, free), form)
+        fit["holdout"] = {"n": n_hold, **_stats(m_tr, L[te], x[te], y[te])}
+    p = _solve(A, y, loss, free)
+    model = _to_model(p, form, **extra)
+    fit.update(_stats(model, L, x, y))
+    return CostModel(**model.coeffs, meta=model.meta, fit=fit)
+
+
+# -- profile JSON ------------------------------------------------------------------------
+def _parse_samples(raw: Iterable, where: str) -> list[dict]:
+    out = []
+    for i, s in enumerate(raw):
+        if isinstance(s, dict):
+            if "L" in s and "x" in s:
+                L, x = s["L"], s["x"]
+            elif "seq_len" in s:  # upstream-style fresh prefill
+                L, x = 0, s["seq_len"]
+            else:
+                raise ValueError(f"{where}: sample {i} needs keys L, x, ms (or seq_len, ms); got {sorted(s)}")
+            ms = s.get("ms", s.get("latency_ms"))
+            out.append({"L": float(L), "x": float(x), "ms": float(ms), "stage": int(s.get("stage", 0))})
+        elif isinstance(s, (list, tuple)) and len(s) in (2, 3):
+            L, x, ms = (0, *s) if len(s) == 2 else s
+            out.append({"L": float(L), "x": float(x), "ms": float(ms), "stage": 0})
+        else:
+            raise ValueError(f"{where}: sample {i} must be [L, x, ms], [seq_len, ms] or an object; got {s!r}")
+    return out
+
+
+def load_profile(path: str | Path) -> dict:
+    """Read and validate a profile JSON: {'format', 'meta', 'samples', optional 'stages' models}."""
+    where = f"profile {path}"
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{where} does not exist; write one with `sglang-cpp profile` or `sglang-cpp tune chunk`") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where} is not readable JSON: {exc}") from None
+    if isinstance(doc, list):  # bare sample list (upstream-style)
+        doc = {"format": PROFILE_FORMAT, "samples": doc}
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: top level must be an object or a sample list")
+    if doc.get("format", PROFILE_FORMAT) != PROFILE_FORMAT:
+        raise ValueError(f"{where}: format is {doc.get('format')!r}, expected {PROFILE_FORMAT!r}")
+    try:
+        doc["samples"] = _parse_samples(doc.get("samples", []), where)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(str(exc) if str(exc).startswith(where) else f"{where}: bad samples: {exc}") from None
+    if not doc["samples"] and not doc.get("stages") and "coeffs" not in doc and "upstream" not in doc:
+        raise ValueError(f"{where} has neither samples nor fitted coefficients")
+    doc.setdefault("meta", {})
+    return doc
+
+
+def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
+    """CostModel (one stage) or PipelineCost (several) from a loaded profile; fits samples if needed."""
+    if "coeffs" in doc:
+        return CostModel.from_dict(doc, where)
+    if doc.get("stages"):
+        models = [CostModel.from_dict(s, f"{where} stage {i}") for i, s in enumerate(doc["stages"])]
+        return models[0] if len(models) == 1 else PipelineCost(tuple(models))
+    if not doc.get("samples"):
+        raise ValueError(f"{where} holds only upstream's a, b, c: use it with SGLANG_CPP_POLICY=quadratic, or "
+                         "give a profile with samples (`sglang-cpp profile`) for the 2-D cost model")
+    by_stage: dict[int, list] = {}
+    for s in doc["samples"]:
+        by_stage.setdefault(s["stage"], []).append(s)
+    models = []
+    for st in sorted(by_stage):
+        ss = by_stage[st]
+        models.append(fit_cost_model([s["L"] for s in ss], [s["x"] for s in ss], [s["ms"] for s in ss],
+                                     form=form, meta={**doc.get("meta", {}), "stage": st},
+                                     name=f"{where} stage {st}"))
+    return models[0] if len(models) == 1 else PipelineCost(tuple(models))
+
+
+def load_cost(path: str | Path, form: str = "full"):
+    return cost_from_profile(load_profile(path), f"profile {path}", form)
+
+
+def save_profile(path: str | Path, *, samples: Sequence[dict] = (), meta: dict | None = None,
+                 cost=None, extra: dict | None = None) -> Path:
+    doc: dict = {"format": PROFILE_FORMAT, "version": 1, "meta": dict(meta or {}),
+                 "samples": [dict(s) for s in samples]}
+    if cost is not None:
+        stages = cost.stages if isinstance(cost, PipelineCost) else (cost,)
+        doc["stages"] = [m.to_dict() for m in stages]
+    if extra:
+        doc.update(extra)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(p)  # atomic: a crash never leaves a half-written profile
+    return p
+
+
+def parse_coeffs(text: str) -> CostModel:
+    """'A,B,C' (upstream f(l)) or 'c0,g,b,d,e,f' (full model) from the command line."""
+    try:
+        vals = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--coeffs {text!r}: expected comma-separated numbers") from None
+    if len(vals) == 3:
+        return CostModel.from_upstream(*vals)
+    if len(vals) == 6:
+        return CostModel(**dict(zip(COEFS, vals)))
+    raise ValueError(f"--coeffs {text!r}: give 3 values (upstream a,b,c) or 6 (c0,g,b,d,e,f)")
+
+
+__all__ = ["CostModel", "PipelineCost", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
+           "save_profile", "parse_coeffs", "COEFS", "META_KEYS", "asdict"]

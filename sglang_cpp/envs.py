@@ -1,0 +1,75 @@
+"""Typed registry of the SGLANG_CPP_* environment variables.
+
+One place that names every knob, its type, default and meaning, so that a typo or a bad
+value fails with a message that names the variable (nano-vllm / sglang.srt.environ style).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    name: str
+    parse: Callable[[str], T]
+    default: T
+    help: str
+    choices: tuple = ()
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            value = self.parse(raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self.name}={raw!r} is invalid: {exc}. {self.help}") from None
+        if self.choices and value not in self.choices:
+            raise ValueError(
+                f"{self.name}={raw!r} is not one of {', '.join(map(str, self.choices))}. {self.help}"
+            )
+        return value
+
+    def is_set(self) -> bool:
+        return bool(os.environ.get(self.name))
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected one of 1/0/true/false/yes/no/on/off")
+
+
+POLICY = EnvVar("SGLANG_CPP_POLICY", str, "plan",
+                "Chunk policy: plan (sglang-cpp planner), quadratic (upstream-exact), off (upstream untouched).",
+                ("plan", "quadratic", "off", "fixed"))
+PROFILE = EnvVar("SGLANG_CPP_PROFILE", str, "",
+                 "Path to a cost-model/profile JSON written by `sglang-cpp tune`; skips startup calibration.")
+CACHE_DIR = EnvVar("SGLANG_CPP_CACHE_DIR", str, os.path.expanduser("~/.cache/sglang-cpp"),
+                   "Where calibrations and built test models are cached.")
+CALIB_MAX_LEN = EnvVar("SGLANG_CPP_CALIB_MAX_LEN", int, 0,
+                       "Largest prefix+chunk the startup calibration measures (0: the server's context length).")
+CALIB_BUDGET_S = EnvVar("SGLANG_CPP_CALIB_BUDGET_S", float, 300.0,
+                        "Startup calibration time budget in seconds (0: none); levels double up to the max length.")
+CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 1, "Timed repeats per calibration point.")
+P2P_MS = EnvVar("SGLANG_CPP_P2P_MS", float, 0.0,
+                "Per-chunk overhead (ms) the planner adds to each chunk: P2P plus scheduling.")
+MIN_CHUNK = EnvVar("SGLANG_CPP_MIN_CHUNK", int, 0,
+                   "Smallest non-final chunk the planner may use (0: a quarter of --chunked-prefill-size).")
+MAX_CHUNK = EnvVar("SGLANG_CPP_MAX_CHUNK", int, 0,
+                   "Largest chunk the planner may use (0: --max-prefill-tokens).")
+PLANNER = EnvVar("SGLANG_CPP_PLANNER", str, "equal-time", "Planner: equal-time or dp.", ("equal-time", "dp"))
+DECISION_LOG = EnvVar("SGLANG_CPP_DECISION_LOG", str, "",
+                      "JSONL file each scheduler appends its chunk decisions and measured forward times to.")
+ASYNC_RECV = EnvVar("SGLANG_CPP_ASYNC_RECV", _bool, False,
+                    "Post all PP proxy irecvs of a message at once and wait only before the forward.")
+
+ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, P2P_MS, MIN_CHUNK, MAX_CHUNK, PLANNER,
+       DECISION_LOG, ASYNC_RECV)

@@ -1,0 +1,332 @@
+"""Whole-prompt chunk planning: minimise TTFT = sum(t_k) + (P-1) * max(t_k) over the chunk sizes.
+
+Under chunked pipeline parallelism with equal stages, P stages run K chunks as a proportionate flow
+shop, whose makespan is exactly sum + (P-1)*max. Upstream sizes each chunk greedily from the current
+prefix; here the whole prompt is planned at once, from data every PP stage shares (prompt length,
+cached prefix, the broadcast cost model), so every stage derives the same plan.
+
+Two planners: `equal_time` (fast: target-time search plus boundary rebalancing, no runt tail) and
+`dp` (exact over aligned units, TeraPipe-style threshold enumeration with pruning; the reference).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .plan import ChunkPlan
+
+METHODS = ("equal-time", "dp")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Planner knobs; each field is one kebab-case CLI flag (--pp-size, --align, ...)."""
+
+    pp_size: int = 2
+    align: int = 64
+    min_chunk: int = 0  # 0: one alignment unit
+    max_chunk: int = 16384
+    context_len: int | None = None
+    overhead_ms: float = 0.0
+    chunk_size: int | None = None  # the server's --chunked-prefill-size, a candidate we never lose to
+    method: str = "equal-time"
+
+    def __post_init__(self):
+        for name in ("pp_size", "align", "max_chunk"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={v!r} must be an integer >= 1")
+        if self.min_chunk < 0 or self.min_chunk > self.max_chunk:
+            raise ValueError(f"--min-chunk={self.min_chunk} must be in [0, --max-chunk={self.max_chunk}]")
+        if self.max_chunk < self.align:
+            raise ValueError(f"--max-chunk={self.max_chunk} is smaller than --align={self.align}")
+        if self.overhead_ms < 0 or not math.isfinite(self.overhead_ms):
+            raise ValueError(f"--overhead-ms={self.overhead_ms} must be a finite number >= 0")
+        if self.method not in METHODS:
+            raise ValueError(f"--method={self.method!r}: choose one of {METHODS}")
+        if self.lo > self.hi:
+            raise ValueError(f"--min-chunk={self.min_chunk} rounds up to {self.lo} (--align {self.align}), above "
+                             f"--max-chunk={self.max_chunk} rounded down to {self.hi}; widen the range")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"--chunk-size={self.chunk_size} must be >= 1")
+
+    @property
+    def lo(self) -> int:
+        """Smallest non-final chunk: min_chunk rounded up to the alignment."""
+        return max(self.align, -(-self.min_chunk // self.align) * self.align)
+
+    @property
+    def hi(self) -> int:
+        """Largest chunk: max_chunk rounded down to the alignment."""
+        return self.max_chunk // self.align * self.align
+
+
+def _check(prompt_len: int, prefix_len: int, cfg: PlanConfig) -> int:
+    if prompt_len < 1 or prefix_len < 0:
+        raise ValueError(f"prompt_len={prompt_len} must be >= 1 and prefix_len={prefix_len} >= 0")
+    if prefix_len >= prompt_len:
+        raise ValueError(f"prefix_len={prefix_len} must be < prompt_len={prompt_len}: "
+                         "at least one token has to be computed")
+    if cfg.context_len is not None and prompt_len > cfg.context_len:
+        raise ValueError(f"prompt_len={prompt_len} exceeds the context length {cfg.context_len}; "
+                         "raise --context-length or shorten the prompt")
+    return prompt_len - prefix_len
+
+
+def _times(cost, L, x, o: float) -> np.ndarray:
+    return np.asarray(cost.time(np.asarray(L, float), np.asarray(x, float)), float) + o
+
+
+def make_plan(chunks, prompt_len: int, prefix_len: int, cost, cfg: PlanConfig, policy: str) -> ChunkPlan:
+    chunks = [int(c) for c in chunks]
+    starts = prefix_len + np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    pred = _times(cost, starts, chunks, 0.0)
+    return ChunkPlan(prompt_len=prompt_len, prefix_len=prefix_len, chunks=tuple(chunks),
+                     pred_ms=tuple(float(t) for t in pred), pp_size=cfg.pp_size, policy=policy,
+                     overhead_ms=cfg.overhead_ms)
+
+
+def ttft(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0.0) -> float:
+    """Predicted TTFT of a chunk list: sum(t + o) + (P-1) * max(t + o)."""
+    starts = prefix_len + np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    t = _times(cost, starts, chunks, overhead_ms)
+    return float(t.sum() + (pp_size - 1) * t.max())
+
+
+def fixed_candidates(cfg: PlanConfig) -> set[int]:
+    """Fixed chunk sizes inside the plan space: the largest chunk, and --chunk-size aligned down."""
+    out = {cfg.hi}
+    if cfg.chunk_size:
+        c = cfg.chunk_size // cfg.align * cfg.align
+        if cfg.lo <= c <= cfg.hi:
+            out.add(c)
+    return out
+
+
+def plan_fixed(prompt_len: int, cost, cfg: PlanConfig, chunk: int, prefix_len: int = 0) -> ChunkPlan:
+    """Fixed chunks of `chunk` tokens (SGLang without dynamic chunking)."""
+    R = _check(prompt_len, prefix_len, cfg)
+    if chunk < 1:
+        raise ValueError(f"fixed chunk size {chunk} must be >= 1")
+    chunks = [chunk] * (R // chunk) + ([R % chunk] if R % chunk else [])
+    return make_plan(chunks, prompt_len, prefix_len, cost, cfg, "fixed")
+
+
+# -- equal-time planner ---------------------------------------------------------------------
+def _stage_coefs(cost) -> list[tuple]:
+    stages = getattr(cost, "stages", None) or (cost,)
+    return [(m.c0, m.g, m.b, m.d, m.e, m.f) for m in stages]
+
+
+def _x_of(coefs, L: float, T: float) -> float:
+    """Largest x with t(L, x) <= T on every stage (inlined closed-form root: this is the hot loop)."""
+    best = math.inf
+    for c0, g, b, d, e, f in coefs:
+        qc = c0 + g * L + d * L * L - T
+        if qc >= 0:
+            return 0.0
+        qb = b + e * L
+        x = -qc / qb if f == 0.0 else (-2.0 * qc) / (qb + math.sqrt(qb * qb - 4.0 * f * qc))
+        best = min(best, x)
+    return best
+
+
+def _n_cont(coefs, L0: int, R: int, T: float, lo: int, hi: int, cap: int = 1 << 62) -> float:
+    """Fractional number of equal-time chunks (each clamped to [lo, hi]) that cover R tokens.
+
+    Stops early past `cap` chunks: callers only need to know the count exceeds it."""
+    L, end, k = float(L0), float(L0 + R), 0
+    while k <= cap:
+        x = min(max(_x_of(coefs, L, T), lo), hi)
+        if L + x >= end:
+            return k + (end - L) / x
+        L += x
+        k += 1
+    return float(k + 1)
+
+
+def _estimate(cost, L0: int, R: int, cfg: PlanConfig) -> tuple[float, float]:
+    """Continuous optimum (n, T) of sum(t) + (P-1) max(t) + n o over equal-time targets T.
+
+    n(T) = integral dL / x(L, T) and sum(t) = integral t(L, x) / x dL (x clamped to [lo, hi], so a
+    clamped chunk is charged its real time). Vectorised over a grid of T and L: a few numpy calls
+    whatever the prompt length."""
+    lo, hi, P, o = cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
+    L = np.linspace(L0, L0 + R, 257)
+    t_min = float(np.min(_times(cost, L0, lo, 0.0)))
+    t_max = float(np.max(_times(cost, L0 + R, hi, 0.0)))
+    T = np.geomspace(max(t_min, 1e-9), max(t_max, t_min * 1.0001, 1e-9), 128)[:, None]
+    stages = getattr(cost, "stages", None) or (cost,)
+    x = np.full((T.shape[0], L.size), np.inf)
+    for m in stages:
+        qc = m.c0 + m.g * L + m.d * L * L - T
+        qb = m.b + m.e * L
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(qc >= 0, 0.0, (-2.0 * qc) / (qb + np.sqrt(np.maximum(qb * qb - 4 * m.f * qc, 0))))
+        x = np.minimum(x, r)
+    x = np.clip(x, lo, hi)
+    tt = _times(cost, L[None, :], x, 0.0)
+    trap = getattr(np, "trapezoid", None) or np.trapz
+    n = np.maximum(trap(1.0 / x, L, axis=1), 1.0)
+    J = trap(tt / x, L, axis=1) + (P - 1) * tt.max(axis=1) + n * o
+    i = int(np.argmin(J))
+    return float(n[i]), float(T[i, 0])
+
+
+def _target_for(coefs, L0: int, R: int, K: int, lo: int, hi: int, T0: float) -> float | None:
+    """T with exactly K equal-time chunks: secant on log n(T) = log K from the estimate T0."""
+    u0, u1 = math.log(T0), math.log(T0) + 0.05
+    f0 = math.log(_n_cont(coefs, L0, R, T0, lo, hi, 4 * K)) - math.log(K)
+    for _ in range(10):
+        f1 = math.log(_n_cont(coefs, L0, R, math.exp(u1), lo, hi, 4 * K)) - math.log(K)
+        if abs(f1) < 2e-3:
+            return math.exp(u1)
+        if f1 == f0:
+            return None
+        u0, u1, f0 = u1, u1 - f1 * (u1 - u0) / (f1 - f0), f1
+    return None
+
+
+def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
+                       T0: float | None = None, guess: float | None = None) -> list[int] | None:
+    """K chunks of (nearly) equal predicted time covering R tokens, boundaries aligned, no runt tail."""
+    from scipy.optimize import brentq
+
+    lo, hi, al = cfg.lo, cfg.hi, cfg.align
+    if K * hi < R or (K - 1) * lo >= R:
+        return None
+    if K == 1:
+        return [R]
+    # K * lo >= R: even all-minimum chunks give no more than K, so every chunk sits at the floor
+    T = 1e-12 if K * lo >= R else (_target_for(coefs, L0, R, K, lo, hi, T0) if T0 else None)
+    if T is None:
+        t_max = float(np.max(_times(cost, L0 + R, hi, 0.0))) + 1e-9
+        fn = lambda T: _n_cont(coefs, L0, R, T, lo, hi, K + 1) - K  # noqa: E731  (decreasing in T)
+        if fn(t_max) > 0:
+            return None
+        # bracket the root near the guess (few evaluations), widening geometrically
+        t_hi = min(t_max, guess * 1.25) if guess else t_max
+        while fn(t_hi) > 0:
+            t_hi = min(t_max, t_hi * 2.0)
+        t_lo = t_hi * 0.8 if guess else t_hi
+        while fn(t_lo) <= 0 and t_lo > 1e-12:
+            t_lo *= 0.5 if guess else 0.25
+        T = t_hi if fn(t_lo) <= 0 else brentq(fn, t_lo, t_hi, rtol=1e-5, xtol=1e-12)
+    chunks, L = [], 0
+    for k in range(K - 1):  # continuous boundary for T, rounded to the aligned grid (relative to L0)
+        x = min(max(_x_of(coefs, L0 + L, T), lo), hi)
+        left = K - 1 - k
+        b = int(round((L + x) / al)) * al
+        b = min(max(b, L + lo, R - left * hi), L + hi)
+        if R - b < 1 or (left > 1 and R - b <= (left - 1) * lo):
+            return None
+        chunks.append(b - L)
+        L = b
+    tail = R - L
+    return chunks + [tail] if 1 <= tail <= hi else None
+
+
+def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0) -> ChunkPlan:
+    R = _check(prompt_len, prefix_len, cfg)
+    P, o = cfg.pp_size, cfg.overhead_ms
+    coefs = _stage_coefs(cost)
+    k_min = max(1, -(-R // cfg.hi))
+    k_max = max(k_min, 1 + (R - 1) // cfg.lo)
+    seen: dict[int, tuple[float, list[int] | None]] = {}
+
+    def try_k(K: int) -> float:
+        if K not in seen:
+            ch = (_equal_time_chunks(cost, coefs, prefix_len, R, K, cfg, guess=t_est * n_est / K)
+                  if k_min <= K <= k_max else None)
+            seen[K] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
+        return seen[K][0]
+
+    n_est, t_est = _estimate(cost, prefix_len, R, cfg)
+    k0 = min(k_max, max(k_min, int(round(n_est))))
+    if k0 > 48:  # long plans: the continuous optimum is accurate; solve its K once from its T
+        ch = _equal_time_chunks(cost, coefs, prefix_len, R, k0, cfg, t_est)
+        seen[k0] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
+    for k in ((k_min, k0 - 1, k0, k0 + 1) if k0 <= 48 or seen[k0][1] is None else ()):
+        try_k(k)
+    # short plans: hill-climb from the best candidate while a neighbour improves
+    while k0 <= 48:
+        k = min(seen, key=lambda q: seen[q][0])
+        improved = False
+        for nb in (k - 1, k + 1):
+            if nb not in seen and try_k(nb) < seen[k][0]:
+                improved = True
+        if not improved:
+            break
+    cands = [(j, ch) for j, ch in seen.values() if ch is not None]
+    for c in fixed_candidates(cfg):  # never predicted worse than the feasible fixed chunks
+        fx = list(plan_fixed(prompt_len, cost, cfg, c, prefix_len).chunks)
+        cands.append((ttft(fx, prefix_len, cost, P, o), fx))
+    best = min(cands, key=lambda jc: jc[0])
+    return make_plan(best[1], prompt_len, prefix_len, cost, cfg, "plan:equal-time")
+
+
+# -- exact DP (reference) -------------------------------------------------------------------
+def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_units: int = 4096) -> ChunkPlan:
+    """Exact optimum over aligned boundaries: min over thresholds M of S(M) + (P-1)*M."""
+    R = _check(prompt_len, prefix_len, cfg)
+    al, lo, hi, P, o = cfg.align, cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
+    n = -(-R // al)
+    if n > max_units:
+        raise ValueError(f"dp planner: {n} aligned units exceed {max_units}; raise --align or use equal-time")
+    pos = np.minimum(np.arange(n + 1) * al, R)
+    band = hi // al
+    # W[i, d]: time of the chunk from unit i to unit i+d+1 (inf when infeasible)
+    W = np.full((n + 1, band), np.inf)
+    for d in range(band):
+        i = np.arange(0, n - d)
+        j = i + d + 1
+        size = pos[j] - pos[i]
+        ok = (size <= hi) & ((j == n) | (size >= lo))
+        W[i[ok], d] = _times(cost, prefix_len + pos[i[ok]], size[ok], o)
+
+    def min_sum(M: float):
+        dp = np.full(n + 1, np.inf)
+        arg = np.zeros(n + 1, dtype=int)
+        dp[0] = 0.0
+        for j in range(1, n + 1):
+            d = np.arange(min(band, j))
+            i = j - 1 - d
+            w = W[i, d]
+            cand = np.where(w <= M, dp[i] + w, np.inf)
+            k = int(np.argmin(cand))
+            dp[j], arg[j] = cand[k], i[k]
+        if not math.isfinite(dp[n]):
+            return math.inf, None
+        cuts, j = [], n
+        while j > 0:
+            cuts.append(j)
+            j = arg[j]
+        b = [0] + [int(pos[c]) for c in reversed(cuts)]
+        return float(dp[n]), [b[k + 1] - b[k] for k in range(len(b) - 1)]
+
+    s_inf, path = min_sum(math.inf)
+    if path is None:
+        raise ValueError("dp planner: no feasible plan under the chunk bounds")
+    best = (ttft(path, prefix_len, cost, P, o), path)
+    for M in np.unique(W[np.isfinite(W)]):
+        if s_inf + (P - 1) * M >= best[0]:
+            break  # every larger threshold is worse even at the unconstrained minimum sum
+        s, ch = min_sum(float(M))
+        if ch is not None:
+            j = ttft(ch, prefix_len, cost, P, o)
+            if j < best[0]:
+                best = (j, ch)
+    return make_plan(best[1], prompt_len, prefix_len, cost, cfg, "plan:dp")
+
+
+def plan_chunks(prompt_len: int, cost, pp_size: int, *, prefix_len: int = 0, method: str = "equal-time",
+                **kw) -> ChunkPlan:
+    cfg = PlanConfig(pp_size=pp_size, method=method, **kw)
+    fn = plan_dp if cfg.method == "dp" else plan_equal_time
+    return fn(prompt_len, cost, cfg, prefix_len)
+
+
+__all__ = ["PlanConfig", "ChunkPlan", "plan_chunks", "plan_equal_time", "plan_dp", "plan_fixed", "ttft",
+           "make_plan", "field"]

@@ -1,0 +1,33 @@
+"""sglang-cpp's SGLang plugin (entry point group `sglang.srt.plugins`).
+
+SGLang calls `register()` in every process before it builds a Scheduler. The hooks are AROUND/AFTER
+hooks on eight SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
+through unless SGLANG_CPP_ASYNC_RECV=1).
+"""
+from __future__ import annotations
+
+SCHED = "sglang.srt.managers.scheduler.Scheduler"
+TARGETS = {
+    f"{SCHED}.maybe_init_dynamic_chunk_sizer": ("Scheduler_maybe_init_dynamic_chunk_sizer", "AROUND"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("PrefillAdder_add_one_req", "AROUND"),
+    f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
+    "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit":
+        ("DynamicChunkSizer_profile_and_fit", "AFTER"),
+    # SGLANG_CPP_ASYNC_RECV: batched PP receives; proxy waits deferred to the forward (plugin/p2p.py)
+    "sglang.srt.distributed.parallel_state.GroupCoordinator.recv_tensor_dict":
+        ("GroupCoordinator_recv_tensor_dict", "AROUND"),
+    f"{SCHED}._pp_launch_batch": ("Scheduler__pp_launch_batch", "AROUND"),
+    # CPU-only compatibility for PD disaggregation over Mooncake TCP (no-ops where CUDA exists;
+    # plugin/cpu_compat.py and docs/compatibility.md say why)
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__": ("MooncakeKVSender_init_cpu", "AFTER"),
+    "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register": ("alloc_with_host_register_cpu", "AROUND"),
+}
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from . import hooks
+
+    for target, (fn, kind) in TARGETS.items():
+        HookRegistry.register(target, getattr(hooks, fn), getattr(HookType, kind))

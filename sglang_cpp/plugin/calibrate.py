@@ -1,0 +1,155 @@
+"""Startup calibration on extend-over-prefix shapes (replaces DynamicChunkSizer._profile_prefill_latency).
+
+Upstream times 128 fresh prefills up to 1.25*C on stage 0 only, then extrapolates. Here every stage
+times its own layers, at the same moment, on chunk sequences that walk one synthetic request
+through the real chunked-prefill lifecycle (extend over a cached prefix, checkpoint, extend again),
+so each forward is a sample t(L, x) at a prefix L up to the target length. The samples are
+all-gathered, every rank fits the same per-stage models, and the pipeline model is their max.
+A failure on any rank fails every rank: no silent fallback.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+
+import numpy as np
+
+logger = logging.getLogger("sglang_cpp")
+
+
+def calibration_schedule(max_len: int, align: int = 64) -> list[list[int]]:
+    """Chunk sequences (one per synthetic request) covering prefixes 0..max_len with 3 chunk sizes.
+
+    Samples land at L in {0, M/8, M/4, M/2, 3M/4, 7M/8} and x in {M/8, M/4, M/2}; the total work is
+    about six prefills of M tokens."""
+    u = max(align, (max_len // 8) // align * align)
+    r = max(0, max_len - 8 * u)  # the remainder goes to a last chunk, so the largest L + x is max_len
+    return [[4 * u, 2 * u, u, u + r], [u, u, 2 * u, 4 * u + r], [2 * u, 2 * u, 2 * u, 2 * u + r]]
+
+
+def _forward_timed(sched, req, proxy_cache: dict) -> float:
+    """One forward of `req`'s current extend [prefix_len, extend_end) with zero proxies; ms."""
+    import torch
+    from sglang.srt.layers.dp_attention import set_is_extend_in_batch
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
+    from sglang.srt.model_executor.runner_utils.buffers import allocate_pp_proxy_tensors
+    from sglang.srt.utils.common import get_device_module
+
+    runner = sched.tp_worker.model_runner
+    cfg = runner.model_config
+    n = req.extend_end - req.prefix_len
+    batch = ScheduleBatch.init_new([req], sched.req_to_token_pool, sched.token_to_kv_pool_allocator,
+                                   sched.tree_cache, sched.model_config, False, sched.spec_algorithm)
+    if n not in proxy_cache:
+        with torch.device(sched.device):
+            proxy_cache[n] = allocate_pp_proxy_tensors(
+                max_num_tokens=n, max_hidden_tokens=n, hidden_size=cfg.hidden_size, dtype=cfg.dtype,
+                hc_hidden_size=getattr(cfg, "hc_hidden_size", None),
+                pp_proxy_topk_size=runner.get_pp_proxy_topk_size(),
+                pp_proxy_residual_num_blocks=runner.get_pp_proxy_residual_num_blocks())
+    dev = get_device_module()
+    dev.synchronize()
+    t0 = time.perf_counter()
+    batch.prepare_for_extend()
+    if batch.input_ids is None and batch.prefill_input_ids_cpu is not None:
+        batch.input_ids = batch.prefill_input_ids_cpu.to(sched.device, non_blocking=True)
+        batch.prefill_input_ids_cpu = None
+    fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
+    set_is_extend_in_batch(batch.forward_mode.is_extend())
+    runner.forward(forward_batch=fb, pp_proxy_tensors=PPProxyTensors(proxy_cache[n]))
+    dev.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def measure_stage(sched, max_len: int, repeats: int = 1, seed: int = 0, warmup: bool = True) -> list[dict]:
+    """Time this stage's layers on the calibration schedule for `max_len`; returns samples {L, x, ms}."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    rng = np.random.default_rng(seed + max_len)  # same on every stage: identical synthetic requests
+    samples: list[dict] = []
+    proxies: dict = {}
+    schedule = ([[64]] if warmup else []) + calibration_schedule(max_len)  # a cold first forward is not timed
+    for r, seq in enumerate(schedule):
+        timed = not (warmup and r == 0)
+        for rep in range(max(1, repeats) if timed else 1):
+            ids = array("q", rng.integers(10, 10000, size=sum(seq), dtype=np.int64).tobytes())
+            req = Req(rid=f"sglang-cpp-calib-{max_len}-{r}-{rep}", origin_input_text="", origin_input_ids=ids,
+                      sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+            req.skip_radix_cache_insert = True  # checkpoints keep the KV on the request, not the tree
+            req.init_next_round_input(sched.tree_cache)
+            req.lock = sched.tree_cache.lock(req.last_node)
+            try:
+                for k, x in enumerate(seq):
+                    L = req.prefix_len
+                    req.extend_end = L + x
+                    ms = _forward_timed(sched, req, proxies)
+                    if timed:
+                        samples.append({"L": int(L), "x": int(x), "ms": ms})
+                    if k < len(seq) - 1:
+                        checkpoint_kv_cache(req, sched.tree_cache)
+                        req.init_next_round_input()
+            finally:
+                release_kv_cache(req, sched.tree_cache, checkpoint=False)
+    return samples
+
+
+def calibration_levels(max_len: int, start: int = 1024) -> list[int]:
+    """Doubling target lengths up to max_len: short levels first, so a time budget stops cleanly."""
+    levels, m = [], min(start, max_len)
+    while m < max_len:
+        levels.append(m)
+        m *= 2
+    return levels + [max_len]
+
+
+def _gather(payload: dict) -> list[dict]:
+    import torch.distributed as dist
+    from sglang.srt.runtime_context import get_parallel
+
+    world = get_parallel().world_group
+    out = [None] * dist.get_world_size(group=world.cpu_group)
+    dist.all_gather_object(out, payload, group=world.cpu_group)
+    return out
+
+
+def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0) -> list[dict]:
+    """Every rank measures its own stage at doubling lengths up to max_len; after each level all ranks
+    all-gather their samples and times, and stop together once the next level (about 4x the last one,
+    attention being quadratic) would overrun `budget_s` (0: no budget). Stage-tagged samples out."""
+    t0 = time.time()
+    samples: list[dict] = []
+    spent = 0.0  # from gathered times only, so every rank takes the same stop decision
+    for i, level in enumerate(calibration_levels(max_len)):
+        t_level = time.time()
+        try:
+            local = {"ok": True, "t": 0.0, "samples": [dict(s, stage=pp_rank) for s in
+                                                        measure_stage(sched, level, repeats, warmup=i == 0)]}
+        except Exception as exc:  # travel to every rank, then fail everywhere
+            logger.exception("[sglang-cpp] calibration failed on PP%d", pp_rank)
+            local = {"ok": False, "error": f"PP{pp_rank}: {exc!r}"}
+        local["t"] = time.time() - t_level
+        gathered = _gather(local)
+        errors = [g["error"] for g in gathered if not g["ok"]]
+        if errors:
+            raise RuntimeError("sglang-cpp startup calibration failed: " + "; ".join(errors) +
+                               ". Fix the cause, or pass a profile with SGLANG_CPP_PROFILE=<json>.")
+        seen = set()
+        for g in gathered:  # TP/DP ranks of one stage measure the same shapes: keep one copy per stage
+            st = g["samples"][0]["stage"] if g["samples"] else None
+            if st not in seen:
+                seen.add(st)
+                samples.extend(g["samples"])
+        slowest = max(g["t"] for g in gathered)
+        spent += slowest
+        logger.info("[sglang-cpp] calibration level %d tokens: %.1fs", level, slowest)
+        if budget_s and spent + 4.0 * slowest > budget_s and level < max_len:
+            logger.info("[sglang-cpp] calibration stops at %d tokens (budget %.0fs; SGLANG_CPP_CALIB_BUDGET_S)",
+                        level, budget_s)
+            break
+    logger.info("[sglang-cpp] calibrated %d samples on %d stage(s) up to %d tokens in %.1fs",
+                len(samples), len({s["stage"] for s in samples}), level, time.time() - t0)
+    return samples

@@ -1,0 +1,149 @@
+"""The chunk policy a scheduler holds in its `dynamic_chunk_sizer` slot.
+
+Pure Python on the core (no sglang import), so every decision path is unit-testable. Every PP
+stage builds the same object from the same inputs (the broadcast cost model, the request's
+length and cached prefix), so every stage makes the same decisions.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+from .. import envs
+from ..plan import ChunkPlan
+from ..planner import PlanConfig, plan_dp, plan_equal_time
+from ..upstream import UpstreamPredictor, check_sigma
+
+logger = logging.getLogger("sglang_cpp")
+POLICIES = ("plan", "quadratic", "off")
+
+
+@dataclass(frozen=True)
+class SizerConfig:
+    """What a stage needs to decide chunk sizes; all of it is identical on every stage."""
+
+    policy: str
+    pp_size: int
+    pp_rank: int
+    chunk_size: int
+    max_prefill_tokens: int
+    page_size: int
+    context_len: int
+    sigma: float = 0.75
+    min_chunk: int = 0
+    max_chunk: int = 0
+    overhead_ms: float = 0.0
+    method: str = "equal-time"
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"SGLANG_CPP_POLICY={self.policy!r}: choose one of {', '.join(POLICIES)}")
+        check_sigma(self.sigma)
+        if self.chunk_size is None or self.chunk_size <= 0:
+            raise ValueError("--enable-dynamic-chunking needs --chunked-prefill-size > 0 (the base chunk)")
+
+    @classmethod
+    def from_env(cls, **server) -> "SizerConfig":
+        """Read and validate SGLANG_CPP_* and the upstream sigma; raises ValueError naming the variable."""
+        sigma = os.environ.get("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75")
+        server.setdefault("policy", envs.POLICY.get())
+        return cls(sigma=check_sigma(sigma), min_chunk=envs.MIN_CHUNK.get(),
+                   max_chunk=envs.MAX_CHUNK.get(), overhead_ms=envs.P2P_MS.get(),
+                   method=envs.PLANNER.get(), **server)
+
+    def plan_config(self) -> PlanConfig:
+        max_chunk = min(self.max_chunk or self.max_prefill_tokens, self.max_prefill_tokens)
+        align = max(self.page_size, 64)
+        min_chunk = self.min_chunk or self.chunk_size // 4  # upstream's C/4 floor
+        return PlanConfig(pp_size=self.pp_size, align=align, min_chunk=min(min_chunk, max_chunk),
+                          max_chunk=max(max_chunk, align), context_len=self.context_len,
+                          overhead_ms=self.overhead_ms, chunk_size=self.chunk_size, method=self.method)
+
+
+class DecisionLog:
+    """INFO log lines plus an optional JSONL file (SGLANG_CPP_DECISION_LOG, `{rank}` expands)."""
+
+    def __init__(self, pp_rank: int, path: str = ""):
+        self.pp_rank = pp_rank
+        self.path = path.replace("{rank}", str(pp_rank)) if path else ""
+        self._lock = threading.Lock()
+
+    def write(self, event: str, **rec) -> None:
+        rec = {"event": event, "pp_rank": self.pp_rank, "t": round(time.time(), 6), **rec}
+        if event == "decision":
+            logger.info("[sglang-cpp] PP%d decision rid=%s prefix=%d chunk=%d predicted_ms=%.1f (%s)",
+                        self.pp_rank, rec["rid"], rec["prefix"], rec["chunk"], rec.get("predicted_ms") or 0.0,
+                        rec.get("policy"))
+        if self.path:
+            with self._lock, open(self.path, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+
+
+class CppChunkSizer:
+    """Duck-types upstream's DynamicChunkSizer (`predict(history_len)`), plus first-chunk sizing."""
+
+    def __init__(self, cfg: SizerConfig, *, cost=None, upstream: Optional[UpstreamPredictor] = None,
+                 current_req: Callable[[], Optional[tuple]] = lambda: None, log: DecisionLog | None = None,
+                 max_plans: int = 4096):
+        if cfg.policy == "plan" and cost is None:
+            raise ValueError("plan policy needs a cost model")
+        if cfg.policy == "quadratic" and upstream is None:
+            raise ValueError("quadratic policy needs upstream coefficients")
+        self.cfg, self.cost, self.upstream = cfg, cost, upstream
+        self.plan_cfg = cfg.plan_config()
+        self.current_req = current_req
+        self.log = log or DecisionLog(cfg.pp_rank)
+        self._plans: OrderedDict[str, ChunkPlan] = OrderedDict()
+        self._max_plans = max_plans
+
+    # -- planning ----------------------------------------------------------------------------
+    def plan_for(self, rid: str, prompt_len: int, prefix_len: int) -> ChunkPlan:
+        plan = self._plans.get(rid)
+        if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None:
+            fn = plan_dp if self.plan_cfg.method == "dp" else plan_equal_time
+            plan = fn(prompt_len, self.cost, self.plan_cfg, prefix_len)
+            self._plans[rid] = plan
+            self._plans.move_to_end(rid)
+            while len(self._plans) > self._max_plans:
+                self._plans.popitem(last=False)
+        return plan
+
+    def decide(self, rid: str, prompt_len: int, prefix_len: int, first: bool) -> Optional[int]:
+        """Chunk for the step that starts at `prefix_len`; None keeps SGLang's static size."""
+        if self.cfg.policy == "quadratic":
+            # upstream: the first chunk is the static C; later ones are predictions (None keeps C)
+            size = None if first else self.upstream.predict(prefix_len)
+            chunk = min(size or self.cfg.chunk_size, prompt_len - prefix_len)
+            pred = None
+        else:
+            plan = self.plan_for(rid, prompt_len, prefix_len)
+            chunk = plan.next_chunk(prefix_len)
+            pred = plan.pred_ms[plan.index_of(prefix_len)]
+            size = chunk
+            if prefix_len + chunk >= prompt_len:
+                self._plans.pop(rid, None)
+        self.log.write("decision", rid=rid, prefix=prefix_len, chunk=chunk, prompt_len=prompt_len,
+                       predicted_ms=pred, policy=self.cfg.policy, first=first)
+        return size
+
+    # -- the DynamicChunkSizer interface ------------------------------------------------------------
+    def predict(self, history_len: int) -> Optional[int]:
+        cur = self.current_req()
+        if cur is None:
+            return None
+        rid, prompt_len = cur
+        return self.decide(rid, prompt_len, history_len, first=False)
+
+    def describe(self) -> dict:
+        out = {"config": asdict(self.cfg)}
+        if self.cost is not None:
+            out["cost"] = self.cost.to_dict()
+        if self.upstream is not None:
+            out["upstream"] = {"a": self.upstream.a, "b": self.upstream.b, "c": self.upstream.c}
+        return out

@@ -1,0 +1,415 @@
+"""Discrete-event simulator of chunked pipeline-parallel prefill (SGLang CPP).
+
+Why: the planner optimises sum(t) + (P-1)*max(t), which is exact only for equal stages and free
+communication. The simulator replays a chunk plan with per-stage cost models, P2P transfers and
+per-chunk CPU overhead, so a plan can be judged under upstream's real send/receive semantics
+(async send, serial blocking receive) and dumped as a Perfetto timeline.
+
+Model: chunk k runs on stage s after stage s finished chunk k-1 and chunk k arrived from stage s-1.
+  send_mode "sync":      the sender is blocked until its transfer completes (rendezvous with the receiver).
+  send_mode "deferred":  the sender moves on at once; only the arrival time matters downstream.
+  recv_mode "serial":    upstream's per-tensor blocking recv: the transfer starts only when the receiver
+                         is free, and the receiver is blocked for it (no overlap with its compute).
+  recv_mode "batched":   receives are pre-posted: the transfer overlaps the receiver's compute.
+Each chunk then costs cpu_overhead_ms + t_s(L, x) on stage s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SEND_MODES = ("sync", "deferred")
+RECV_MODES = ("serial", "batched")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Communication and host-overhead knobs. The defaults are upstream SGLang's modes with free P2P."""
+
+    p2p_latency_ms: float = 0.0
+    p2p_bandwidth_gbps: float = math.inf  # GB/s
+    hidden_size: int = 0
+    dtype_bytes: int = 2
+    send_mode: str = "deferred"
+    recv_mode: str = "serial"
+    cpu_overhead_ms: float = 0.0
+
+    def __post_init__(self):
+        for name in ("p2p_latency_ms", "cpu_overhead_ms"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"SimConfig.{name}={v!r} must be a finite number >= 0")
+        bw = self.p2p_bandwidth_gbps
+        if not (isinstance(bw, (int, float)) and bw > 0) or math.isnan(bw):
+            raise ValueError(f"SimConfig.p2p_bandwidth_gbps={bw!r} must be > 0 (use inf for free transfers)")
+        for name in ("hidden_size", "dtype_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"SimConfig.{name}={v!r} must be an integer >= 0")
+        if self.send_mode not in SEND_MODES:
+            raise ValueError(f"SimConfig.send_mode={self.send_mode!r}: choose one of {SEND_MODES}")
+        if self.recv_mode not in RECV_MODES:
+            raise ValueError(f"SimConfig.recv_mode={self.recv_mode!r}: choose one of {RECV_MODES}")
+
+    def transfer_ms(self, x):
+        """P2P time of a chunk of x tokens: latency + x*hidden*dtype_bytes / bandwidth."""
+        nbytes = np.asarray(x, dtype=float) * self.hidden_size * self.dtype_bytes
+        return self.p2p_latency_ms + nbytes / (self.p2p_bandwidth_gbps * 1e9) * 1e3
+
+
+@dataclass(frozen=True)
+class Event:
+    stage: int
+    chunk: int  # index within its request
+    request: int
+    start: float  # ms
+    end: float
+    kind: str  # compute | overhead | send | recv
+    L: int = 0
+    x: int = 0
+    blocking: bool = True  # False: an in-flight transfer that does not occupy the stage
+
+
+@dataclass(frozen=True)
+class SimResult:
+    pp_size: int
+    makespan_ms: float
+    ttfts_ms: tuple
+    arrivals_ms: tuple
+    busy_ms: tuple  # per stage: CPU overhead + compute (what the planner's t + o models)
+    comm_ms: tuple  # per stage: time blocked in sync sends / serial receives
+    events: tuple = field(repr=False)
+    config: SimConfig = field(default_factory=SimConfig)
+
+    @property
+    def ttft_ms(self) -> float:
+        """TTFT (prefill completion) of the single request; the mean over requests when several."""
+        return float(np.mean(self.ttfts_ms))
+
+    @property
+    def idle_ms(self) -> tuple:
+        """Per stage, time in [0, makespan] not spent on its own chunk work (includes comm blocking)."""
+        return tuple(self.makespan_ms - b for b in self.busy_ms)
+
+    @property
+    def bubble_ratio(self) -> float:
+        return sum(self.idle_ms) / (self.pp_size * self.makespan_ms) if self.makespan_ms > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """Summary without the event list (the trace carries those)."""
+        return {"pp_size": self.pp_size, "ttft_ms": self.ttft_ms, "ttfts_ms": list(self.ttfts_ms),
+                "arrivals_ms": list(self.arrivals_ms), "makespan_ms": self.makespan_ms,
+                "bubble_ratio": self.bubble_ratio, "busy_ms": list(self.busy_ms),
+                "idle_ms": list(self.idle_ms), "comm_ms": list(self.comm_ms),
+                "num_chunks": sum(1 for e in self.events if e.kind == "compute" and e.stage == 0),
+                "config": {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}}
+
+    def to_chrome_trace(self) -> dict:
+        """Chrome/Perfetto JSON: one thread per stage; non-blocking transfers on a 'link' thread."""
+        P = self.pp_size
+        out = [{"name": "process_name", "ph": "M", "pid": "pipeline", "args": {"name": "pipeline"}}]
+        for s in range(P):
+            out.append({"name": "thread_name", "ph": "M", "pid": "pipeline", "tid": s,
+                        "args": {"name": f"stage {s}"}})
+            out.append({"name": "thread_sort_index", "ph": "M", "pid": "pipeline", "tid": s,
+                        "args": {"sort_index": s}})
+        links = sorted({e.stage for e in self.events if not e.blocking})
+        for s in links:
+            out.append({"name": "thread_name", "ph": "M", "pid": "pipeline", "tid": P + s,
+                        "args": {"name": f"stage {s} p2p (async)"}})
+        for e in self.events:
+            out.append({"name": f"{e.kind} r{e.request}c{e.chunk}", "cat": e.kind, "ph": "X",
+                        "pid": "pipeline", "tid": e.stage if e.blocking else P + e.stage,
+                        "ts": e.start * 1e3, "dur": (e.end - e.start) * 1e3,
+                        "args": {"L": e.L, "x": e.x, "request": e.request, "chunk": e.chunk}})
+        return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+    def save_trace(self, path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_chrome_trace()))
+        return p
+
+    def summary(self) -> str:
+        lines = [f"TTFT {self.ttft_ms:.2f} ms  makespan {self.makespan_ms:.2f} ms  "
+                 f"bubble {self.bubble_ratio:.1%}  pp={self.pp_size}"]
+        if len(self.ttfts_ms) > 1:
+            lines.append("per-request TTFT ms: " + ", ".join(f"{t:.2f}" for t in self.ttfts_ms))
+        for s in range(self.pp_size):
+            lines.append(f"  stage {s:>2}: busy {self.busy_ms[s]:10.2f} ms  idle {self.idle_ms[s]:10.2f} ms"
+                         f"  (comm-blocked {self.comm_ms[s]:.2f} ms)")
+        return "\n".join(lines)
+
+
+# -- inputs -----------------------------------------------------------------------------------
+def _as_plan(plan, prefix_len) -> tuple[list[int], int]:
+    """(chunks, prefix) from a ChunkPlan-like object or a plain sequence plus prefix_len."""
+    if hasattr(plan, "chunks"):
+        chunks, L0 = plan.chunks, getattr(plan, "prefix_len", 0) if prefix_len is None else prefix_len
+    else:
+        chunks, L0 = plan, 0 if prefix_len is None else prefix_len
+    try:
+        chunks = [int(c) for c in chunks]
+    except (TypeError, ValueError):
+        raise ValueError(f"chunk plan {plan!r}: expected a sequence of integer chunk sizes") from None
+    if not chunks or any(c < 1 for c in chunks):
+        raise ValueError(f"chunk plan {chunks}: needs at least one chunk, every chunk >= 1 token")
+    if int(L0) < 0:
+        raise ValueError(f"prefix_len={L0} must be >= 0")
+    return chunks, int(L0)
+
+
+def _stage_costs(cost, pp_size, plan_pp=None) -> list:
+    """One cost model per stage from a list, a PipelineCost (.stages) or one shared model."""
+    if isinstance(cost, (list, tuple)):
+        models = list(cost)
+    elif getattr(cost, "stages", None) is not None and pp_size is not None and len(cost.stages) != pp_size:
+        raise ValueError(f"cost has {len(cost.stages)} stage models but pp_size={pp_size}; "
+                         "pass one model, or one per stage")
+    elif getattr(cost, "stages", None) is not None:
+        models = list(cost.stages)
+    else:
+        P = pp_size if pp_size is not None else plan_pp
+        if P is None:
+            raise ValueError("pp_size is required with a single cost model")
+        models = [cost] * int(P)
+    if pp_size is not None and len(models) != pp_size:
+        raise ValueError(f"got {len(models)} stage cost models but pp_size={pp_size}; give one per stage")
+    if not models or any(not hasattr(m, "time") for m in models):
+        raise ValueError("cost: every stage model needs a .time(L, x) method (e.g. a CostModel)")
+    return models
+
+
+def _times(model, L: np.ndarray, x: np.ndarray, stage: int) -> np.ndarray:
+    t = np.broadcast_to(np.asarray(model.time(L.astype(float), x.astype(float)), dtype=float), L.shape)
+    if not np.all(np.isfinite(t)) or np.any(t < 0):
+        raise ValueError(f"stage {stage} cost model returned a negative or non-finite time; check its coefficients")
+    return t
+
+
+# -- engine -----------------------------------------------------------------------------------
+def _run(jobs: list[tuple], costs: list, cfg: SimConfig, arrivals: list[float]) -> SimResult:
+    """jobs: (request, chunk index, L, x, release ms) in FIFO order."""
+    P = len(costs)
+    L = np.array([j[2] for j in jobs])
+    x = np.array([j[3] for j in jobs])
+    T = np.stack([_times(m, L, x, s) for s, m in enumerate(costs)]).tolist()
+    tr = np.broadcast_to(cfg.transfer_ms(x), x.shape).tolist()
+    o, sync, serial = cfg.cpu_overhead_ms, cfg.send_mode == "sync", cfg.recv_mode == "serial"
+    free = [0.0] * P
+    busy, comm = [0.0] * P, [0.0] * P
+    ends: dict[int, float] = {}
+    ev: list[Event] = []
+    for k, (r, c, Lk, xk, release) in enumerate(jobs):
+        meta = {"chunk": c, "request": r, "L": int(Lk), "x": int(xk)}
+        prev_end = 0.0
+        for s in range(P):
+            if s == 0:
+                start = max(free[0], release)
+            else:
+                t0 = max(prev_end, free[s]) if serial else prev_end
+                t1 = t0 + tr[k]
+                if sync:
+                    free[s - 1] = max(free[s - 1], t1)
+                    comm[s - 1] += t1 - prev_end
+                if serial:
+                    comm[s] += t1 - t0
+                if sync and t1 > prev_end:
+                    ev.append(Event(s - 1, start=prev_end, end=t1, kind="send", **meta))
+                if serial and t1 > t0:
+                    ev.append(Event(s, start=t0, end=t1, kind="recv", **meta))
+                if not (sync or serial) and t1 > t0:  # in flight, occupies neither stage
+                    ev.append(Event(s - 1, start=t0, end=t1, kind="send", blocking=False, **meta))
+                start = max(free[s], t1)
+            if o > 0:
+                ev.append(Event(s, start=start, end=start + o, kind="overhead", **meta))
+            end = start + o + T[s][k]
+            ev.append(Event(s, start=start + o, end=end, kind="compute", **meta))
+            busy[s] += o + T[s][k]
+            free[s] = prev_end = end
+        ends[r] = prev_end
+    makespan = max(max(free), max(ends.values()))
+    ttfts = tuple(ends[r] - arrivals[r] for r in range(len(arrivals)))
+    return SimResult(pp_size=P, makespan_ms=makespan, ttfts_ms=ttfts, arrivals_ms=tuple(arrivals),
+                     busy_ms=tuple(busy), comm_ms=tuple(comm), events=tuple(ev), config=cfg)
+
+
+def simulate(plan, cost, pp_size: int | None = None, config: SimConfig | None = None, *,
+             prefix_len: int | None = None) -> SimResult:
+    """Simulate one request's chunk plan (a ChunkPlan or a list of chunk sizes) arriving at t = 0."""
+    return simulate_requests([(0.0, plan)], cost, pp_size, config, prefix_len=prefix_len)
+
+
+def simulate_requests(requests, cost, pp_size: int | None = None, config: SimConfig | None = None, *,
+                      prefix_len: int | None = None) -> SimResult:
+    """FIFO over requests [(arrival_ms, plan), ...]: all chunks of one request before the next's.
+
+    TTFT here is prefill completion: last chunk leaves the last stage, minus arrival."""
+    cfg = config if config is not None else SimConfig()
+    if pp_size is not None and (not isinstance(pp_size, (int, np.integer)) or pp_size < 1):
+        raise ValueError(f"pp_size={pp_size!r} must be an integer >= 1")
+    requests = list(requests)
+    if not requests:
+        raise ValueError("simulate_requests: give at least one (arrival_ms, plan) pair")
+    jobs, arrivals, plan_pp = [], [], None
+    for r, item in enumerate(requests):
+        try:
+            arrival, plan = item
+        except (TypeError, ValueError):
+            raise ValueError(f"request {r}: expected an (arrival_ms, plan) pair, got {item!r}") from None
+        if not (math.isfinite(arrival) and arrival >= 0):
+            raise ValueError(f"request {r}: arrival_ms={arrival!r} must be a finite number >= 0")
+        chunks, L = _as_plan(plan, prefix_len)
+        plan_pp = plan_pp or getattr(plan, "pp_size", None)
+        for c, xk in enumerate(chunks):
+            jobs.append((r, c, L, xk, float(arrival)))
+            L += xk
+        arrivals.append(float(arrival))
+    jobs.sort(key=lambda j: (j[4], j[0], j[1]))  # FIFO by arrival, stable in request order
+    return _run(jobs, _stage_costs(cost, pp_size, plan_pp), cfg, arrivals)
+
+
+# -- CLI hooks ----------------------------------------------------------------------------------
+_SUFFIX = {"k": 1024, "m": 1024 * 1024}
+
+
+def parse_len(text) -> int:
+    """Token count with an optional k/m suffix (binary: 128k = 131072, 1m = 1048576)."""
+    s = str(text).strip().lower().replace("_", "")
+    mult = _SUFFIX.get(s[-1:], 1)
+    num = s[:-1] if mult > 1 else s
+    try:
+        v = float(num) * mult
+    except ValueError:
+        raise ValueError(f"length {text!r}: expected an integer, optionally with k or m (e.g. 128k, 1m)") from None
+    if not math.isfinite(v) or v < 0 or v != int(v):
+        raise ValueError(f"length {text!r} must be a whole number of tokens >= 0")
+    return int(v)
+
+
+def default_partition(num_layers: int, pp_size: int) -> list[int]:
+    """SGLang/vLLM default layer split: the remainder goes to the stages before the last one."""
+    if pp_size < 1 or num_layers < pp_size:
+        raise ValueError(f"cannot split {num_layers} layers over pp_size={pp_size}; need >= 1 layer per stage")
+    parts = [num_layers // pp_size] * pp_size
+    for i in range(2, num_layers % pp_size + 2):
+        parts[-i] += 1
+    return parts
+
+
+def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    a = parser.add_argument
+    a("--prompt-len", type=parse_len, required=True, help="prompt tokens (suffixes k, m: 128k, 1m)")
+    a("--prefix-len", type=parse_len, default=0, help="cached prefix tokens (default 0)")
+    a("--pp-size", type=int, required=True)
+    a("--policy", choices=("fixed", "plan"), default="fixed")
+    a("--chunk-size", type=parse_len, default=None, help="fixed chunk size (fixed policy, default 8k)")
+    a("--method", default="equal-time", help="planner method for --policy plan (equal-time, dp)")
+    a("--max-chunk", type=parse_len, default=None, help="planner's largest chunk")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--profile", help="profile JSON (sglang-cpp profile)")
+    src.add_argument("--coeffs", help="'a,b,c' (upstream) or 'c0,g,b,d,e,f'")
+    src.add_argument("--analytic", metavar="MODEL", help="analytic model preset, e.g. qwen3-235b-a22b")
+    a("--device", default="H100", help="device preset for --analytic")
+    a("--tp", type=int, default=1, help="tensor parallel size (--analytic)")
+    a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
+    a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
+    a("--layers-per-stage", default=None, help="N or N0,N1,... (--analytic; default an even split)")
+    a("--p2p-latency-ms", type=float, default=0.0)
+    a("--p2p-bandwidth-gbps", type=float, default=math.inf, help="GB/s (default: free)")
+    a("--hidden-size", type=int, default=None, help="bytes per token = hidden * 2 (default: the model's)")
+    a("--send-mode", choices=SEND_MODES, default="deferred")
+    a("--recv-mode", choices=RECV_MODES, default="serial")
+    a("--cpu-overhead-ms", type=float, default=0.0, help="host overhead per chunk and stage")
+    a("--trace", metavar="OUT.json", default=None, help="write a Chrome/Perfetto trace")
+    a("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _cli_costs(args) -> tuple[list, int]:
+    """(per-stage cost models, hidden size) for the chosen cost source."""
+    from .costmodel import load_cost, parse_coeffs
+
+    P = args.pp_size
+    if args.profile:
+        return _stage_costs(load_cost(args.profile), P), 0
+    if args.coeffs:
+        return [parse_coeffs(args.coeffs)] * P, 0
+    from .analytic import DEVICES, MODELS, analytic_cost_model
+
+    if args.analytic not in MODELS:
+        raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
+    if args.device not in DEVICES:
+        raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
+    model, dev = MODELS[args.analytic], DEVICES[args.device]
+    if args.efficiency is not None:
+        from dataclasses import replace
+        dev = replace(dev, efficiency=args.efficiency)
+    lps = args.layers_per_stage
+    if lps is None:
+        parts = default_partition(model.num_layers, P)
+    elif "," in str(lps):
+        parts = [int(v) for v in str(lps).split(",")]
+    else:
+        parts = [int(lps)] * P
+    if len(parts) != P or any(n < 1 for n in parts):
+        raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
+    models, first = [], 0
+    for s, n in enumerate(parts):
+        models.append(analytic_cost_model(model, dev, layers=n, first_layer=first, tp=args.tp, dtype=args.dtype,
+                                          include_embedding=s == 0, include_lm_head=s == P - 1))
+        first += n
+    return models, model.hidden_size
+
+
+def run_simulate(args) -> int:
+    """`sglang-cpp simulate`: plan (fixed or planner) + simulate + report. Returns an exit code."""
+    try:
+        costs, hidden = _cli_costs(args)
+        P = len(costs)
+        cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
+                        hidden_size=args.hidden_size if args.hidden_size is not None else hidden,
+                        send_mode=args.send_mode, recv_mode=args.recv_mode,
+                        cpu_overhead_ms=args.cpu_overhead_ms)
+        R = args.prompt_len - args.prefix_len
+        if R < 1:
+            raise ValueError(f"--prompt-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")
+        if args.policy == "fixed":
+            c = args.chunk_size or 8192
+            if c < 1:
+                raise ValueError("--chunk-size must be >= 1")
+            chunks = [c] * (R // c) + ([R % c] if R % c else [])
+        else:
+            from .costmodel import PipelineCost
+            from .planner import plan_chunks
+
+            kw = {"max_chunk": args.max_chunk} if args.max_chunk else {}
+            if args.chunk_size:
+                kw["chunk_size"] = args.chunk_size
+            cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
+            chunks = list(plan_chunks(args.prompt_len, cost, P, prefix_len=args.prefix_len, method=args.method,
+                                      overhead_ms=args.cpu_overhead_ms, **kw).chunks)
+        res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
+        trace = str(res.save_trace(args.trace)) if args.trace else None
+    except ValueError as exc:
+        print(f"sglang-cpp simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len,
+                          "policy": args.policy, "trace": trace}, indent=1))
+    else:
+        print(f"policy {args.policy}: {len(chunks)} chunks {chunks[:8]}{' ...' if len(chunks) > 8 else ''}")
+        print(res.summary())
+        if trace:
+            print(f"trace: {trace}  (open in https://ui.perfetto.dev)")
+    return 0
+
+
+__all__ = ["SimConfig", "SimResult", "Event", "simulate", "simulate_requests", "parse_len", "default_partition",
+           "add_simulate_args", "run_simulate", "SEND_MODES", "RECV_MODES"]

@@ -1,0 +1,38 @@
+"""Shared fixtures: model paths (built offline by examples/cpu/build_models.py) and server helpers."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sglang-cpp"))
+SMOLLM2 = CACHE / "models" / "smollm2-135m"
+CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    if not (SMOLLM2 / "model.safetensors").exists():
+        import subprocess
+
+        subprocess.run([sys.executable, str(ROOT / "examples/cpu/build_models.py"), "--only", "smollm2"], check=True)
+    return str(SMOLLM2)
+
+
+def read_events(path: Path, event: str) -> list[dict]:
+    if not path.exists():
+        return []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event]
+
+
+def chunks_of(path: Path, rid_prefix_len: int | None = None) -> dict:
+    """rid -> [(prefix, chunk), ...] from a stage's single-request forward events."""
+    out: dict = {}
+    for r in read_events(path, "forward"):
+        if len(r["rids"]) == 1:
+            out.setdefault(r["rids"][0], []).append((r["prefix"][0], r["chunk"][0]))
+    return out

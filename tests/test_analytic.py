@@ -1,0 +1,194 @@
+"""Analytic cost model: hand-counted FLOPs, the FA form, anchors.md's physical-limit numbers, a what-if."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sglang_cpp.analytic import (DEVICES, MODELS, DeviceSpec, ModelSpec, analytic_cost_model, ideal_ttft_ms,
+                                 lm_head_ms, per_layer_costs, percent_of_limit, prefill_flops)
+from sglang_cpp.simulator import SimConfig, default_partition, simulate
+
+# 1 FLOP per ms at efficiency 1: times in ms equal FLOP counts
+TOY_DEV = DeviceSpec("toy", peak_bf16_tflops=1e-9, peak_fp8_tflops=2e-9, mem_bw_gbps=1.0, efficiency=1.0)
+TINY = ModelSpec(num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+                 vocab_size=32, name="tiny")
+
+
+def test_tiny_dense_flops_by_hand():
+    L, x = 10, 6
+    # per layer: q 8*2*4=64, k 8*1*4=32, v 32, o 2*4*8=64 -> 192; FFN gate/up/down 3*8*16=384 -> 576 params
+    linear = 2 * x * 576  # 6912
+    attn = 2 * 2 * 2 * 4 * x * (L + x / 2)  # 2*2*n_q*d_h*x*(L + x/2) = 2496
+    per_layer = linear + attn  # 9408 FLOP = 9408 ms on TOY_DEV
+    np.testing.assert_allclose(per_layer_costs(TINY, TOY_DEV, L, x), [per_layer, per_layer], rtol=1e-12)
+    m = analytic_cost_model(TINY, TOY_DEV)
+    assert m.time(L, x) == pytest.approx(2 * per_layer, rel=1e-12)
+    assert analytic_cost_model(TINY, TOY_DEV, layers=1, first_layer=1).time(L, x) == pytest.approx(per_layer)
+    assert analytic_cost_model(TINY, TOY_DEV, tp=2).time(L, x) == pytest.approx(per_layer, rel=1e-12)
+    assert analytic_cost_model(TINY, replace(TOY_DEV, efficiency=0.5)).time(L, x) == pytest.approx(4 * per_layer)
+    # fp8 GEMMs run at 2e-9 TFLOP/s: the linear part halves, attention (bf16) does not
+    assert analytic_cost_model(TINY, TOY_DEV, dtype="fp8").time(L, x) == pytest.approx(2 * (linear / 2 + attn))
+    assert analytic_cost_model(TINY, TOY_DEV, overhead_ms=7.0).time(L, x) == pytest.approx(2 * per_layer + 7)
+
+
+def test_tiny_moe_and_mla_by_hand():
+    moe = replace(TINY, num_experts=4, top_k=2, moe_intermediate_size=8, num_dense_layers=1, num_shared_experts=1)
+    # layer 0 dense: 192 + 384 = 576; layer 1: router 8*4=32 + (2 routed + 1 shared)*3*8*8=576 -> 192+608 = 800
+    x = 5
+    np.testing.assert_allclose(per_layer_costs(moe, TOY_DEV, 0, x),
+                               [2 * x * 576 + 16 * x * x, 2 * x * 800 + 16 * x * x], rtol=1e-12)
+    assert moe.active_params == 576 + 800
+    assert moe.total_params == 2 * 32 * 8 + 576 + (192 + 32 + (4 + 1) * 3 * 64)
+    mla = replace(TINY, kv_lora_rank=4, q_lora_rank=0, qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=3)
+    # q 8*2*(2+2)=64, kv_a 8*(4+2)=48, kv_b 4*2*(2+3)=40, o 2*3*8=48 -> 200 (+ FFN 384 = 584)
+    # attention n_q*(d_qk+d_v) = 2*(4+3) = 14 per x*(2L+x); prefix rebuild 2*40 = 80 per prefix token
+    L = 100
+    expect = 2 * x * 584 + 14 * x * (2 * L + x) + 80 * L
+    np.testing.assert_allclose(per_layer_costs(mla, TOY_DEV, L, x), [expect, expect], rtol=1e-12)
+    no_rebuild = per_layer_costs(mla, TOY_DEV, L, x, mla_prefix_rebuild=False)
+    np.testing.assert_allclose(no_rebuild, [expect - 80 * L] * 2, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("dev", ["H20", "H100", "H200"])
+def test_fa_form_identity(name, dev):
+    m = analytic_cost_model(MODELS[name], DEVICES[dev], tp=2, include_embedding=True, include_lm_head=True)
+    assert m.d == 0 and m.e == pytest.approx(2 * m.f, rel=1e-12) and m.is_fa_form
+    assert (m.g > 0) == MODELS[name].is_mla
+    # chunking adds no attention work: sum over a chunking of x*(2L+x) telescopes to S^2
+    chunks = np.array([3000, 2000, 1500, 1000, 692])
+    L = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    attn = m.f * np.sum(chunks * (2 * L + chunks))
+    assert attn == pytest.approx(m.f * chunks.sum() ** 2, rel=1e-12)
+
+
+def test_moe_active_below_total_and_dense_equal():
+    for name in ("qwen3-235b-a22b", "deepseek-v3"):
+        spec = MODELS[name]
+        emb = 2 * spec.vocab_size * spec.hidden_size
+        assert spec.active_params < (spec.total_params - emb) / 5
+    llama = MODELS["llama3-8b"]
+    assert llama.active_params == llama.total_params - 2 * llama.vocab_size * llama.hidden_size
+    assert 7.9e9 < llama.total_params < 8.1e9  # "8B"
+    assert 225e9 < MODELS["qwen3-235b-a22b"].total_params < 240e9  # "235B"
+    assert 660e9 < MODELS["deepseek-v3"].total_params < 690e9  # "671B"
+    assert 20e9 < MODELS["qwen3-235b-a22b"].active_params < 24e9  # "A22B"
+    assert 130e6 < MODELS["smollm2-135m"].total_params < 140e6
+
+
+def test_flops_match_anchors():
+    """anchors.md 2.1: F_lin 41.9 / 71.4 GFLOP per token, F_attn 1.54e6 / 2.50e6 * S^2."""
+    for name, lin, att in (("qwen3-235b-a22b", 41.9e9, 1.54e6), ("deepseek-v3", 71.4e9, 2.50e6)):
+        fl, fa = prefill_flops(MODELS[name], 1000)
+        assert fl / 1000 == pytest.approx(lin, rel=2e-3)
+        assert fa / 1000**2 == pytest.approx(att, rel=3e-3)
+
+
+@pytest.mark.parametrize("S,measured,pct", [(128 * 1024, 10540, 58.5), (256 * 1024, 32680, 71.9),
+                                            (512 * 1024, 114330, 80.2), (1024 * 1024, 420910, 86.0)])
+def test_percent_of_limit_reproduces_anchors_table(S, measured, pct):
+    q = MODELS["qwen3-235b-a22b-fp8"]
+    assert percent_of_limit(measured, q, DEVICES["H20"], S, 32, tp=4, pp=8) == pytest.approx(pct, abs=0.1)
+
+
+def test_ideal_ttft_cross_checks():
+    h20 = DEVICES["H20"]
+    assert ideal_ttft_ms(MODELS["qwen3-235b-a22b-fp8"], h20, 128 * 1024, 4) == pytest.approx(49.3e3, rel=2e-3)
+    assert ideal_ttft_ms(MODELS["deepseek-v3"], h20, 128 * 1024, 8) == pytest.approx(40.2e3, rel=2e-3)
+    # all-bf16 bound at 128K: 6.75 s
+    assert ideal_ttft_ms(MODELS["qwen3-235b-a22b-fp8"], h20, 128 * 1024, 32, dtype="bf16") == \
+        pytest.approx(6.75e3, rel=2e-3)
+    with pytest.raises(ValueError, match="tp\\*pp"):
+        percent_of_limit(1000, MODELS["llama3-8b"], h20, 1024, num_gpus=16, tp=4, pp=2)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="FP8"):
+        analytic_cost_model(MODELS["llama3-8b"], DEVICES["A100"], dtype="fp8")
+    with pytest.raises(ValueError, match="FP8"):
+        analytic_cost_model(MODELS["deepseek-v3"], DEVICES["A100"])  # fp8 checkpoint
+    assert analytic_cost_model(MODELS["deepseek-v3"], DEVICES["A100"], dtype="bf16").b > 0
+    with pytest.raises(ValueError):
+        analytic_cost_model(TINY, TOY_DEV, layers=3)
+    with pytest.raises(ValueError):
+        analytic_cost_model(TINY, TOY_DEV, tp=0)
+    with pytest.raises(ValueError):
+        replace(TINY, num_experts=4, top_k=5, moe_intermediate_size=8)
+    with pytest.raises(ValueError):
+        DeviceSpec("x", 1.0, 0.0, 1.0, efficiency=1.5)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        ModelSpec.from_hf_config({"hidden_size": 8})
+
+
+def test_embedding_and_lm_head_terms():
+    h100 = DEVICES["H100"]
+    base = analytic_cost_model(MODELS["llama3-8b"], h100, layers=2)
+    both = analytic_cost_model(MODELS["llama3-8b"], h100, layers=2, include_embedding=True, include_lm_head=True)
+    # lm head: one token's logits, bound by reading the 4096 x 128256 bf16 weight at 3350 GB/s
+    assert both.c0 - base.c0 == pytest.approx(4096 * 128256 * 2 / 3350e9 * 1e3, rel=1e-9)
+    assert lm_head_ms(MODELS["llama3-8b"], h100, tp=2) == pytest.approx((both.c0 - base.c0) / 2, rel=1e-9)
+    assert both.b - base.b == pytest.approx(4096 * 2 / 3350e9 * 1e3, rel=1e-9)
+
+
+QWEN3_MOE_FP8_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "decoder_sparse_step": 1, "head_dim": 128,
+    "hidden_size": 4096, "intermediate_size": 12288, "mlp_only_layers": [], "moe_intermediate_size": 1536,
+    "num_attention_heads": 64, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 94,
+    "num_key_value_heads": 4, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 151936,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}
+DEEPSEEK_V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "first_k_dense_replace": 3,
+    "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512, "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1, "n_routed_experts": 256, "n_shared_experts": 1, "num_attention_heads": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
+    "tie_word_embeddings": False, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"},
+}
+LLAMA3_8B_CONFIG = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize("cfg,preset", [(QWEN3_MOE_FP8_CONFIG, "qwen3-235b-a22b-fp8"),
+                                        (DEEPSEEK_V3_CONFIG, "deepseek-v3"), (LLAMA3_8B_CONFIG, "llama3-8b")])
+def test_from_hf_config_matches_presets(cfg, preset):
+    assert ModelSpec.from_hf_config(cfg, name=preset) == MODELS[preset]
+
+
+def test_from_hf_config_rejects_interleaved_moe():
+    with pytest.raises(ValueError, match="mlp_only_layers"):
+        ModelSpec.from_hf_config({**QWEN3_MOE_FP8_CONFIG, "mlp_only_layers": [5, 7]})
+
+
+def _qwen_pp8_costs(efficiency=0.889, overhead_ms=15.0):
+    dev = replace(DEVICES["H20"], efficiency=efficiency)
+    q, costs, first = MODELS["qwen3-235b-a22b-fp8"], [], 0
+    for s, n in enumerate(default_partition(q.num_layers, 8)):
+        costs.append(analytic_cost_model(q, dev, layers=n, first_layer=first, tp=4, include_embedding=s == 0,
+                                         include_lm_head=s == 7, overhead_ms=overhead_ms))
+        first += n
+    return costs
+
+
+def test_what_if_qwen3_235b_pp8_tp4_32xh20():
+    """128K..1M through the simulator: superlinear TTFT, never below the physical limit."""
+    costs = _qwen_pp8_costs()
+    q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
+    cfg = SimConfig(p2p_latency_ms=0.05, p2p_bandwidth_gbps=50.0, hidden_size=q.hidden_size * 2 // 4)
+    ttft = {}
+    for S in (128 * 1024, 256 * 1024, 512 * 1024, 1024 * 1024):
+        res = simulate([8192] * (S // 8192), costs, 8, cfg)
+        ttft[S] = res.ttft_ms
+        assert res.ttft_ms > ideal_ttft_ms(q, h20, S, 32)
+        assert 0 < percent_of_limit(res.ttft_ms, q, h20, S, tp=4, pp=8) < 100
+    ratios = [ttft[2 * S] / ttft[S] for S in (128 * 1024, 256 * 1024, 512 * 1024)]
+    assert all(r > 2 for r in ratios), ratios
+    assert ratios == sorted(ratios)  # tends to 4 as attention dominates
+    # anchors.md 2.5's calibrated model (c = 15 ms, 88.9% efficiency) puts fixed 4K / 8K at 10.37 / 12.89 s
+    for c, ref in ((4096, 10.37e3), (8192, 12.89e3)):
+        assert simulate([c] * (128 * 1024 // c), costs, 8).ttft_ms == pytest.approx(ref, rel=0.05)

@@ -1,0 +1,289 @@
+"""bench: metrics vs numpy, the console block, JSONL keys, the simulated mode end to end, and the
+client's error handling against a tiny fake HTTP server (no SGLang server is started here)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from sglang_cpp import bench, compare
+from sglang_cpp.cli import main
+from sglang_cpp.client import ServerError
+from sglang_cpp.server import free_port
+
+BENCH_KEYS = {"mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
+              "input_throughput", "request_throughput", "completed", "total_input_tokens", "ttfts", "errors",
+              "random_input_len", "duration", "max_concurrency", "input_lens"}
+OUR_KEYS = {"policy", "chunk_plan", "versions", "machine", "date", "simulated"}
+
+
+# -- metrics and the block -----------------------------------------------------------------------
+def test_summarize_matches_numpy():
+    rng = np.random.default_rng(3)
+    ttfts = list(rng.uniform(0.1, 2.0, size=23))
+    errors = [""] * 23
+    errors[5] = errors[17] = "boom"
+    rec = bench.summarize(ttfts, errors, 4096, 12.5, e2e_s=[t + 0.01 for t in ttfts])
+    ok = np.array([t for i, t in enumerate(ttfts) if i not in (5, 17)]) * 1000
+    assert rec["completed"] == 21 and rec["failed"] == 2 and rec["num_prompts"] == 23
+    assert rec["mean_ttft_ms"] == pytest.approx(ok.mean())
+    assert rec["median_ttft_ms"] == pytest.approx(np.median(ok))
+    assert rec["std_ttft_ms"] == pytest.approx(ok.std())
+    for q in (90, 95, 99):
+        assert rec[f"p{q}_ttft_ms"] == pytest.approx(np.percentile(ok, q))
+    assert rec["total_input_tokens"] == 21 * 4096
+    assert rec["input_throughput"] == pytest.approx(21 * 4096 / 12.5)
+    assert rec["ttfts"][5] == 0.0 and rec["errors"][5] == "boom" and rec["errors"][0] == ""
+    assert rec["median_e2e_latency_ms"] == pytest.approx(np.median(ok + 10))
+
+
+def test_summarize_all_failed_has_no_percentiles():
+    rec = bench.summarize([0.0, 0.0], ["a", "b"], 100, 1.0)
+    assert rec["completed"] == 0 and rec["median_ttft_ms"] is None and rec["p99_ttft_ms"] is None
+    assert "n/a" in bench.format_block({**rec, "backend": "x"})
+
+
+def test_format_block_layout():
+    rec = {**bench.summarize([0.5, 1.0, 1.5], ["", "", ""], 8192, 3.0), "backend": "sglang-native",
+           "policy": "fixed C=1024", "max_concurrency": 1}
+    lines = bench.format_block(rec).splitlines()
+    assert lines[0] == "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")
+    assert lines[-1] == "=" * 50
+    text = "\n".join(lines)
+    assert "{:<40} {:<10}".format("Successful requests:", 3) in text
+    assert "{:<40} {:<10.2f}".format("Median TTFT (ms):", 1000.0) in text
+    assert "{:<40} {:<10.2f}".format("P90 TTFT (ms):", np.percentile([500, 1000, 1500], 90)) in text
+    assert "{:<40} {:<10.2f}".format("Input token throughput (tok/s):", 3 * 8192 / 3.0) in text
+    assert "SIMULATED" not in text
+    assert "SIMULATED" in bench.format_block({**rec, "simulated": True})
+
+
+def test_input_ids_distinct_and_shared_prefix():
+    a, b = bench.make_input_ids(512, 0, 7), bench.make_input_ids(512, 1, 7)
+    assert len(a) == 512 and a[:16] != b[:16]
+    s0, s1 = bench.make_input_ids(512, 0, 7, 128), bench.make_input_ids(512, 1, 7, 128)
+    assert s0[:128] == s1[:128] and s0[128:144] != s1[128:144] and len(s0) == 512
+    assert bench.make_input_ids(1024, 0, 7, 128)[:128] != s0[:128]  # not shared across lengths
+
+
+def test_context_limit_layouts():
+    assert bench.context_limit({"context_len": 8192}) == (8192, "context_len")
+    assert bench.context_limit({"context_length": None, "model_config": {"context_len": 4096}})[0] == 4096
+    assert bench.context_limit({"internal_states": [{"max_req_input_len": 8191}]})[0] == 8192
+    assert bench.context_limit({"version": "x"}) == (None, "")
+    with pytest.raises(ValueError, match="leaves no room"):
+        bench.check_context({"context_len": 1024}, (1024,))
+    with pytest.raises(ValueError, match="max_req_input_len 2047 .*KV pool of 2048"):
+        bench.check_context({"context_length": 17000, "max_req_input_len": 2047, "max_total_num_tokens": 2048},
+                            (4096,))
+    assert bench.check_context({"context_length": 17000, "max_req_input_len": 16999}, (16384,)) == 17000
+
+
+# -- simulated mode --------------------------------------------------------------------------------
+def _profile(tmp_path):
+    stage = {"coeffs": {"c0": 2.0, "g": 0.0, "b": 0.05, "d": 0.0, "e": 2e-5, "f": 1e-5}}
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps({"format": "sglang-cpp-profile", "meta": {}, "stages": [stage, stage]}))
+    return p
+
+
+def _sim(tmp_path, capsys, policy, *extra):
+    out = tmp_path / f"{policy}{len(list(tmp_path.glob('*.jsonl')))}.jsonl"  # a fresh file per call
+    rc = main(["bench", "ttft", "--simulate", str(_profile(tmp_path)), "--input-lens", "4k,16k,64k",
+               "--num-requests", "3", "--pp-size", "2", "--chunk-size", "2048", "--policy", policy,
+               "--output-jsonl", str(out), *extra])
+    text = capsys.readouterr().out
+    assert rc == 0
+    return text, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_simulate_end_to_end(tmp_path, capsys):
+    png = tmp_path / "ttft.png"
+    text, plan = _sim(tmp_path, capsys, "plan", "--plot", str(png))
+    assert text.count("Serving Benchmark Result (SIMULATED)") == 3 and "SIMULATED: " in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for r in plan:
+        assert BENCH_KEYS | OUR_KEYS <= set(r) and r["simulated"] is True and r["completed"] == 3
+        assert sum(r["chunk_plan"]["chunks"]) == r["random_input_len"]
+    med = [r["median_ttft_ms"] for r in plan]
+    assert med == sorted(med) and med[0] < med[-1]
+    _, fixed = _sim(tmp_path, capsys, "fixed")
+    _, quad = _sim(tmp_path, capsys, "quadratic")
+    for p, f, q in zip(plan, fixed, quad):
+        assert p["median_ttft_ms"] <= f["median_ttft_ms"] * (1 + 1e-9)
+        assert q["chunk_plan"]["chunks"][0] == 2048  # upstream's first chunk is the base C
+    # concurrency: later requests queue behind earlier ones, so the mean TTFT grows
+    _, conc = _sim(tmp_path, capsys, "plan", "--max-concurrency", "3")
+    assert conc[0]["mean_ttft_ms"] > plan[0]["mean_ttft_ms"]
+
+
+def test_simulate_coeffs_and_analytic(tmp_path, capsys):
+    assert main(["bench", "ttft", "--coeffs", "1e-5,0.05,2", "--input-lens", "8k", "--policy", "quadratic",
+                 "--chunk-size", "2048", "--num-requests", "1"]) == 0
+    assert main(["bench", "ttft", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "4",
+                 "--input-lens", "1m", "--num-requests", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("(SIMULATED)") == 2 and "1048576" in out
+
+
+def test_simulate_and_base_url_conflict(capsys):
+    assert main(["bench", "ttft", "--coeffs", "1e-5,0.05,2", "--input-lens", "8k",
+                 "--base-url", "http://127.0.0.1:1"]) == 2
+    assert "--base-url cannot be combined" in capsys.readouterr().err
+    assert main(["bench", "ttft", "--coeffs", "1e-5,0.05,2", "--input-lens", "8k", "--shared-prefix", "1k"]) == 2
+    assert "--shared-prefix is not simulated" in capsys.readouterr().err
+    assert main(["bench", "ttft", "--analytic", "nope", "--input-lens", "8k"]) == 2
+    assert "--analytic 'nope'" in capsys.readouterr().err
+
+
+# -- the fake server ------------------------------------------------------------------------------------
+class Fake:
+    def __init__(self, info, fail_on=(), meta=None):
+        self.info, self.fail_on, self.meta, self.n = info, set(fail_on), meta or {}, 0
+        self.lens, self.lock = [], threading.Lock()
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body: bytes, ctype="application/json"):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/get_server_info":
+                    return self._send(200, json.dumps(fake.info).encode())
+                self._send(200 if self.path == "/health" else 404, b"{}")
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with fake.lock:
+                    fake.n += 1
+                    k = fake.n
+                    fake.lens.append(len(req["input_ids"]))
+                chunks = [{"text": "", "meta_info": {}}]
+                if k in fake.fail_on:
+                    chunks.append({"error": {"message": "scheduler died"}})
+                else:
+                    chunks.append({"text": "a", "output_ids": [1], "meta_info": fake.meta})
+                body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks[1:]) + "data: [DONE]\n\n"
+                self._send(200, body.encode(), "text/event-stream")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake():
+    made = []
+
+    def make(**kw):
+        made.append(Fake(**kw))
+        return made[-1]
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def test_context_length_error(fake, capsys):
+    f = fake(info={"context_length": 8192, "version": "0.5.23"})
+    rc = main(["bench", "ttft", "--base-url", f.url, "--input-lens", "4k,16k"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f.n == 0
+    assert "--input-lens 16384 exceeds the server's context length 8192" in err and "--context-length" in err
+
+
+def test_unreachable_server_names_url(capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["bench", "ttft", "--base-url", url, "--input-lens", "1k"]) == 2
+    err = capsys.readouterr().err
+    assert url in err and "unreachable" in err
+    with pytest.raises(ServerError, match="127.0.0.1"):
+        bench.run_ttft(url, bench.BenchConfig((1024,)))
+
+
+def test_midrun_failure_keeps_other_results(fake, tmp_path, capsys):
+    f = fake(info={"model_config": {"context_len": 8192}, "version": "0.5.23"}, fail_on={2},
+             meta={"sglang_cpp_plan": {"chunks": [256, 256]}})
+    out = tmp_path / "r.jsonl"
+    rc = main(["bench", "ttft", "--base-url", f.url, "--input-lens", "512,1k", "--num-requests", "3",
+               "--warmup", "0", "--output-jsonl", str(out), "--policy-label", "plan", "--plot",
+               str(tmp_path / "p.png")])
+    captured = capsys.readouterr()
+    assert rc == 1 and "1 request(s) failed" in captured.err
+    assert captured.out.count("Serving Benchmark Result") == 2
+    r512, r1k = (json.loads(line) for line in out.read_text().splitlines())
+    assert BENCH_KEYS | OUR_KEYS <= set(r512)
+    assert r512["completed"] == 2 and r512["failed"] == 1 and "scheduler died" in r512["errors"][1]
+    assert r512["ttfts"][0] > 0 and r512["ttfts"][2] > 0 and r512["ttfts"][1] == 0.0
+    assert r1k["completed"] == 3 and r1k["simulated"] is False and r1k["policy"] == "plan"
+    assert r1k["versions"]["server"] == "0.5.23" and r1k["chunk_plan"][0] == {"chunks": [256, 256]}
+    assert f.lens == [512] * 3 + [1024] * 3
+
+
+def test_concurrency_and_warmup(fake):
+    f = fake(info={"context_len": 4096})
+    recs = bench.run_ttft(f.url, bench.BenchConfig((256,), num_requests=4, warmup=2, max_concurrency=3),
+                          log=lambda m: None)
+    assert f.n == 6 and recs[0]["completed"] == 4 and recs[0]["chunk_plan"] is None
+    assert not bench.any_failed(recs)
+
+
+# -- compare orchestration, with a fake launcher --------------------------------------------------
+def test_compare_table_failures_and_resume(fake, tmp_path):
+    f = fake(info={"context_len": 8192, "version": "0.5.23"})
+    launches = []
+
+    @contextlib.contextmanager
+    def launch(spec, timeout, log_dir):
+        launches.append(spec)
+        if spec.chunk_size == 1024 and not spec.dynamic and spec.pp_size == 2:
+            raise ServerError("server process exited with code 1 before becoming healthy")
+        yield SimpleNamespace(base_url=f.url, log_path=tmp_path / "log")
+
+    (tmp_path / "model").mkdir()
+    cfg = compare.CompareConfig(model=str(tmp_path / "model"), input_lens=(256, 512), num_requests=1, warmup=0,
+                              fixed_chunks=(128, 1024), results=str(tmp_path / "res" / "compare.md"),
+                              profile=str(_profile(tmp_path)))
+    assert compare.compare(cfg, launch=launch, log=lambda m: None, command="sglang-cpp bench compare") == 1
+    kinds = [(s.pp_size, s.dynamic, s.env["SGLANG_CPP_POLICY"], s.chunk_size) for s in launches]
+    # plan first (its calibration feeds the emulated upstream fit), then upstream's algorithm, then PP=1
+    assert kinds == [(2, False, "off", 128), (2, False, "off", 1024), (2, True, "plan", 128),
+                     (2, True, "quadratic", 128), (1, False, "off", 128)]
+    assert launches[3].env["SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"] == "0.75"
+    assert launches[2].env["SGLANG_CPP_PROFILE"].endswith("profile.json") and launches[4].cores == "0"
+    up = json.loads(Path(launches[3].env["SGLANG_CPP_PROFILE"]).read_text())["upstream"]
+    from sglang_cpp.costmodel import load_cost
+    from sglang_cpp.upstream import UpstreamPredictor, profile_lengths
+
+    cost = load_cost(_profile(tmp_path))
+    lens = profile_lengths(128, 8192)
+    assert len(lens) == 128 and lens[0] == 160  # 1.25 * C, downwards, as upstream profiles
+    ref = UpstreamPredictor.fit(lens, [float(cost.time(0.0, n)) for n in lens], chunk_size=128, context_len=8192)
+    assert (up["a"], up["b"], up["c"]) == pytest.approx((ref.a, ref.b, ref.c))
+    md = (tmp_path / "res" / "compare.md").read_text()
+    assert "server failed: ServerError" in md and "fixed C=128 **(best)**" in md
+    assert md.count("| sglang-cpp plan (C=128) |") == 2 and "| PP=1 on 1 core (fixed C=128) |" in md
+    assert "sglang-cpp bench compare" in md and "## Failed servers" in md
+    rows = [line for line in md.splitlines() if line.startswith("| upstream dynamic")]
+    assert rows and all(" 1.000 |" in r for r in rows)  # its own ratio vs upstream dynamic
+    assert (tmp_path / "res" / "compare.jsonl").exists()
+    launches.clear()  # resume: only the failed server is retried
+    assert compare.compare(cfg, launch=launch, log=lambda m: None) == 1
+    assert [(s.chunk_size, s.dynamic) for s in launches] == [(1024, False)]

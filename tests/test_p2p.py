@@ -1,0 +1,200 @@
+"""Batched PP receive (sglang_cpp/plugin/p2p.py) over 2 gloo processes: a sender that speaks upstream's
+send_tensor_dict wire protocol, a receiver using the serial baseline, the batched core, deferred proxy
+waits (interleaved with later messages on the same channel), the send-allgather slicing, and the
+GroupCoordinator hook on a stand-in coordinator. Every received dict must equal what was sent."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from sglang_cpp.plugin import p2p  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _messages() -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    return [
+        {"hidden_states": r(37, 64, dtype=torch.bfloat16), "residual": r(37, 64, dtype=torch.bfloat16),
+         "__msg_type__": "proxy"},
+        {"next_token_ids": torch.randint(0, 50000, (5,), generator=g), "logprobs": r(5, 3),
+         "mask": r(7) > 0, "empty": r(0, 4), "scalar": torch.tensor(3.25, dtype=torch.float64),
+         "half": r(3, 2, 2, dtype=torch.float16), "note": {"a": 1, "b": [1, 2]}, "__msg_type__": "output"},
+        {"hidden_states": r(1024, 576, dtype=torch.bfloat16), "residual": r(1024, 576, dtype=torch.bfloat16),
+         "__msg_type__": "proxy"},
+        {"__msg_type__": "output", "__skip__": True},
+        {"hidden_states": r(9, 16), "odd": r(3, 3), "__msg_type__": "default"},
+    ]
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for k, v in want.items():
+        if isinstance(v, torch.Tensor):
+            assert isinstance(got[k], torch.Tensor), k
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+            assert torch.equal(got[k], v), k
+        else:
+            assert got[k] == v, k
+
+
+AG = 2  # pretend attn-TP size for the send-allgather case; this pair is attn-TP rank 1
+
+
+def _worker(rank: int, port: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    grp = dist.group.WORLD
+    msgs = _messages()
+    try:
+        if rank == 0:
+            _sender(grp, msgs)
+        else:
+            _receiver(grp, msgs)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _sender(grp, msgs) -> None:
+    works = []
+
+    def send(m, **kw):
+        works.extend(p2p.send_tensor_dict(m, 1, grp, grp, **kw))
+
+    for m in msgs:  # serial baseline, then the batched core
+        send(m)
+    for m in msgs:
+        send(m)
+    send(msgs[0]); send(msgs[1]); send(msgs[2])  # deferred proxy, output, deferred proxy
+    send(msgs[1]); send(msgs[4])  # send-allgather rows (rank 1 of AG), serial then batched
+    send(msgs[1], all_gather_size=AG, all_gather_rank=1)
+    send(msgs[4], all_gather_size=AG, all_gather_rank=1)
+    for m in msgs[:3]:  # through the GroupCoordinator hook
+        send(m)
+    for w, _payload in works:  # payloads stay referenced until here (upstream's P2PWork)
+        w.wait()
+
+
+def _receiver(grp, msgs) -> None:
+    for m in msgs:
+        _assert_same(p2p.recv_tensor_dict_serial(0, grp, grp), m)
+    for m in msgs:
+        got = p2p.recv_tensor_dict_batched(0, grp, grp)
+        _assert_same(got, m)
+        got_ptrs = [v.data_ptr() for v in got.values() if isinstance(v, torch.Tensor)]
+        assert len(set(p for p in got_ptrs if p)) == len([p for p in got_ptrs if p])  # distinct buffers
+
+    # Deferred proxies: the output message between them is received while the first proxy's
+    # tensors may still be in flight; FIFO matching must keep every buffer in its place.
+    p2p._LAUNCH_HOOKED = True
+    p2p._PENDING.clear()
+    a = p2p.receive(p2p.post_tensor_dict_recvs(p2p.recv_object(0, grp), 0, grp, grp))
+    assert len(p2p._PENDING) == 1 and a["__msg_type__"] == "proxy"
+    _assert_same(p2p.receive(p2p.post_tensor_dict_recvs(p2p.recv_object(0, grp), 0, grp, grp)), msgs[1])
+    assert len(p2p._PENDING) == 1  # outputs are never deferred
+    c = p2p.receive(p2p.post_tensor_dict_recvs(p2p.recv_object(0, grp), 0, grp, grp))
+    assert len(p2p._PENDING) == 2
+
+    def launch(_self, *args):
+        assert not p2p._PENDING, "forward ran before the deferred receives completed"
+        _assert_same(args[0], msgs[0])
+        return "ran"
+
+    assert p2p.Scheduler__pp_launch_batch(launch, None, a) == "ran"
+    _assert_same(c, msgs[2])
+
+    # send-allgather: this rank receives row 1 of each divisible tensor; all_gather must rebuild it.
+    for recv in (p2p.recv_tensor_dict_serial, p2p.recv_tensor_dict_batched):
+        ag_plain = recv(0, grp, grp)  # first the plain sends (AG size 1 path)
+        _assert_same(ag_plain, msgs[1] if recv is p2p.recv_tensor_dict_serial else msgs[4])
+    for want in (msgs[1], msgs[4]):
+        def fake_all_gather(piece, dim=0, _want=want):
+            full = next(v for v in _want.values() if isinstance(v, torch.Tensor) and v.numel() == 2 * piece.numel()
+                        and torch.equal(v.reshape(AG, -1)[1], piece))
+            assert piece.data_ptr() != full.data_ptr()
+            return torch.cat([full.reshape(AG, -1)[0], piece], dim=dim)
+
+        posted = p2p.post_tensor_dict_recvs(p2p.recv_object(0, grp), 0, grp, grp, all_gather_size=AG,
+                                            all_gather_rank=1)
+        assert not p2p._should_defer(posted)
+        got = p2p.receive(posted, fake_all_gather)
+        _assert_same(got, want)
+
+    # GroupCoordinator hook on a stand-in coordinator (no sglang import in the children).
+    p2p._sglang_meta_types = lambda: (p2p.TensorMetadata,)
+    os.environ["SGLANG_CPP_ASYNC_RECV"] = "1"
+    gc = SimpleNamespace(world_size=2, rank_in_group=1, ranks=[0, 1], device_group=grp, cpu_group=grp,
+                         recv_object=lambda src: p2p.recv_object(src, grp))
+    tp1 = SimpleNamespace(world_size=1, rank_in_group=0, all_gather=lambda t, dim=0: t)
+
+    def never(*a, **k):
+        raise AssertionError("original called with SGLANG_CPP_ASYNC_RECV=1")
+
+    got = [p2p.GroupCoordinator_recv_tensor_dict(never, gc, all_gather_group=tp1) for _ in range(3)]
+    assert len(p2p._PENDING) == 2  # the two proxies
+    p2p.wait_pending()
+    for g, m in zip(got, msgs[:3]):
+        _assert_same(g, m)
+
+
+def test_switch_off_calls_original(monkeypatch):
+    monkeypatch.delenv("SGLANG_CPP_ASYNC_RECV", raising=False)
+    assert p2p.GroupCoordinator_recv_tensor_dict(lambda self, *a, **k: ("orig", a, k), "gc", 1,
+                                                 all_gather_group=None) == ("orig", (1,), {"all_gather_group": None})
+    monkeypatch.setenv("SGLANG_CPP_ASYNC_RECV", "0")
+    assert p2p.GroupCoordinator_recv_tensor_dict(lambda self, *a, **k: "orig", "gc") == "orig"
+    assert p2p.Scheduler__pp_launch_batch(lambda self, *a: a, "sched", 1, 2) == (1, 2)
+
+
+def test_gathered_or_unhooked_proxies_are_not_deferred(monkeypatch):
+    t = torch.zeros(4)
+    proxy = p2p.PostedDict({"__msg_type__": "proxy", "h": t}, p2p.PendingRecv(works=[object()], buffers=[t]), [])
+    monkeypatch.setattr(p2p, "_LAUNCH_HOOKED", True)
+    assert p2p._should_defer(proxy)
+    proxy.gathers = [("h", t[2:], t.shape)]
+    assert not p2p._should_defer(proxy)  # the all_gather needs the data now
+    proxy.gathers = []
+    monkeypatch.setattr(p2p, "DEFER_PROXY_WAIT", False)
+    assert not p2p._should_defer(proxy)
+    monkeypatch.setattr(p2p, "DEFER_PROXY_WAIT", True)
+    registry = SimpleNamespace(HookRegistry=SimpleNamespace(_patched=set()))  # no sglang import
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", registry)
+    monkeypatch.setattr(p2p, "_LAUNCH_HOOKED", None)
+    assert not p2p._should_defer(proxy)  # launch hook not installed: wait before returning
+    registry.HookRegistry._patched.add(p2p.LAUNCH_TARGET)
+    assert p2p._should_defer(proxy)
+
+
+def test_hooks_registered():
+    from sglang_cpp.plugin import TARGETS, hooks
+
+    fn, kind = TARGETS["sglang.srt.distributed.parallel_state.GroupCoordinator.recv_tensor_dict"]
+    assert kind == "AROUND" and getattr(hooks, fn) is p2p.GroupCoordinator_recv_tensor_dict
+    fn, kind = TARGETS["sglang.srt.managers.scheduler.Scheduler._pp_launch_batch"]
+    assert kind == "AROUND" and getattr(hooks, fn) is p2p.Scheduler__pp_launch_batch
+
+
+def test_two_process_gloo_roundtrip():
+    mp.spawn(_worker, args=(_free_port(),), nprocs=2, join=True)

@@ -1,0 +1,193 @@
+"""PD disaggregation end to end: prefill PP2 + sglang-cpp plan policy -> Mooncake (TCP) -> decode PP1.
+
+Runs on CPU (needs mooncake-transfer-engine-non-cuda + libibverbs1) and on CUDA. Greedy output through
+the PD pair must equal a non-disaggregated PP2 server with the same chunking flags, and the prefill
+server must chunk the long prompt with sglang-cpp's decisions (KV is sent after every chunk).
+
+On CPU two SGLang 0.5.23 paths need help (docs/compatibility.md):
+* prefill: `_send_kv_chunk` (disaggregation/prefill.py:1753) allocates a pinned tensor + torch.cuda.Event
+  for Mooncake -> sglang_cpp.plugin.cpu_compat hooks MooncakeKVSender.__init__ to use the host path;
+* decode: the default retraction backup is a HiCache host pool that calls cudaHostRegister
+  (pool_host/common.py:147) -> we pass `--disaggregation-decode-retraction-backup cpu_tensor`.
+If the main plugin does not register cpu_compat yet, a throw-away entry point registers it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_cpp.client import ServerError, generate
+from sglang_cpp.server import ServerSpec, free_port, launched
+
+from conftest import CHAT
+
+pytestmark = pytest.mark.server
+TIMEOUT = 900
+CUDA = __import__("torch").cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+PARA = ("The river town kept its records in a stone tower. Each spring the archivists copied the ledgers, "
+        "counted the boats, and wrote the names of every family that crossed the bridge. ")
+
+if importlib.util.find_spec("mooncake") is None:
+    pytest.skip("mooncake transfer engine not installed (pip install mooncake-transfer-engine-non-cuda; "
+                "apt-get install libibverbs1)", allow_module_level=True)
+try:
+    from mooncake.engine import TransferEngine  # noqa: F401
+except ImportError as exc:  # installed but broken (e.g. libibverbs.so.1 missing): a failure, not a skip
+    raise RuntimeError(f"mooncake transfer engine is installed but does not import: {exc}; "
+                       "apt-get install libibverbs1 (examples/cpu/setup.sh does)") from None
+
+
+def long_ids(model: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return (tok("<|im_start|>user\n" + PARA * 60)["input_ids"][:1180]
+            + tok("Summarise.<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
+
+
+def _env(tmp: Path) -> dict:
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CALIB_MAX_LEN": "1024", "MOONCAKE_PROTOCOL": "tcp",
+           "MC_TCP_ENABLE_CONNECTION_POOL": "true"}
+    if not CUDA:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _spec(model, env, pp, extra, cores):
+    return ServerSpec(model, pp_size=pp, chunk_size=512, dynamic=pp > 1, device=DEVICE, env=env,
+                      extra_args=tuple(extra), cores=None if CUDA else cores)
+
+
+def _requests(url: str, ids: list[int]) -> dict:
+    chat = generate(url, text=CHAT, max_new_tokens=16, stream=False, timeout=600)
+    long = generate(url, input_ids=ids, max_new_tokens=16, stream=False, timeout=900)
+    return {"chat": chat.text, "long": long.output_ids, "long_text": long.text}
+
+
+def _router(prefill_url: str, bootstrap: int, decode_url: str, log: Path):
+    """sglang-router PD mode, or None when it is not installed."""
+    if importlib.util.find_spec("sglang_router") is None:
+        return None, None
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                             "--prefill", prefill_url, str(bootstrap), "--decode", decode_url,
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _via_router(url: str, ids: list[int]) -> dict:
+    # Retry while the router is still binding (connection refused) and while /health already answers
+    # but the workers are not registered yet (HTTP 503 "No prefill workers available").
+    deadline = time.time() + 180
+    while True:
+        try:
+            return _requests(url, ids)
+        except ServerError as exc:
+            if not ("HTTP 503" in str(exc) or "ConnectionError" in str(exc)) or time.time() > deadline:
+                raise
+            time.sleep(2)
+
+
+def _manual_pd(prefill_url: str, bootstrap: int, decode_url: str, body: dict) -> dict:
+    """What the router does: the same request, with bootstrap_host/port/room, to prefill and decode."""
+    import requests
+
+    body = dict(body, bootstrap_host="127.0.0.1", bootstrap_port=bootstrap,
+                bootstrap_room=random.randint(0, 2**62))
+    s = requests.Session()
+    s.trust_env = False
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("p", s.post(f"{prefill_url}/generate", json=body,
+                                                                     timeout=900)))
+    t.start()
+    r = s.post(f"{decode_url}/generate", json=body, timeout=900)
+    t.join()
+    r.raise_for_status()
+    return r.json()
+
+
+def _via_manual(prefill_url, bootstrap, decode_url, ids):
+    sp = {"max_new_tokens": 16, "temperature": 0}
+    chat = _manual_pd(prefill_url, bootstrap, decode_url, {"text": CHAT, "sampling_params": sp})
+    long = _manual_pd(prefill_url, bootstrap, decode_url, {"input_ids": ids, "sampling_params": sp})
+    return {"chat": chat["text"], "long": long["output_ids"], "long_text": long["text"]}
+
+
+@pytest.fixture(scope="module")
+def pd_run(smollm2, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pd")
+    env, ids, boot = _env(tmp), long_ids(smollm2), free_port()
+    backend = ["--disaggregation-transfer-backend", "mooncake"]
+    pspec = _spec(smollm2, env, 2, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
+                                    str(boot), *backend], "0|1")
+    dextra = ["--disaggregation-mode", "decode", *backend]
+    if not CUDA:
+        dextra += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    dspec = _spec(smollm2, env, 1, dextra, "1")
+    t0 = time.time()
+    # Sequential start: a server picks its HTTP port up front but binds it only when ready, so a second
+    # server starting meanwhile can take it for an internal port ("[Errno 98] address already in use").
+    with launched(pspec, TIMEOUT, str(tmp)) as pre, launched(dspec, TIMEOUT, str(tmp)) as dec:
+        router, url = _router(pre.base_url, boot, dec.base_url, tmp / "router.log")
+        try:
+            out = _via_router(url, ids) if router else _via_manual(pre.base_url, boot, dec.base_url, ids)
+        finally:
+            if router is not None:
+                os.killpg(router.pid, 15)
+                router.wait(30)
+        out.update(prefill_log=pre.log(), decode_log=dec.log(), router=bool(router), ids=ids,
+                   seconds=time.time() - t0)
+        return out
+
+
+@pytest.fixture(scope="module")
+def baseline(smollm2, tmp_path_factory, pd_run):
+    tmp = tmp_path_factory.mktemp("pd_base")
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CALIB_MAX_LEN": "1024"}
+    if not CUDA:
+        env["OMP_NUM_THREADS"] = "1"
+    with launched(_spec(smollm2, env, 2, [], "0|1"), TIMEOUT, str(tmp)) as srv:
+        return _requests(srv.base_url, pd_run["ids"])
+
+
+def test_pd_chat_equals_non_disaggregated(pd_run, baseline):
+    assert pd_run["chat"] == baseline["chat"]
+    assert "Paris" in pd_run["chat"]
+
+
+def test_pd_chunked_long_prompt_equals_non_disaggregated(pd_run, baseline):
+    assert pd_run["long"] == baseline["long"], (pd_run["long_text"], baseline["long_text"])
+    assert len(pd_run["long"]) == 16
+
+
+def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
+    """The long prompt is prefilled in several chunks decided by the plugin (KV sent after each)."""
+    rows = re.findall(r"PP0 decision rid=(\S+) prefix=(\d+) chunk=(\d+) .*\(plan\)", pd_run["prefill_log"])
+    per_rid: dict = {}
+    for rid, prefix, chunk in rows:
+        if not rid.startswith("HEALTH_CHECK"):
+            per_rid.setdefault(rid, []).append((int(prefix), int(chunk)))
+    longest = max(per_rid.values(), key=len)
+    assert len(longest) >= 2, per_rid
+    assert all(c <= 512 for _, c in longest), longest
+    first, last = longest[0], longest[-1]
+    assert last[0] + last[1] == len(pd_run["ids"]) - 1 or last[0] + last[1] == len(pd_run["ids"])
+    assert first[0] + sum(c for _, c in longest) == last[0] + last[1]
+    for a, b in zip(longest, longest[1:]):  # contiguous chunks
+        assert b[0] == a[0] + a[1]
+
+
+def test_no_scheduler_crash_in_pd_logs(pd_run):
+    for name in ("prefill_log", "decode_log"):
+        assert "Scheduler hit an exception" not in pd_run[name], name

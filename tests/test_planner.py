@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from sglang_cpp.costmodel import CostModel, PipelineCost
+from sglang_cpp.plan import ChunkPlan
+from sglang_cpp.planner import (PlanConfig, fixed_candidates, plan_chunks, plan_dp, plan_equal_time, plan_fixed,
+                                ttft)
+
+GPU = CostModel.fa(a=1e-6, b=0.05, c0=20.0)               # FA kernels: x(2L+x)
+CPU = CostModel(c0=50, g=0.01, b=0.5, d=6e-5, e=1.2e-4, f=6e-5)  # torch_native: ~(L+x)^2
+
+costs = st.builds(CostModel, c0=st.floats(0, 100), g=st.floats(0, 0.05), b=st.floats(0.001, 1),
+                  d=st.floats(0, 1e-4), e=st.floats(0, 2e-4), f=st.floats(1e-9, 1e-4))
+
+
+def check_valid(plan: ChunkPlan, cfg: PlanConfig):
+    assert plan.prefix_len + sum(plan.chunks) == plan.prompt_len
+    for c in plan.chunks[:-1]:
+        assert c % cfg.align == 0 and cfg.lo <= c <= cfg.hi
+    assert 1 <= plan.chunks[-1] <= cfg.hi
+
+
+@settings(max_examples=60, deadline=None)
+@given(costs, st.integers(1, 3000), st.integers(0, 2000), st.integers(1, 8),
+       st.sampled_from([64, 128, 256]), st.integers(0, 1024), st.integers(256, 2048), st.floats(0, 50))
+def test_dp_le_equal_time_le_fixed(cost, n, prefix, P, align, min_chunk, max_chunk, o):
+    assume(max_chunk >= align and min_chunk <= max_chunk)
+    N = prefix + n
+    try:
+        cfg = PlanConfig(pp_size=P, align=align, min_chunk=min_chunk, max_chunk=max_chunk, overhead_ms=o,
+                         chunk_size=max_chunk // 2 or None)
+    except ValueError as exc:
+        assert "--min-chunk" in str(exc)
+        assume(False)
+    eq = plan_equal_time(N, cost, cfg, prefix)
+    dp = plan_dp(N, cost, cfg, prefix)
+    check_valid(eq, cfg)
+    check_valid(dp, cfg)
+    assert cfg.hi in fixed_candidates(cfg)
+    for C in fixed_candidates(cfg):
+        fixed = plan_fixed(N, cost, cfg, C, prefix)
+        check_valid(fixed, cfg)
+        assert eq.ttft_ms <= fixed.ttft_ms * (1 + 1e-9)
+    assert dp.ttft_ms <= eq.ttft_ms * (1 + 1e-9)
+    assert eq.ttft_ms == pytest.approx(ttft(eq.chunks, prefix, cost, P, o))
+
+
+def test_dp_is_exact_against_brute_force():
+    """Enumerate every composition of aligned units for a small prompt."""
+    cfg = PlanConfig(pp_size=3, align=64, min_chunk=64, max_chunk=512, overhead_ms=5.0)
+    N, prefix = 64 * 9 + 17, 128
+    units = -(-(N - prefix) // 64)
+    best = float("inf")
+    for cuts in itertools.chain.from_iterable(itertools.combinations(range(1, units), k) for k in range(units)):
+        b = [0] + [c * 64 for c in cuts] + [N - prefix]
+        ch = [b[i + 1] - b[i] for i in range(len(b) - 1)]
+        if all(c <= 512 for c in ch):
+            best = min(best, ttft(ch, prefix, CPU, 3, 5.0))
+    assert plan_dp(N, CPU, cfg, prefix).ttft_ms == pytest.approx(best)
+
+
+def test_cpu_backend_prefers_few_big_chunks_gpu_many():
+    cpu = plan_chunks(7000, CPU, 2, max_chunk=8192)
+    gpu = plan_chunks(131072, GPU, 8, max_chunk=16384, min_chunk=1024)
+    assert len(cpu.chunks) <= 2
+    assert len(gpu.chunks) > 16
+    # on FA kernels equal-time chunks shrink as the prefix grows
+    assert gpu.chunks[0] > gpu.chunks[len(gpu.chunks) // 2] >= gpu.chunks[-2]
+
+
+def test_equal_time_chunks_are_balanced_without_runt_tail():
+    cfg = PlanConfig(pp_size=4, align=64, min_chunk=64, max_chunk=16384)
+    p = plan_equal_time(131072, GPU, cfg)
+    t = p.pred_ms
+    assert max(t[:-1]) / min(t[:-1]) < 1.15
+    assert t[-1] > 0.5 * max(t)  # the last chunk is not a runt
+
+
+def test_planner_beats_upstream_quadratic_on_its_own_model():
+    from sglang_cpp.upstream import UpstreamPredictor
+
+    up = UpstreamPredictor(a=1e-6, b=0.05, c=20, chunk_size=12288, page_size=64, context_len=1 << 21)
+    seq = up.chunk_sequence(131072)
+    ours = plan_chunks(131072, GPU, 8, max_chunk=16384, min_chunk=3072, chunk_size=12288)
+    assert ours.ttft_ms < ttft(seq, 0, GPU, 8)
+
+
+def test_pipeline_cost_plan_is_same_for_stage_order():
+    a, b = CostModel.fa(a=1e-6, b=0.05), CostModel(c0=30, b=0.04, d=1e-7, e=2e-6, f=1e-6)
+    p1 = plan_chunks(65536, PipelineCost((a, b)), 2)
+    p2 = plan_chunks(65536, PipelineCost((b, a)), 2)
+    assert p1.chunks == p2.chunks
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(prompt_len=0), "prompt_len"),
+    (dict(prompt_len=100, prefix_len=-1), "prefix_len"),
+    (dict(prompt_len=100, prefix_len=100), "at least one token"),
+    (dict(prompt_len=10000, context_len=8192), "context length"),
+    (dict(prompt_len=100, align=0), "--align"),
+    (dict(prompt_len=100, min_chunk=99999), "--min-chunk"),
+    (dict(prompt_len=100, overhead_ms=-1.0), "--overhead-ms"),
+    (dict(prompt_len=100, method="greedy"), "--method"),
+])
+def test_bad_input_is_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        plan_chunks(cost=GPU, pp_size=2, **kw)
+
+
+def test_plan_json_round_trip_and_lookup():
+    p = plan_chunks(131072, GPU, 4, prefix_len=4096, min_chunk=1024)
+    q = ChunkPlan.from_json(p.to_json())
+    assert q == p and q.ttft_ms == pytest.approx(p.ttft_ms)
+    for s, c in zip(p.starts, p.chunks):
+        assert q.next_chunk(s) == c
+    assert q.next_chunk(p.starts[1] + 1) is None
+    text = p.timeline()
+    assert text.count("stage") == 4 and f"prefix={4096}" in text
+    with pytest.raises(ValueError, match="covers"):
+        ChunkPlan(prompt_len=100, prefix_len=0, chunks=(50, 40))

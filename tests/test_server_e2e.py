@@ -1,0 +1,248 @@
+"""End-to-end on the real SGLang 0.5.23 server (CPU, torch_native) with the real SmolLM2-135M model.
+
+Servers start on free loopback ports and are always torn down (sglang_cpp.server.launched).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_cpp.cli import main as cli_main
+from sglang_cpp.client import generate, random_ids
+from sglang_cpp.server import ServerSpec, launch_fails, launched
+from sglang_cpp.upstream import UpstreamPredictor
+
+from conftest import CHAT, chunks_of, read_events
+
+pytestmark = pytest.mark.server
+TIMEOUT = 900
+LONG = 6000  # ~6K-token prompt (SmolLM2's context is 8192)
+MIXED_CHUNK = 512  # PP1 reference and async-recv servers: the longer mixed prompts take 2 chunks
+
+
+def _decisions(path):
+    return [(d["rid"], d["prefix"], d["chunk"]) for d in read_events(path, "decision")]
+
+
+def cached_prompts(model: str) -> tuple[list, list]:
+    """A ~6K-token document, then the same document plus a ~600-token question (radix-cache hit)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    para = ("The river town kept its records in a stone tower. Each spring the archivists copied the ledgers, "
+            "counted the boats, and wrote the names of every family that crossed the bridge. ")
+    doc = tok("<|im_start|>user\n" + para * 200)["input_ids"][:6000]
+    q = tok(" ".join(["Summarise the duties of the archivists in the tower."] * 60) +
+            "<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    return doc, doc + q
+
+
+def run_cached_pair(url: str, model: str) -> dict:
+    doc, full = cached_prompts(model)
+    first = generate(url, input_ids=doc, max_new_tokens=1)
+    second = generate(url, input_ids=full, max_new_tokens=8)
+    return {"doc": doc, "full": full, "first": first, "second": second}
+
+
+@pytest.fixture(scope="module")
+def pp1(smollm2):
+    """One PP=1 reference server for every equality check in this module."""
+    with launched(ServerSpec(smollm2, pp_size=1, chunk_size=MIXED_CHUNK), TIMEOUT) as srv:
+        return {"chat": generate(srv.base_url, text=CHAT, max_new_tokens=16).text,
+                "cached": run_cached_pair(srv.base_url, smollm2),
+                "mixed": [generate(srv.base_url, text=p, max_new_tokens=8).output_ids for p in mixed_prompts()]}
+
+
+@pytest.fixture(scope="module")
+def pp1_text(pp1):
+    return pp1["chat"]
+
+
+@pytest.fixture(scope="module")
+def plan_run(smollm2, tmp_path_factory):
+    """PP=2, dynamic chunking, plan policy, startup calibration into a fresh cache dir."""
+    d = tmp_path_factory.mktemp("plan")
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
+           "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "4096"}
+    with launched(ServerSpec(smollm2, pp_size=2, chunk_size=1024, dynamic=True, env=env), TIMEOUT) as srv:
+        chat = generate(srv.base_url, text=CHAT, max_new_tokens=16).text
+        cached = run_cached_pair(srv.base_url, smollm2)  # its first request is the ~6K-token long prompt
+        # `sglang-cpp profile --backend server` against this live PP=2 server (radix cache on)
+        prof = d / "server_profile.json"
+        rc = cli_main(["profile", "--backend", "server", "--base-url", srv.base_url, "--max-len", "2048",
+                       "--chunks", "256,512", "--num-prefixes", "2", "--repeats", "1", "--warmup", "0",
+                       "--quiet", "--out", str(prof)])
+        log = srv.log()
+    calib = sorted((d / "cache" / "calibration").glob("*.json"))
+    return {"dir": d, "chat": chat, "log": log, "calib": calib, "cached": cached,
+            "profile": (rc, prof)}
+
+
+def test_pp2_plan_greedy_output_equals_pp1(plan_run, pp1_text):
+    assert plan_run["chat"] == pp1_text
+    assert "Paris" in pp1_text
+
+
+def test_calibration_saved_per_device(plan_run):
+    assert len(plan_run["calib"]) == 1
+    name = plan_run["calib"][0].name
+    assert name.startswith("model=smollm2-135m,pp=2,tp=1,device_name=") and "dtype=bfloat16" in name
+    doc = json.loads(plan_run["calib"][0].read_text())
+    assert {s["stage"] for s in doc["samples"]} == {0, 1} and len(doc["stages"]) == 2
+    assert "[sglang-cpp] calibrated" in plan_run["log"]
+
+
+def test_long_prompt_follows_cli_plan_on_both_stages(plan_run):
+    d = plan_run["dir"]
+    rid = None
+    per_stage = []
+    for rank in (0, 1):
+        dec = [x for x in _decisions(d / f"dec_{rank}.jsonl") if x[1] + x[2] <= LONG]
+        runs = {r: [(p, c) for rr, p, c in dec if rr == r] for r, _, _ in dec}
+        rid = next(r for r, seq in runs.items() if sum(c for _, c in dict(seq).items()) == LONG)
+        per_stage.append(sorted(set(runs[rid])))
+        executed = chunks_of(d / f"dec_{rank}.jsonl")[rid]
+        assert executed == per_stage[-1], f"stage {rank} ran {executed}, decided {per_stage[-1]}"
+    assert per_stage[0] == per_stage[1], "PP stages made different chunk decisions"
+    cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", str(plan_run["calib"][0]),
+                          "--prompt-len", str(LONG), "--pp-size", "2", "--chunk-size", "1024",
+                          "--max-prefill-tokens", "16384", "--context-len", "8192", "--json"],
+                         capture_output=True, text=True, check=True)
+    plan = json.loads(cli.stdout)
+    assert [c for _, c in per_stage[0]] == plan["chunks"]
+
+
+def test_radix_hit_plans_only_the_suffix_from_the_cached_prefix(plan_run, pp1):
+    c = plan_run["cached"]
+    d = plan_run["dir"]
+    rid = c["second"].meta["id"]
+    cached = c["second"].meta.get("cached_tokens", 0)
+    assert cached >= len(c["doc"]) - 1
+    stages = [[(p, x) for r, p, x in _decisions(d / f"dec_{rank}.jsonl") if r == rid] for rank in (0, 1)]
+    assert stages[0] == stages[1] and stages[0], "stages disagree on the cached request's chunks"
+    assert stages[0][0][0] == cached  # the plan starts at the cached prefix
+    assert sum(x for _, x in stages[0]) == len(c["full"]) - cached
+    for rank in (0, 1):  # what ran is what was decided: the suffix only
+        assert chunks_of(d / f"dec_{rank}.jsonl")[rid] == stages[0]
+    # the TTFT drops roughly in proportion to the work left (first: 6000 tokens; second: ~600)
+    assert c["second"].ttft_s < 0.5 * c["first"].ttft_s
+    # greedy output with a cached prefix under PP=2 equals PP=1's
+    assert c["second"].output_ids == pp1["cached"]["second"].output_ids
+
+
+def test_server_profiler_measures_extend_over_cached_prefix(plan_run):
+    rc, path = plan_run["profile"]
+    assert rc == 0
+    doc = json.loads(path.read_text())
+    pts = {(s["L"], s["x"]): s for s in doc["samples"]}
+    assert set(pts) == {(0, 256), (1792, 256), (0, 512), (1536, 512)}
+    for (L, x), s in pts.items():
+        assert s["backend"] == "server" and s["ms"] > 0
+        assert s["cached_tokens"] >= L - 1  # the prefix came from the radix cache: only x tokens computed
+    assert doc["meta"]["pp"] == 2 and doc["meta"]["model"].endswith("smollm2-135m")
+    # torch_native attends over the whole prefix: extending over 1792 cached tokens costs more than fresh
+    assert pts[(1792, 256)]["ms"] > 1.5 * pts[(0, 256)]["ms"]
+
+
+OFF_CHUNK, OFF_PROMPT = 256, 1500  # upstream profiles 128 fresh prefills of up to 1.25*C tokens at startup
+
+
+@pytest.fixture(scope="module")
+def upstream_run(smollm2, tmp_path_factory):
+    """Policy off: upstream's own dynamic chunking (its startup profiling and fit), observed only."""
+    d = tmp_path_factory.mktemp("off")
+    env = {"SGLANG_CPP_POLICY": "off", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl")}
+    with launched(ServerSpec(smollm2, pp_size=2, chunk_size=OFF_CHUNK, dynamic=True, env=env), TIMEOUT) as srv:
+        generate(srv.base_url, input_ids=random_ids(OFF_PROMPT, seed=11), max_new_tokens=1)
+        log = srv.log()
+    return d, log
+
+
+def _ran(path, total: int) -> list[int]:
+    (seq,) = [[c for _, c in v] for v in chunks_of(path).values() if sum(c for _, c in v) == total]
+    return seq
+
+
+def test_policy_off_leaves_upstream_unchanged(upstream_run):
+    d, log = upstream_run
+    assert _decisions(d / "dec_0.jsonl") == [] and _decisions(d / "dec_1.jsonl") == []  # we decided nothing
+    (fit,) = read_events(d / "dec_0.jsonl", "upstream_fit")[:1]
+    for rank in (0, 1):
+        seq = _ran(d / f"dec_{rank}.jsonl", OFF_PROMPT)
+        if fit["ok"]:  # upstream's run equals our reproduction of its algorithm, chunk for chunk
+            up = UpstreamPredictor(a=fit["a"], b=fit["b"], c=fit["c"], chunk_size=OFF_CHUNK, context_len=8192)
+            assert seq == up.chunk_sequence(OFF_PROMPT)
+        else:  # upstream's own fallback on a failed fit: dynamic chunking off, static chunks
+            assert "Failed to fit the chunk-size predictor" in log and "Dynamic chunking will be disabled" in log
+            assert seq == [OFF_CHUNK] * (OFF_PROMPT // OFF_CHUNK) + [OFF_PROMPT % OFF_CHUNK]
+
+
+def _sglang_chunks(a: float, b: float, c: float, C: int, n: int, ctx: int, max_prefill: int) -> list[int]:
+    """The chunks SGLang 0.5.23 runs for one n-token request, from its own ChunkSizePredictor: the first
+    chunk is C, then predict_next_chunk_size (None keeps C), each capped by what remains."""
+    from sglang.srt.managers.scheduler_components.dynamic_chunk_sizer import ChunkSizePredictor
+
+    ref = ChunkSizePredictor()
+    ref.quadratic_coeff_a, ref.linear_coeff_b, ref.constant_coeff_c = a, b, c
+    ref.set_target_latency(C)
+    ref.is_ready = True
+    out, L = [], 0
+    while L < n:
+        x = C if not out else (ref.predict_next_chunk_size(L, C, 1, ctx, max_prefill) or C)
+        out.append(min(x, n - L))
+        L += out[-1]
+    return out
+
+
+def test_quadratic_reproduces_upstream_chunks(smollm2, tmp_path, monkeypatch):
+    """Same coefficients in, same chunk sequence out as SGLang's own predictor, on both stages."""
+    monkeypatch.setenv("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75")
+    a, b, c, n = 2e-3, 1.5, 30.0, 3000
+    want = _sglang_chunks(a, b, c, 1024, n, 8192, 16384)
+    assert len(set(want)) > 2  # the coefficients make upstream shrink its chunks
+    prof = tmp_path / "upstream.json"
+    prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [], "upstream": {"a": a, "b": b, "c": c}}))
+    env = {"SGLANG_CPP_POLICY": "quadratic", "SGLANG_CPP_PROFILE": str(prof),
+           "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "0.75",
+           "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
+    with launched(ServerSpec(smollm2, pp_size=2, chunk_size=1024, dynamic=True, env=env), TIMEOUT) as srv:
+        generate(srv.base_url, input_ids=random_ids(n, seed=11), max_new_tokens=1)
+    for rank in (0, 1):
+        assert _ran(tmp_path / f"dec_{rank}.jsonl", n) == want
+    assert len(_decisions(tmp_path / "dec_0.jsonl")) == len(want)
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"SGLANG_CPP_PROFILE": "/nonexistent/profile.json"}, "SGLANG_CPP_PROFILE=/nonexistent/profile.json"),
+    ({"SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "1.7"}, "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR='1.7' is outside [0, 1]"),
+    ({"SGLANG_CPP_POLICY": "fastest"}, "SGLANG_CPP_POLICY='fastest' is not one of"),
+])
+def test_bad_config_fails_fast_at_startup(smollm2, env, needle):
+    rc, log = launch_fails(ServerSpec(smollm2, pp_size=2, chunk_size=1024, dynamic=True, env=env), 600)
+    assert rc != 0
+    assert needle in log
+
+
+def mixed_prompts(n: int = 20) -> list[str]:
+    """Real-text chat prompts from ~20 to ~1000 tokens (mixed lengths, one chunk or two)."""
+    topics = ["rivers", "bridges", "libraries", "winter", "trains", "gardens", "the moon", "bread", "music",
+              "mountains"]
+    para = "Write down what you know, in order, and check every fact twice before you answer. "
+    return [f"<|im_start|>user\n{para * (i * i // 6)}Tell me about {topics[i % 10]}.<|im_end|>\n"
+            f"<|im_start|>assistant\n" for i in range(n)]
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_async_recv_outputs_equal_pp1(smollm2, pp1, depth):
+    """SGLANG_CPP_ASYNC_RECV=1: batched irecvs, proxy waits deferred to the forward; no deadlock."""
+    env = {"SGLANG_CPP_ASYNC_RECV": "1"}
+    spec = ServerSpec(smollm2, pp_size=2, chunk_size=MIXED_CHUNK, env=env,
+                      extra_args=("--pp-async-batch-depth", str(depth)))
+    with launched(spec, TIMEOUT) as srv:
+        got = [generate(srv.base_url, text=p, max_new_tokens=8, timeout=600).output_ids for p in mixed_prompts()]
+        log = srv.log()
+    assert "[sglang-cpp] async PP recv on" in log
+    assert len(got) == 20 and got == pp1["mixed"]

@@ -1,0 +1,287 @@
+"""Simulator: closed forms of the flow shop, an independent recurrence oracle, mode orderings, CLI."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_cpp.costmodel import CostModel
+from sglang_cpp.simulator import (SimConfig, add_simulate_args, default_partition, parse_len, run_simulate,
+                                  simulate, simulate_requests)
+
+MODES = list(itertools.product(("sync", "deferred"), ("serial", "batched")))
+
+
+class TableCost:
+    """Chunk time looked up by the chunk's start position L (lets a test pick arbitrary t_k)."""
+
+    def __init__(self, by_start: dict):
+        self.by_start = by_start
+
+    def time(self, L, x):
+        return np.array([self.by_start[int(v)] for v in np.atleast_1d(L)], dtype=float)
+
+
+def table_plan(times):
+    """Chunks of 1 token each, so chunk k starts at L = k; cost lookup gives t_k."""
+    return [1] * len(times), TableCost({k: t for k, t in enumerate(times)})
+
+
+# -- closed forms -------------------------------------------------------------------------------
+@pytest.mark.parametrize("M,P", [(1, 1), (1, 4), (7, 1), (8, 4), (13, 8), (3, 5)])
+@pytest.mark.parametrize("send,recv", MODES)
+def test_equal_chunks_closed_form(M, P, send, recv):
+    cost = CostModel(b=0.5)  # t = 0.5 * 64 = 32 ms, exact in binary floating point
+    t = 32.0
+    res = simulate([64] * M, cost, P, SimConfig(send_mode=send, recv_mode=recv))
+    assert res.makespan_ms == (M + P - 1) * t
+    assert res.ttft_ms == (M + P - 1) * t
+    assert res.bubble_ratio == pytest.approx((P - 1) / (P - 1 + M), rel=1e-12)
+    assert all(b == M * t for b in res.busy_ms)
+    assert all(i == (P - 1) * t for i in res.idle_ms)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=12), st.integers(1, 6), st.randoms())
+def test_proportionate_flow_shop_identity(times, P, rnd):
+    """Identical stage times per chunk: makespan = sum t_k + (P-1) max t_k, in any chunk order."""
+    chunks, cost = table_plan([float(t) for t in times])
+    expect = sum(times) + (P - 1) * max(times)
+    res = simulate(chunks, cost, P)
+    assert res.makespan_ms == expect
+    assert res.bubble_ratio == pytest.approx((P - 1) * max(times) / expect, rel=1e-12)
+    shuffled = list(times)
+    rnd.shuffle(shuffled)
+    chunks2, cost2 = table_plan([float(t) for t in shuffled])
+    assert simulate(chunks2, cost2, P).makespan_ms == expect
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=10), st.integers(1, 6))
+def test_flow_shop_identity_real_times(times, P):
+    chunks, cost = table_plan(times)
+    assert simulate(chunks, cost, P).makespan_ms == pytest.approx(sum(times) + (P - 1) * max(times), rel=1e-12)
+
+
+def _oracle(p, tr, sync):
+    """Textbook flow-shop recurrence with batched receives, written independently of the engine.
+
+    C[s][k] = max(arrival from s-1, stage s free) + p[s][k]; a sync sender stays busy tr[k] longer."""
+    P, K = p.shape
+    C = np.zeros((P, K))
+    free = np.zeros(P)
+    for k in range(K):
+        for s in range(P):
+            arrive = C[s - 1, k] + tr[k] if s else 0.0
+            C[s, k] = max(arrive, free[s]) + p[s, k]
+            free[s] = C[s, k]
+            if s and sync:
+                free[s - 1] = max(free[s - 1], C[s - 1, k] + tr[k])
+    return C[-1, -1]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 8), st.data())
+def test_matches_recurrence_oracle_batched(P, K, data):
+    coef = data.draw(st.lists(st.tuples(st.floats(0, 5), st.floats(0.001, 0.05), st.floats(0, 1e-5)),
+                              min_size=P, max_size=P))
+    models = [CostModel(c0=c, b=b, e=2 * a, f=a) for c, b, a in coef]
+    chunks = data.draw(st.lists(st.integers(1, 4096), min_size=K, max_size=K))
+    lat = data.draw(st.floats(0, 3))
+    cfg_kw = dict(p2p_latency_ms=lat, p2p_bandwidth_gbps=5.0, hidden_size=1024)
+    starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    p = np.array([[m.time(L, x) for L, x in zip(starts, chunks)] for m in models])
+    tr = [lat + x * 1024 * 2 / 5e9 * 1e3 for x in chunks]
+    for send in ("sync", "deferred"):
+        res = simulate(chunks, models, P, SimConfig(send_mode=send, recv_mode="batched", **cfg_kw))
+        assert res.ttft_ms == pytest.approx(_oracle(p, tr, send == "sync"), rel=1e-12, abs=1e-9)
+
+
+# -- communication modes and overhead ----------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 5), st.lists(st.integers(64, 8192), min_size=1, max_size=8), st.floats(0, 5),
+       st.floats(0.5, 100), st.floats(0, 3), st.integers(0, 4096), st.data())
+def test_mode_orderings(P, chunks, lat, bw, o, L0, data):
+    coef = data.draw(st.lists(st.tuples(st.floats(0.001, 0.02), st.floats(1e-8, 1e-6)), min_size=P, max_size=P))
+    models = [CostModel.fa(a=a, b=b) for b, a in coef]
+    run = lambda s, r: simulate(chunks, models, P, SimConfig(  # noqa: E731
+        p2p_latency_ms=lat, p2p_bandwidth_gbps=bw, hidden_size=4096, send_mode=s, recv_mode=r,
+        cpu_overhead_ms=o), prefix_len=L0).ttft_ms
+    t = {m: run(*m) for m in MODES}
+    eps = 1e-9
+    for r in ("serial", "batched"):
+        assert t[("deferred", r)] <= t[("sync", r)] + eps
+    for s in ("sync", "deferred"):
+        assert t[(s, "batched")] <= t[(s, "serial")] + eps
+    # and no mode beats the communication-free pipeline
+    free = simulate(chunks, models, P, SimConfig(cpu_overhead_ms=o), prefix_len=L0).ttft_ms
+    assert min(t.values()) >= free - eps
+
+
+def test_modes_differ_when_stages_are_busy():
+    """4 equal chunks, 10 ms compute, 4 ms transfers on 2 stages: hand-timed schedules."""
+    cost = CostModel(b=10 / 1024)
+    cfg = dict(p2p_latency_ms=4.0, hidden_size=0)
+    t = {m: simulate([1024] * 4, cost, 2, SimConfig(send_mode=m[0], recv_mode=m[1], **cfg)).ttft_ms for m in MODES}
+    # deferred+batched: stage 1 starts at 14, then every 10 ms: 14 + 4*10
+    assert t[("deferred", "batched")] == pytest.approx(54.0)
+    # sync+batched: stage 0 takes 10 + 4 ms per chunk; the last chunk is sent 52..56 and done at 66
+    assert t[("sync", "batched")] == pytest.approx(66.0)
+    # deferred+serial: stage 1 receives for 4 ms after each compute: 10 + 4*(4+10)
+    assert t[("deferred", "serial")] == pytest.approx(66.0)
+    assert t[("sync", "serial")] >= t[("sync", "batched")]
+
+
+@pytest.mark.parametrize("send,recv", MODES)
+def test_single_chunk_overhead_and_transfers(send, recv):
+    # stage s: t = c0_s + b_s * x at L = 0, x = 1000 -> 11, 21, 31 ms
+    models = [CostModel(c0=1.0 + 10 * s, b=0.01) for s in range(3)]
+    o, lat = 2.5, 0.1
+    tr = lat + 1000 * 4096 * 2 / (10 * 1e9) * 1e3  # 0.1 + 0.8192 ms
+    cfg = SimConfig(p2p_latency_ms=lat, p2p_bandwidth_gbps=10.0, hidden_size=4096, send_mode=send,
+                    recv_mode=recv, cpu_overhead_ms=o)
+    res = simulate([1000], models, 3, cfg)
+    assert res.ttft_ms == pytest.approx(3 * o + (11 + 21 + 31) + 2 * tr, rel=1e-12)
+    base = simulate([1000], models, 3, SimConfig(p2p_latency_ms=lat, p2p_bandwidth_gbps=10.0, hidden_size=4096,
+                                                 send_mode=send, recv_mode=recv))
+    assert res.ttft_ms - base.ttft_ms == pytest.approx(3 * o)
+
+
+@pytest.mark.parametrize("M,P", [(5, 3), (16, 8)])
+def test_overhead_adds_per_chunk_slot(M, P):
+    """Equal chunks, free P2P: every chunk slot grows by o, so TTFT grows by (M + P - 1) * o."""
+    cost = CostModel(b=0.25)
+    a = simulate([128] * M, cost, P).ttft_ms
+    b = simulate([128] * M, cost, P, SimConfig(cpu_overhead_ms=3.0)).ttft_ms
+    assert b - a == pytest.approx((M + P - 1) * 3.0)
+
+
+# -- several requests ----------------------------------------------------------------------------
+def test_requests_fifo():
+    cost = CostModel(b=0.5)  # 64-token chunks: 32 ms
+    M, P, t = 3, 4, 32.0
+    alone = (M + P - 1) * t
+    res = simulate_requests([(0.0, [64] * M), (0.0, [64] * M)], cost, P)
+    assert res.ttfts_ms[0] == alone
+    assert res.ttfts_ms[1] == (2 * M + P - 1) * t  # one pipeline of 2M chunks
+    late = simulate_requests([(0.0, [64] * M), (1000.0, [64] * M)], cost, P)
+    assert late.ttfts_ms == (alone, alone)
+    assert late.makespan_ms == 1000.0 + alone
+
+
+def test_requests_restart_prefix():
+    cost = CostModel.fa(a=1e-6, b=0.01, g=1e-3)
+    solo = simulate([512, 256], cost, 2, prefix_len=100).ttft_ms
+    res = simulate_requests([(0.0, [512, 256]), (1e6, [512, 256])], cost, 2, prefix_len=100)
+    assert res.ttfts_ms == pytest.approx((solo, solo), rel=1e-9)  # 1e6 + 14.7 - 1e6 loses digits
+
+
+# -- events and traces -----------------------------------------------------------------------------
+def test_events_and_chrome_trace(tmp_path):
+    models = [CostModel(c0=1.0, b=0.01), CostModel(c0=2.0, b=0.02)]
+    cfg = SimConfig(p2p_latency_ms=0.5, hidden_size=8, send_mode="sync", recv_mode="serial", cpu_overhead_ms=0.25)
+    res = simulate([300, 200, 100], models, 2, cfg)
+    for s in range(2):
+        blk = sorted((e.start, e.end) for e in res.events if e.stage == s and e.blocking)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(blk, blk[1:])), "blocking events overlap"
+        comp = [e for e in res.events if e.stage == s and e.kind == "compute"]
+        assert [e.chunk for e in comp] == [0, 1, 2] and [e.L for e in comp] == [0, 300, 500]
+        assert res.busy_ms[s] + res.idle_ms[s] == pytest.approx(res.makespan_ms)
+    assert {e.kind for e in res.events} == {"compute", "overhead", "send", "recv"}
+    tr = res.to_chrome_trace()
+    xs = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == len(res.events)
+    assert all(e["pid"] == "pipeline" and isinstance(e["tid"], int) for e in xs)
+    first = next(e for e in xs if e["cat"] == "compute" and e["tid"] == 0)
+    assert first["ts"] == pytest.approx(250.0) and first["dur"] == pytest.approx(4000.0)  # us
+    assert first["args"] == {"L": 0, "x": 300, "request": 0, "chunk": 0}
+    names = {e["tid"]: e["args"]["name"] for e in tr["traceEvents"] if e["name"] == "thread_name"}
+    assert names[0] == "stage 0" and names[1] == "stage 1"
+    path = res.save_trace(tmp_path / "t" / "trace.json")
+    assert json.loads(path.read_text()) == json.loads(json.dumps(tr))
+
+
+def test_plan_object_duck_typing():
+    class Plan:
+        chunks = (256, 256)
+        prefix_len = 1000
+        pp_size = 3
+
+    cost = CostModel.fa(a=1e-6, b=0.01)
+    a = simulate(Plan(), cost)  # pp_size from the plan
+    b = simulate([256, 256], [cost] * 3, prefix_len=1000)
+    assert a.pp_size == 3 and a.ttft_ms == b.ttft_ms
+    assert a.ttft_ms > simulate([256, 256], cost, 3).ttft_ms  # the prefix makes attention dearer
+
+
+@pytest.mark.parametrize("call", [
+    lambda: SimConfig(send_mode="async"),
+    lambda: SimConfig(recv_mode="eager"),
+    lambda: SimConfig(p2p_bandwidth_gbps=0),
+    lambda: SimConfig(cpu_overhead_ms=-1),
+    lambda: simulate([0, 5], CostModel(b=1), 2),
+    lambda: simulate([], CostModel(b=1), 2),
+    lambda: simulate([5], [CostModel(b=1)] * 3, 2),
+    lambda: simulate([5], CostModel(b=1)),
+    lambda: simulate_requests([(-1.0, [5])], CostModel(b=1), 1),
+])
+def test_bad_input_raises(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+# -- CLI hooks ---------------------------------------------------------------------------------------
+def test_parse_len_and_partition():
+    assert parse_len("128k") == 131072 and parse_len("1M") == 1048576 and parse_len("1.5k") == 1536
+    assert parse_len("4096") == 4096
+    for bad in ("abc", "1.3", "-4k", ""):
+        with pytest.raises(ValueError):
+            parse_len(bad)
+    assert default_partition(94, 8) == [11, 12, 12, 12, 12, 12, 12, 11]
+    assert sum(default_partition(61, 4)) == 61
+
+
+def _cli(argv, capsys):
+    p = add_simulate_args(argparse.ArgumentParser())
+    rc = run_simulate(p.parse_args(argv))
+    return rc, capsys.readouterr()
+
+
+def test_cli_fixed_json(tmp_path, capsys):
+    trace = tmp_path / "tr.json"
+    rc, out = _cli(["--prompt-len", "8k", "--pp-size", "4", "--chunk-size", "1k", "--coeffs", "0,0,0.01,0,0,0",
+                    "--trace", str(trace), "--json"], capsys)
+    assert rc == 0
+    d = json.loads(out.out)
+    assert d["chunks"] == [1024] * 8
+    assert d["ttft_ms"] == pytest.approx((8 + 3) * 10.24)
+    assert d["bubble_ratio"] == pytest.approx(3 / 11)
+    assert trace.exists() and "traceEvents" in json.loads(trace.read_text())
+
+
+def test_cli_plan_not_worse_than_fixed(capsys):
+    base = ["--prompt-len", "64k", "--pp-size", "4", "--coeffs", "2,0,0.002,0,4e-7,2e-7", "--json",
+            "--chunk-size", "8k"]
+    rc, out = _cli(base + ["--policy", "fixed"], capsys)
+    fixed = json.loads(out.out)["ttft_ms"]
+    rc2, out2 = _cli(base + ["--policy", "plan"], capsys)
+    assert rc == rc2 == 0
+    d = json.loads(out2.out)
+    assert sum(d["chunks"]) == 65536
+    assert d["ttft_ms"] <= fixed * (1 + 1e-9)
+
+
+def test_cli_analytic_text_and_errors(capsys):
+    rc, out = _cli(["--prompt-len", "4k", "--pp-size", "2", "--analytic", "smollm2-135m", "--device", "cpu-2core",
+                    "--chunk-size", "1024", "--p2p-latency-ms", "1", "--p2p-bandwidth-gbps", "1"], capsys)
+    assert rc == 0
+    assert "TTFT" in out.out and "stage  1" in out.out and "bubble" in out.out
+    rc, out = _cli(["--prompt-len", "4k", "--prefix-len", "4k", "--pp-size", "2", "--coeffs", "1,2,3"], capsys)
+    assert rc == 2 and "prefix-len" in out.err
+    rc, out = _cli(["--prompt-len", "4k", "--pp-size", "2", "--analytic", "nope"], capsys)
+    assert rc == 2 and "smollm2-135m" in out.err

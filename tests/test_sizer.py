@@ -1,0 +1,98 @@
+"""The plugin's decision logic, without a server: every stage built from the same inputs decides alike."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_cpp.costmodel import CostModel, PipelineCost
+from sglang_cpp.planner import plan_equal_time
+from sglang_cpp.plugin.sizer import CppChunkSizer, DecisionLog, SizerConfig
+from sglang_cpp.upstream import UpstreamPredictor
+
+COST = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20), CostModel(c0=10, b=0.04, d=1e-7, e=2e-6, f=1e-6)))
+
+
+def cfg(rank=0, **kw):
+    base = dict(policy="plan", pp_size=2, pp_rank=rank, chunk_size=4096, max_prefill_tokens=16384,
+                page_size=1, context_len=1 << 20)
+    return SizerConfig(**{**base, **kw})
+
+
+def walk(sizer, rid, n, prefix):
+    """Drive a sizer the way SGLang does: first chunk via decide(first=True), then predict()."""
+    cur = {"req": (rid, n)}
+    sizer.current_req = lambda: cur["req"]
+    L, out = prefix, []
+    c = sizer.decide(rid, n, L, first=True)
+    while True:
+        out.append(c)
+        L += c
+        if L >= n:
+            return out
+        c = sizer.predict(L)
+
+
+def test_two_stages_decide_identically(tmp_path):
+    logs = [tmp_path / f"d{r}.jsonl" for r in (0, 1)]
+    seqs = []
+    for r in (0, 1):
+        s = CppChunkSizer(cfg(r), cost=COST, log=DecisionLog(r, str(logs[r])))
+        seqs.append([walk(s, f"req{i}", n, p) for i, (n, p) in enumerate([(200000, 0), (70000, 65536), (5000, 0)])])
+    assert seqs[0] == seqs[1]
+    recs = [[(d["rid"], d["prefix"], d["chunk"]) for d in map(json.loads, f.read_text().splitlines())]
+            for f in logs]
+    assert recs[0] == recs[1] and len(recs[0]) == sum(len(s) for s in seqs[0])
+
+
+def test_plan_follows_planner_and_starts_from_cached_prefix():
+    s = CppChunkSizer(cfg(), cost=COST)
+    seq = walk(s, "r", 150000, 40000)
+    want = plan_equal_time(150000, COST, cfg().plan_config(), 40000).chunks
+    assert tuple(seq) == want and sum(seq) == 110000
+
+
+def test_replans_when_sglang_cut_a_chunk_short():
+    s = CppChunkSizer(cfg(), cost=COST)
+    first = s.decide("r", 100000, 0, first=True)
+    cut = first - 1000  # e.g. the memory budget shortened the chunk
+    nxt = s.decide("r", 100000, cut, first=False)
+    replanned = plan_equal_time(100000, COST, cfg().plan_config(), cut)
+    assert nxt == replanned.chunks[0]
+
+
+def test_quadratic_policy_is_upstream():
+    up = UpstreamPredictor(a=6.2e-5, b=0.536, c=49.2, chunk_size=1024, context_len=8192)
+    s = CppChunkSizer(cfg(policy="quadratic", chunk_size=1024), upstream=up)
+    assert s.decide("r", 7000, 0, first=True) is None  # SGLang keeps its static C for the first chunk
+    s.current_req = lambda: ("r", 7000)
+    seq, L = [1024], 1024
+    while L < 7000:
+        c = min(s.predict(L) or 1024, 7000 - L)
+        seq.append(c)
+        L += c
+    assert seq == up.chunk_sequence(7000)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(policy="fast"), "SGLANG_CPP_POLICY"),
+    (dict(sigma=2.0), "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"),
+    (dict(chunk_size=0), "--chunked-prefill-size"),
+])
+def test_bad_config_is_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        cfg(**kw)
+
+
+def test_from_env_validates(monkeypatch):
+    server = dict(pp_size=2, pp_rank=0, chunk_size=1024, max_prefill_tokens=16384, page_size=1, context_len=8192)
+    monkeypatch.setenv("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "-0.5")
+    with pytest.raises(ValueError, match="outside"):
+        SizerConfig.from_env(**server)
+    monkeypatch.setenv("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.6")
+    monkeypatch.setenv("SGLANG_CPP_MIN_CHUNK", "abc")
+    with pytest.raises(ValueError, match="SGLANG_CPP_MIN_CHUNK"):
+        SizerConfig.from_env(**server)
+    monkeypatch.setenv("SGLANG_CPP_MIN_CHUNK", "512")
+    c = SizerConfig.from_env(**server)
+    assert c.sigma == 0.6 and c.plan_config().lo == 512 and c.plan_config().hi == 16384

@@ -1,0 +1,247 @@
+"""`sglang-cpp tune`: fit, chunk, partition and sweep, end to end through the CLI (no server)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sglang_cpp.cli import main
+from sglang_cpp.costmodel import COEFS, CostModel, PipelineCost, load_cost, load_profile, save_profile
+from sglang_cpp.partition import parse_partition
+
+STAGE0 = CostModel(c0=5.0, g=0.002, b=0.05, d=1e-7, e=3e-6, f=1.5e-6)
+STAGE1 = CostModel(c0=8.0, g=0.001, b=0.06, d=2e-7, e=2e-6, f=1.0e-6)
+META = {"model": "/models/Qwen3-8B", "device_name": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16", "tp": 1}
+GRID = [(L, x) for L in (0, 1024, 2048, 4096, 8192, 16384) for x in (256, 512, 1024, 2048, 4096)]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_profile(path: Path, models=(STAGE0,), meta=META, **extra) -> Path:
+    """Noise-free samples of known per-stage models."""
+    samples = [{"L": L, "x": x, "ms": float(m.time(L, x)), "stage": s}
+               for s, m in enumerate(models) for L, x in GRID]
+    save_profile(path, samples=samples, meta=meta, extra=extra or None)
+    return path
+
+
+def tune(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(["tune", *map(str, argv)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# -- fit ------------------------------------------------------------------------------------------
+def test_fit_recovers_coefficients_per_stage_and_plots(tmp_path, capsys):
+    prof = write_profile(tmp_path / "p.json", (STAGE0, STAGE1))
+    rc, out, err = tune(capsys, "fit", prof, "--png", tmp_path / "fit.png", "--out", tmp_path / "fitted.json")
+    assert rc == 0, err
+    assert "stage 0" in out and "stage 1" in out and "R^2=" in out and "held-out" in out
+    fitted = load_cost(tmp_path / "fitted.json")
+    assert isinstance(fitted, PipelineCost) and len(fitted.stages) == 2
+    for got, want in zip(fitted.stages, (STAGE0, STAGE1)):
+        for k in COEFS:
+            assert getattr(got, k) == pytest.approx(getattr(want, k), rel=0.02), k
+    assert (tmp_path / "fit.png").read_bytes()[:8] == PNG_MAGIC
+    doc = load_profile(tmp_path / "fitted.json")
+    assert len(doc["residuals"]) == 2 * len(GRID)
+
+
+def test_fit_from_decision_log(tmp_path, capsys):
+    lines = []
+    for rank, m in enumerate((STAGE0, STAGE1)):
+        for L, x in GRID:
+            lines.append({"event": "forward", "pp_rank": rank, "rids": ["r"], "prefix": [L], "chunk": [x],
+                          "ms": float(m.time(L, x))})
+        lines.append({"event": "forward", "pp_rank": rank, "rids": ["a", "b"], "prefix": [0, 0], "chunk": [5, 7],
+                      "ms": 1e6})  # batched: not one (L, x) point, must be skipped
+        lines.append({"event": "decision", "pp_rank": rank, "rid": "r", "prefix": 0, "chunk": 64})
+    log = tmp_path / "cpp.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    rc, out, err = tune(capsys, "fit", "--from-log", log, "--out", tmp_path / "f.json")
+    assert rc == 0, err
+    fitted = load_cost(tmp_path / "f.json")
+    for got, want in zip(fitted.stages, (STAGE0, STAGE1)):
+        assert got.time(20000, 3000) == pytest.approx(want.time(20000, 3000), rel=0.01)
+
+    log.write_text(log.read_text() + '{"event": "forward", "pp_r\n')
+    rc, _, err = tune(capsys, "fit", "--from-log", log)
+    assert rc == 2 and "line" in err and "not JSON" in err
+
+
+@pytest.mark.parametrize("content,expect", [
+    (None, "does not exist"),
+    ("{not json", "not readable JSON"),
+    (json.dumps({"samples": [{"L": 0, "x": 512, "ms": 10.0}, {"L": 0, "x": 1024, "ms": -3.0}]}), "sample 1"),
+    (json.dumps({"samples": [{"L": 0, "x": 512, "ms": None}]}), "bad samples"),
+    (json.dumps({"format": "something-else", "samples": []}), "format"),
+])
+def test_bad_profile_is_rejected_with_a_clear_error(tmp_path, capsys, content, expect):
+    prof = tmp_path / "bad.json"
+    if content is not None:
+        prof.write_text(content)
+    for argv in (("fit", prof), ("chunk", prof, "--pp-size", 2, "--input-lens", "8k")):
+        rc, _, err = tune(capsys, *argv)
+        assert rc == 2
+        assert "error:" in err and str(prof) in err and expect in err, err
+
+
+def test_profile_with_other_stage_count_is_rejected(tmp_path, capsys):
+    prof = write_profile(tmp_path / "p3.json", (STAGE0, STAGE1, STAGE0))
+    rc, _, err = tune(capsys, "chunk", prof, "--pp-size", 2, "--input-lens", "8k", "--out-dir", tmp_path)
+    assert rc == 2 and "3 per-stage models but --pp-size is 2" in err
+
+
+# -- chunk ------------------------------------------------------------------------------------------
+def test_chunk_writes_a_plugin_loadable_profile_with_recommendations(tmp_path, capsys):
+    prof = write_profile(tmp_path / "p.json")
+    rc, out, err = tune(capsys, "chunk", prof, "--pp-size", 2, "--input-lens", "8k,32k", "--out-dir", tmp_path / "o")
+    assert rc == 0, err
+    name = "model=Qwen3-8B,pp=2,tp=1,device_name=NVIDIA_H100_80GB_HBM3,dtype=bfloat16.json"
+    path = tmp_path / "o" / name
+    assert path.is_file(), list((tmp_path / "o").iterdir())
+    cost = load_cost(path)  # what the plugin does with SGLANG_CPP_PROFILE
+    assert cost.time(4096, 1024) == pytest.approx(STAGE0.time(4096, 1024), rel=0.01)
+    doc = load_profile(path)
+    from sglang_cpp.plugin.profiles import check_matches
+    from sglang_cpp.upstream import UpstreamPredictor
+
+    check_matches(doc, {"hidden_size": 1, "num_layers": 1}, "SGLANG_CPP_PROFILE", 2)
+    UpstreamPredictor(**doc["upstream"], chunk_size=4096, context_len=1 << 20)  # the quadratic policy's input
+    rec = doc["recommendations"]
+    assert doc["samples"] and doc["residuals"] and doc["versions"]["sglang_cpp"]
+    fixed_rows = [r for r in rec["table"] if r["label"].startswith("fixed")]
+    worst_fixed = {L: max(r["ttft_ms"][L] for r in fixed_rows) for L in ("8192", "32768")}
+    for L in ("8192", "32768"):
+        plan, fixed = rec["plan"]["ttft_ms"][L], rec["fixed"]["ttft_ms"][L]
+        assert plan <= fixed * (1 + 1e-9) <= worst_fixed[L] * (1 + 1e-9)
+        assert plan <= rec["upstream"]["ttft_ms"][L] * (1 + 1e-9)
+        assert rec["upstream"]["ttft_ms"][L] > 0
+    assert rec["plan"]["score"] <= rec["upstream"]["score"] <= rec["upstream_default_sigma"]["score"] + 1e-12
+    # the printed commands are the ones to run
+    assert f"SGLANG_CPP_PROFILE={path.resolve()}" in out and "SGLANG_CPP_POLICY=plan" in out
+    assert re.search(r"SGLANG_CPP_POLICY=off SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR=[0-9.]+ python -m "
+                     r"sglang.launch_server .*--pp-size 2 --chunked-prefill-size \d+ --enable-dynamic-chunking", out)
+    assert f"--chunked-prefill-size {rec['fixed']['settings']['chunked_prefill_size']}" in out
+    # the written file is itself a valid input for the next round
+    rc, _, err = tune(capsys, "chunk", path, "--pp-size", 2, "--input-lens", "8k", "--out-dir", tmp_path / "o2")
+    assert rc == 0, err
+
+
+def test_chunk_when_upstream_fit_fails(tmp_path, capsys, monkeypatch):
+    from sglang_cpp.tuning import recommend
+
+    def fail(*_a, **_k):
+        raise ValueError("upstream fit: quadratic coefficient a=-1e-09 is not positive")
+
+    monkeypatch.setattr(recommend, "upstream_coeffs", fail)
+    rc, out, err = tune(capsys, "chunk", write_profile(tmp_path / "p.json"), "--pp-size", 2, "--input-lens", "8k",
+                        "--out-dir", tmp_path, "--chunk-sizes", "1k,2k,4k")
+    assert rc == 0, err
+    assert "upstream fit fails" in out and "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR" not in out
+    doc = load_profile(next(tmp_path.glob("model=*.json")))
+    assert "upstream" not in doc and doc["recommendations"]["upstream"] is None
+    assert sorted(doc["recommendations"]["upstream_failed"]) == ["1024", "2048", "4096"]
+
+
+# -- partition --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,layers,pp", [
+    (("--analytic", "qwen3-235b-a22b", "--device", "H20", "--tp", 4, "--prefix-len", "64k", "--chunk", "8k"), 94, 8),
+    (("--analytic", "smollm2-135m", "--device", "cpu-2core"), 30, 4),
+    (("--analytic", "deepseek-v3", "--device", "H20", "--tp", 8, "--mem-limit-gb", 30), 61, 4),
+])
+def test_partition_analytic_prints_a_valid_partition(capsys, argv, layers, pp):
+    rc, out, err = tune(capsys, "partition", *argv, "--pp-size", pp)
+    assert rc == 0, err
+    value = re.search(r"^SGLANG_PP_LAYER_PARTITION=([0-9,]+)$", out, re.M).group(1)
+    parts = parse_partition(value, layers, pp)
+    assert sum(parts) == layers and len(parts) == pp
+    gain = float(re.search(r"gain ([0-9.]+)x", out).group(1))
+    assert gain >= 1.0
+
+
+def test_partition_from_profile_layer_breakdown(tmp_path, capsys):
+    samples = [{"L": 0, "x": x, "ms": 1.0, "layer_ms": [0.1 * x / 512] * 6, "embed_ms": 0.05, "head_ms": 0.3 * x / 512}
+               for x in (512, 2048)]
+    prof = tmp_path / "layers.json"
+    save_profile(prof, samples=samples, meta={"num_hidden_layers": 12})
+    rc, out, err = tune(capsys, "partition", "--profile", prof, "--pp-size", 3)
+    assert rc == 0, err
+    assert "x=2048" in out and "layers 6..11" in out  # largest shape; unmeasured layers filled in
+    value = re.search(r"^SGLANG_PP_LAYER_PARTITION=([0-9,]+)$", out, re.M).group(1)
+    parts = parse_partition(value, 12, 3)
+    assert parts[-1] < 4  # the last stage also runs lm_head: it gets fewer layers than the default 4
+    rc, _, err = tune(capsys, "partition", "--profile", write_profile(tmp_path / "p.json"), "--pp-size", 2)
+    assert rc == 2 and "layer_ms" in err
+
+
+# -- sweep (fake launcher and bench) --------------------------------------------------------------
+FAKE_TTFT = {("fixed", 1024): 70.0, ("fixed", 2048): 50.0, ("fixed", 4096): 31.0, ("fixed", 8192): 26.0,
+             ("dynamic", 4096): 40.0, ("dynamic", 8000): 27.0, ("plan", 8192): 24.0, ("plan", 2048): 35.0}
+
+
+def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
+    from sglang_cpp.tuning import sweep
+
+    launched_specs = []
+
+    @contextlib.contextmanager
+    def fake_launched(spec, timeout=None, log_dir=None):
+        launched_specs.append(spec)
+        if spec.chunk_size == 1024 and not spec.dynamic:
+            raise RuntimeError("server died during start-up")
+        yield type("Srv", (), {"base_url": f"fake://{len(launched_specs) - 1}"})()
+
+    def run_with(table):
+        def fake_run_ttft(base_url, cfg, log=None):
+            spec = launched_specs[int(base_url.rsplit("/", 1)[1])]
+            kind = spec.env["SGLANG_CPP_POLICY"] == "plan" and "plan" or spec.dynamic and "dynamic" or "fixed"
+            assert kind != "dynamic" or spec.env["SGLANG_CPP_POLICY"] == "quadratic"
+            s = table[kind, spec.chunk_size] + float(spec.env.get("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", 0))
+            n = cfg.num_requests
+            return [{"median_ttft_ms": s * 1e3, "ttfts": [s] * n, "errors": [""] * n,
+                     "random_input_len": cfg.input_lens[0]}]
+        return fake_run_ttft
+
+    monkeypatch.setattr(sweep, "launched", fake_launched)
+    monkeypatch.setattr(sweep, "run_ttft", run_with(FAKE_TTFT))
+    png, out_json = tmp_path / "sweep.png", tmp_path / "sweep.json"
+    prof = write_profile(tmp_path / "p.json", models=(STAGE0, STAGE1), meta={**META, "pp": 2})
+    rc, out, err = tune(capsys, "sweep", "--model", tmp_path / "no-model", "--png", png, "--out", out_json,
+                        "--profile", prof)
+    assert rc == 1, err  # one server failed: reported, not fatal
+    assert "FAILED" in out and "fixed C=1024" in out
+    assert "fastest: sglang-cpp plan C=8192" in out
+    for name in ("fixed C=2048", "fixed C=4096", "fixed C=8192", "dynamic C=8000 sigma=0.6",
+                 "dynamic C=8000 sigma=0.85", "sglang-cpp plan C=8192"):
+        assert name in out
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    res = json.loads(out_json.read_text())
+    assert res["best"] == "sglang-cpp plan C=8192"
+    # 4 fixed + plan + 1 dynamic (base 2*8192 clamped to the 8000-token input: one chunk, sigma unused)
+    assert len(launched_specs) == 6
+    assert all(s.env["SGLANG_CPP_POLICY"] == "off" and not s.dynamic for s in launched_specs[:4])
+    plan, dyn = launched_specs[4], launched_specs[5]
+    assert plan.env["SGLANG_CPP_POLICY"] == "plan" and plan.chunk_size == 8192 and plan.dynamic
+    assert plan.env["SGLANG_CPP_PROFILE"] == str(prof.resolve())
+    # upstream's algorithm on the fit its own profiling would get from the same cost model
+    assert dyn.env["SGLANG_CPP_POLICY"] == "quadratic" and dyn.chunk_size == 8000 and dyn.dynamic
+    from sglang_cpp.upstream import UpstreamPredictor, profile_lengths
+
+    lens = profile_lengths(8000, 8192)
+    cost = load_cost(prof)
+    ref = UpstreamPredictor.fit(lens, [float(cost.time(0, n)) for n in lens], chunk_size=8000, context_len=8192)
+    up = json.loads(Path(dyn.env["SGLANG_CPP_PROFILE"]).read_text())["upstream"]
+    assert (up["a"], up["b"], up["c"]) == pytest.approx((ref.a, ref.b, ref.c))
+
+    # a shorter best fixed chunk: base 2*C* < input, so every sigma gets its own server
+    FAKE = {**FAKE_TTFT, ("fixed", 2048): 20.0}
+    launched_specs.clear()
+    monkeypatch.setattr(sweep, "run_ttft", run_with(FAKE))
+    rc, out, err = tune(capsys, "sweep", "--model", tmp_path / "no-model", "--fixed", "2048,4096", "--no-plan",
+                        "--profile", prof, "--out", out_json)
+    assert rc == 0, err
+    assert [s.chunk_size for s in launched_specs if s.dynamic] == [4096, 4096]
+    assert "fastest: fixed C=2048" in out

@@ -1,0 +1,41 @@
+"""`sglang-cpp tune {fit,chunk,partition,sweep}`: dispatch to one small module per subcommand.
+
+The modules import numpy-level code only; matplotlib, scipy and server launches load when a command
+needs them, so `sglang-cpp --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import fit, partition_cmd, recommend, sweep
+
+COMMANDS = {
+    "fit": (fit, "refit t(L, x) per stage from a profile or a decision log; coefficients, R^2, plot"),
+    "chunk": (recommend, "recommend plan / upstream (C, sigma) / fixed chunk settings and write the "
+                         "per-device SGLANG_CPP_PROFILE JSON"),
+    "partition": (partition_cmd, "cost-balanced SGLANG_PP_LAYER_PARTITION vs SGLang's default split"),
+    "sweep": (sweep, "measure fixed chunks, upstream sigma values and the plan policy on live servers"),
+}
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="tune_cmd", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, (mod, help_) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip(),
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_args(sp)
+
+
+def run(args) -> int:
+    from ..client import ServerError
+
+    mod = COMMANDS[args.tune_cmd][0]
+    try:
+        return int(mod.run(args) or 0)
+    except (ValueError, ServerError) as exc:
+        print(f"sglang-cpp tune {args.tune_cmd}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["add_args", "run", "COMMANDS"]

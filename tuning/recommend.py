@@ -1,0 +1,386 @@
+"""`sglang-cpp tune chunk`: the chunking settings a profile predicts to be fastest, and the file to run them.
+
+Why: upstream's knobs (--chunked-prefill-size C, SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR sigma) are tuned by
+hand today, one server launch per guess. Given a fitted cost model, the simulator ranks every option in
+milliseconds: (a) the sglang-cpp `plan` policy and its bounds, (b) upstream's dynamic chunking over a
+(C, sigma) grid, with upstream's own fit emulated (stage-0 fresh prefills of 1.25*C .. 1.25*C/128 tokens,
+first sample dropped, OLS), (c) fixed chunks. Options are ranked by the mean over --input-lens of
+predicted TTFT / best fixed TTFT at that length, so every length weighs the same.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..costmodel import save_profile
+from . import config_from_args
+from .fit import FORMS, as_cost, fit_stages, read_profile, residuals
+
+DEFAULT_SIZES = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
+SIGMAS = tuple(round(0.05 * i, 2) for i in range(21))
+UPSTREAM_SIGMA = 0.75
+SGLANG_MAX_PREFILL = 16384  # SGLang's default --max-prefill-tokens
+
+
+@dataclass(frozen=True)
+class ChunkTuneConfig:
+    """Every field is a flag of `sglang-cpp tune chunk` (profile is the positional)."""
+
+    profile: str
+    pp_size: int
+    input_lens: tuple
+    page_size: int = 1
+    max_prefill_tokens: int = SGLANG_MAX_PREFILL
+    model_name: str | None = None
+    out_dir: str = "."
+    context_length: int | None = None
+    p2p_ms: float = 0.0
+    chunk_sizes: tuple = DEFAULT_SIZES
+    form: str = "full"
+
+    def __post_init__(self):
+        for name in ("pp_size", "page_size", "max_prefill_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={v!r} must be an integer >= 1")
+        if not self.input_lens or min(self.input_lens) < 1:
+            raise ValueError(f"--input-lens {self.input_lens!r}: give prompt lengths >= 1, e.g. 32k,128k")
+        if not self.chunk_sizes or min(self.chunk_sizes) < 1:
+            raise ValueError(f"--chunk-sizes {self.chunk_sizes!r}: give chunk sizes >= 1, e.g. 1k,2k,4k")
+        if not (math.isfinite(self.p2p_ms) and self.p2p_ms >= 0):
+            raise ValueError(f"--p2p-ms={self.p2p_ms!r} must be a finite number >= 0")
+        if self.max_prefill_tokens < self.align:
+            raise ValueError(f"--max-prefill-tokens={self.max_prefill_tokens} is below the chunk alignment "
+                             f"{self.align} (max(--page-size, 64))")
+        if self.context_length is not None and self.context_length <= max(self.input_lens):
+            raise ValueError(f"--context-length {self.context_length} must exceed the longest --input-lens "
+                             f"{max(self.input_lens)} (SGLang needs room for the output token)")
+        if self.form not in FORMS:
+            raise ValueError(f"--form {self.form!r}: choose one of {', '.join(FORMS)}")
+
+    @property
+    def align(self) -> int:
+        return max(self.page_size, 64)  # the plugin's and upstream's chunk alignment
+
+    @property
+    def sizes(self) -> tuple:
+        """Chunk-size grid aligned down to the alignment, deduplicated."""
+        return tuple(sorted({max(self.align, c // self.align * self.align) for c in self.chunk_sizes}))
+
+    @property
+    def ctx(self) -> int:
+        return self.context_length or 1 << 40
+
+
+@dataclass
+class Option:
+    family: str  # plan | upstream | fixed
+    label: str
+    settings: dict
+    ttft: dict = field(default_factory=dict)  # input length -> predicted ms
+    chunks: dict = field(default_factory=dict)
+    score: float = math.nan  # mean over lengths of ttft / best fixed ttft
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "label": self.label, "settings": self.settings, "score": self.score,
+                "ttft_ms": {str(k): round(v, 3) for k, v in self.ttft.items()},
+                "chunks": {str(k): list(v) for k, v in self.chunks.items()}}
+
+
+# -- building blocks -------------------------------------------------------------------------------
+def load_stages(cfg: ChunkTuneConfig) -> tuple[dict, list, list, list]:
+    """(profile doc, samples, fitted models, one model per PP stage). Refits when samples exist."""
+    from ..costmodel import cost_from_profile
+
+    where = f"profile {cfg.profile}"
+    doc, samples = read_profile(cfg.profile)
+    meta = dict(doc.get("meta", {}))
+    if samples:
+        models = fit_stages(samples, cfg.form, meta, where)
+    else:
+        c = cost_from_profile(doc, where)
+        models = list(getattr(c, "stages", None) or (c,))
+    P = cfg.pp_size
+    if len(models) > 1 and len(models) != P:
+        raise ValueError(f"{where} has {len(models)} per-stage models but --pp-size is {P}; "
+                         f"pass --pp-size {len(models)} or re-profile with PP={P}")
+    return doc, samples, models, models if len(models) == P else models * P
+
+
+class Sim:
+    """Memoised simulated TTFT of a chunk sequence (many (C, sigma) pairs give the same chunks)."""
+
+    def __init__(self, stages: list, p2p_ms: float):
+        from ..simulator import SimConfig
+
+        self.stages, self.cfg, self.cache = stages, SimConfig(cpu_overhead_ms=p2p_ms), {}
+
+    def __call__(self, chunks) -> float:
+        key = tuple(int(c) for c in chunks)
+        if key not in self.cache:
+            from ..simulator import simulate
+
+            self.cache[key] = simulate(list(key), self.stages, len(self.stages), self.cfg).ttft_ms
+        return self.cache[key]
+
+
+def fixed_chunks(L: int, C: int) -> list[int]:
+    return [C] * (L // C) + ([L % C] if L % C else [])
+
+
+def upstream_coeffs(stage0, C: int, ctx: int) -> tuple[float, float, float]:
+    """Upstream's startup fit, emulated on the cost model: 128 fresh prefills from 1.25*C down, on stage 0."""
+    from ..upstream import UpstreamPredictor
+
+    M = min(int(1.25 * C), ctx)
+    step = max(1, M // 128)
+    lens = [M - i * step for i in range(128) if M - i * step > 0]
+    lat = np.asarray(stage0.time(0.0, np.asarray(lens, float)), float)
+    p = UpstreamPredictor.fit(lens, lat, chunk_size=C, context_len=ctx)
+    return p.a, p.b, p.c
+
+
+def _score(opts: list[Option], ref: dict) -> None:
+    for o in opts:
+        o.score = float(np.mean([o.ttft[L] / ref[L] for L in ref]))
+
+
+def fixed_options(cfg, sim) -> list[Option]:
+    out = []
+    for C in cfg.sizes:
+        o = Option("fixed", f"fixed C={C}", {"chunked_prefill_size": C})
+        for L in cfg.input_lens:
+            o.chunks[L] = fixed_chunks(L, C)
+            o.ttft[L] = sim(o.chunks[L])
+        out.append(o)
+    return out
+
+
+def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
+    from ..upstream import UpstreamPredictor
+
+    out, failed = [], {}
+    for C in cfg.sizes:
+        try:
+            a, b, c = upstream_coeffs(stages[0], C, cfg.ctx)
+        except ValueError as exc:
+            failed[C] = str(exc)  # upstream would disable dynamic chunking at this C
+            continue
+        mpt = max(cfg.max_prefill_tokens, C)
+        for s in SIGMAS:
+            pred = UpstreamPredictor(a=a, b=b, c=c, chunk_size=C, context_len=cfg.ctx, sigma=s,
+                                     page_size=cfg.page_size, max_prefill_tokens=mpt)
+            o = Option("upstream", f"upstream dynamic C={C} sigma={s:g}",
+                       {"chunked_prefill_size": C, "sigma": s, "max_prefill_tokens": mpt,
+                        "coeffs": {"a": a, "b": b, "c": c}})
+            for L in cfg.input_lens:
+                o.chunks[L] = pred.chunk_sequence(L)
+                o.ttft[L] = sim(o.chunks[L])
+            out.append(o)
+    return out, failed
+
+
+def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Option]:
+    """The plan policy at base chunk C, over the plugin's bound knobs (its planner settings exactly)."""
+    from ..planner import plan_equal_time
+    from ..plugin.sizer import SizerConfig
+
+    al = cfg.align
+    mpt = max(cfg.max_prefill_tokens, C)
+    mins = {al, max(al, C // 4 // al * al)}  # C//4 is the plugin's default floor
+    maxs = {mpt}
+    if x_range:  # bounds that keep the planner inside the profiled chunk sizes
+        mins.add(min(mpt, -(-int(x_range[0]) // al) * al))
+        if al <= int(x_range[1]) // al * al < mpt:
+            maxs.add(int(x_range[1]) // al * al)
+    cost = as_cost(models) if len(models) == len(stages) else models[0]
+    out = []
+    for mn in sorted(mins):
+        for mx in sorted(maxs):
+            if mn > mx:
+                continue
+            scfg = SizerConfig(policy="plan", pp_size=cfg.pp_size, pp_rank=0, chunk_size=C, max_prefill_tokens=mpt,
+                               page_size=cfg.page_size, context_len=cfg.ctx, min_chunk=mn, max_chunk=mx,
+                               overhead_ms=cfg.p2p_ms)
+            pcfg = scfg.plan_config()
+            o = Option("plan", f"sglang-cpp plan C={C} min={mn} max={mx}",
+                       {"chunked_prefill_size": C, "max_prefill_tokens": mpt, "min_chunk": mn, "max_chunk": mx,
+                        "p2p_ms": cfg.p2p_ms})
+            for L in cfg.input_lens:
+                o.chunks[L] = list(plan_equal_time(L, cost, pcfg).chunks)
+                o.ttft[L] = sim(o.chunks[L])
+            out.append(o)
+    return out
+
+
+def recommend(cfg: ChunkTuneConfig, models: list, stages: list, x_range: tuple = ()) -> dict:
+    """{'fixed', 'upstream', 'upstream_default_sigma', 'plan', 'all', 'upstream_failed'} Options."""
+    sim = Sim(stages, cfg.p2p_ms)
+    fixed = fixed_options(cfg, sim)
+    ref = {L: min(o.ttft[L] for o in fixed) for L in cfg.input_lens}
+    ups, failed = upstream_options(cfg, stages, sim)
+    _score(fixed + ups, ref)
+    best_fixed = min(fixed, key=lambda o: (round(o.score, 9), o.settings["chunked_prefill_size"]))
+    C = best_fixed.settings["chunked_prefill_size"]
+    plans = plan_options(cfg, models, stages, sim, C, x_range)
+    _score(plans, ref)
+    best_plan = min(plans, key=lambda o: (round(o.score, 9), -o.settings["min_chunk"], o.settings["max_chunk"]))
+    best_up = min(ups, key=lambda o: (round(o.score, 9), abs(o.settings["sigma"] - UPSTREAM_SIGMA),
+                                      o.settings["chunked_prefill_size"])) if ups else None
+    default_up = next((o for o in ups if best_up and o.settings["sigma"] == UPSTREAM_SIGMA and
+                       o.settings["chunked_prefill_size"] == best_up.settings["chunked_prefill_size"]), None)
+    return {"plan": best_plan, "upstream": best_up, "upstream_default_sigma": default_up, "fixed": best_fixed,
+            "all": fixed + ups + plans, "upstream_failed": failed}
+
+
+# -- outputs -----------------------------------------------------------------------------------------
+def _clean(v) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(v)).strip("_") or "unknown"
+
+
+def profile_name(meta: dict, pp_size: int, model_name: str | None = None) -> str:
+    """Named the way SGLang's fused-MoE tuner names its configs: key=value pairs joined by commas."""
+    model = model_name or Path(str(meta.get("model") or "model").rstrip("/")).name
+    return (f"model={_clean(model)},pp={int(pp_size)},tp={_clean(meta.get('tp') or 1)},"
+            f"device_name={_clean(meta.get('device_name') or 'unknown')},"
+            f"dtype={_clean(meta.get('dtype') or 'unknown')}.json")
+
+
+def launch_line(env: dict, meta: dict, cfg: ChunkTuneConfig, C: int, dynamic: bool, mpt: int) -> str:
+    model = str(meta.get("model_path") or meta.get("model") or "MODEL_PATH")
+    envs = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
+    cmd = ["python -m sglang.launch_server --model-path", shlex.quote(model), "--pp-size", str(cfg.pp_size)]
+    tp = int(meta.get("tp") or 1)
+    if tp > 1:
+        cmd += ["--tp-size", str(tp)]
+    cmd += ["--chunked-prefill-size", str(C)] + (["--enable-dynamic-chunking"] if dynamic else [])
+    if cfg.page_size > 1:
+        cmd += ["--page-size", str(cfg.page_size)]
+    if mpt != SGLANG_MAX_PREFILL:
+        cmd += ["--max-prefill-tokens", str(mpt)]
+    if cfg.context_length:
+        cmd += ["--context-length", str(cfg.context_length)]
+    return f"{envs} {' '.join(cmd)}"
+
+
+def launch_lines(rec: dict, meta: dict, cfg: ChunkTuneConfig, json_path: Path) -> dict:
+    p, f, u = rec["plan"].settings, rec["fixed"].settings, rec["upstream"]
+    out = {"plan": launch_line({"SGLANG_CPP_PROFILE": json_path.resolve(), "SGLANG_CPP_POLICY": "plan",
+                                "SGLANG_CPP_MIN_CHUNK": p["min_chunk"], "SGLANG_CPP_MAX_CHUNK": p["max_chunk"],
+                                "SGLANG_CPP_P2P_MS": f"{cfg.p2p_ms:g}"}, meta, cfg, p["chunked_prefill_size"], True,
+                               p["max_prefill_tokens"]),
+           "fixed": launch_line({"SGLANG_CPP_POLICY": "off"}, meta, cfg, f["chunked_prefill_size"], False,
+                                max(cfg.max_prefill_tokens, f["chunked_prefill_size"]))}
+    if u is not None:
+        s = u.settings
+        env = {"SGLANG_CPP_POLICY": "off", "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": f"{s['sigma']:g}"}
+        out["upstream"] = launch_line(env, meta, cfg, s["chunked_prefill_size"], True, s["max_prefill_tokens"])
+    return out
+
+
+def table(rec: dict, cfg: ChunkTuneConfig) -> str:
+    rows = [("(a) plan", rec["plan"]), ("(b) upstream", rec["upstream"]),
+            ("    upstream, default sigma", rec["upstream_default_sigma"]), ("(c) fixed", rec["fixed"])]
+    worst = max((o for o in rec["all"] if o.family == "fixed"), key=lambda o: o.score)
+    rows.append(("    worst fixed", worst))
+    head = (f"{'option':<30} {'settings':<44}" + "".join(f" {f'TTFT@{L}':>13}" for L in cfg.input_lens)
+            + "  vs best fixed")
+    lines = [head, "-" * len(head)]
+    for name, o in rows:
+        if o is None:
+            lines.append(f"{name:<30} {'(upstream fit fails: dynamic chunking would be disabled)':<44}")
+            continue
+        s = o.settings
+        desc = (f"C={s['chunked_prefill_size']} MIN={s['min_chunk']} MAX={s['max_chunk']}" if o.family == "plan" else
+                f"C={s['chunked_prefill_size']} sigma={s['sigma']:g}" if o.family == "upstream" else
+                f"C={s['chunked_prefill_size']}")
+        lines.append(f"{name:<30} {desc:<44}" + "".join(f" {o.ttft[L]:>13.1f}" for L in cfg.input_lens)
+                     + f"  {o.score:>8.3f}x")
+    lines.append("vs best fixed: mean over the lengths of TTFT / the fastest fixed chunk at that length")
+    return "\n".join(lines)
+
+
+def versions(meta: dict) -> dict:
+    import scipy
+
+    return {"sglang_cpp": __version__, "numpy": np.__version__, "scipy": scipy.__version__,
+            "python": platform.python_version(), "profile_sglang": meta.get("sglang_version"),
+            "profile_torch": meta.get("torch_version")}
+
+
+def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict]:
+    meta = {**doc.get("meta", {}), "pp": P}
+    if doc.get("meta", {}).get("pp") not in (None, P):
+        meta["profiled_pp"] = doc["meta"]["pp"]
+    path = Path(cfg.out_dir) / profile_name(doc.get("meta", {}), P, cfg.model_name)
+    lines = launch_lines(rec, meta, cfg, path)
+    recs = {k: (v.to_dict() if v is not None else None) for k, v in rec.items() if k not in ("all", "upstream_failed")}
+    recs.update(objective="mean over input_lens of predicted TTFT / best fixed TTFT (simulator)",
+                input_lens=list(cfg.input_lens), pp_size=P, page_size=cfg.page_size, p2p_ms=cfg.p2p_ms,
+                max_prefill_tokens=cfg.max_prefill_tokens, context_length=cfg.context_length, launch=lines,
+                upstream_failed={str(k): v for k, v in rec["upstream_failed"].items()},
+                table=[{"label": o.label, "score": o.score, "ttft_ms": {str(k): v for k, v in o.ttft.items()}}
+                       for o in rec["all"]])
+    extra = {"recommendations": recs, "residuals": residuals(models, samples) if samples else [],
+             "versions": versions(meta)}
+    if rec["upstream"] is not None:
+        extra["upstream"] = dict(rec["upstream"].settings["coeffs"])
+    save_profile(path, samples=samples, meta=meta, cost=as_cost(models), extra=extra)
+    return path, lines
+
+
+# -- CLI -------------------------------------------------------------------------------------------------
+def add_args(p: argparse.ArgumentParser) -> None:
+    from ..bench import parse_ints, parse_lens
+    from ..cli import parse_len
+
+    p.add_argument("profile", help="profile JSON (sglang-cpp profile, or tune fit --out)")
+    p.add_argument("--pp-size", type=int, required=True)
+    p.add_argument("--input-lens", type=parse_lens, required=True, help="prompt lengths to optimise, e.g. 32k,128k")
+    p.add_argument("--page-size", type=int, default=1, help="server --page-size (alignment is max(page, 64))")
+    p.add_argument("--max-prefill-tokens", type=parse_len, default=SGLANG_MAX_PREFILL)
+    p.add_argument("--model-name", default=None, help="model name in the output file name (default: profile meta)")
+    p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
+    p.add_argument("--context-length", type=parse_len, default=None,
+                   help="server --context-length (default: unbounded)")
+    p.add_argument("--p2p-ms", type=float, default=0.0, help="per-chunk P2P + scheduling overhead the profile misses")
+    p.add_argument("--chunk-sizes", type=parse_ints, default=DEFAULT_SIZES,
+                   help="C grid for fixed and upstream (default 1k..32k)")
+    p.add_argument("--form", choices=FORMS, default="full", help="cost-model form when refitting samples")
+
+
+def run(args) -> int:
+    cfg = config_from_args(ChunkTuneConfig, args)
+    doc, samples, models, stages = load_stages(cfg)
+    xs = [s["x"] for s in samples]
+    rec = recommend(cfg, models, stages, (min(xs), max(xs)) if xs else ())
+    P = cfg.pp_size
+    print(f"cost model: {len(models)} stage model(s) from {cfg.profile}" +
+          (" (replicated: stages assumed equal)" if len(models) < P else ""))
+    for st, m in enumerate(models):
+        fit = m.fit or {}
+        print(f"  stage {st}: {m}" + (f"  [R^2={fit['r2']:.4f}, median rel err {fit['median_rel_err']:.2%}]"
+                                      if "r2" in fit else ""))
+    print(f"\npredicted TTFT (ms, simulator; pp={P}, p2p {cfg.p2p_ms:g} ms/chunk; lower is better):")
+    print(table(rec, cfg))
+    if rec["upstream_failed"]:
+        print(f"upstream's fit fails at C={sorted(rec['upstream_failed'])} (dynamic chunking would switch off)")
+    path, lines = write_json(cfg, doc, samples, models, rec, P)
+    print(f"\nwrote {path}")
+    print("\n(a) sglang-cpp plan policy:\n  " + lines["plan"])
+    if "upstream" in lines:
+        print("(b) upstream dynamic chunking (sglang-cpp off):\n  " + lines["upstream"])
+    print("(c) fixed chunks:\n  " + lines["fixed"])
+    return 0
+
+
+__all__ = ["ChunkTuneConfig", "Option", "recommend", "profile_name", "upstream_coeffs", "fixed_chunks",
+           "load_stages", "add_args", "run", "DEFAULT_SIZES", "SIGMAS"]
