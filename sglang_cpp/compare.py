@@ -228,6 +228,8 @@ def render_table(cfg: CompareConfig, rows: list, best: dict, cal: Path | None, c
     t_dyn = {L: _median(by.get(("dynamic", L)), L) for L in cfg.input_lens}
     t_pp1 = {L: _median(by.get(("pp1", L)), L) for L in cfg.input_lens}
     v = _versions()
+    ents = list({id(e): e for _, _, _, e, *_ in rows if e}.values())
+    secs = sum(e.get("seconds", 0.0) for e in ents)
     out = ["# TTFT side-by-side: fixed chunks vs upstream dynamic chunking vs sglang-cpp plan (PP=2, CPU)", "",
            f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
            f"- machine: {cpu_model()}, {os.cpu_count()} cores ({platform.node()})",
@@ -236,7 +238,9 @@ def render_table(cfg: CompareConfig, rows: list, best: dict, cal: Path | None, c
            f"- workload: random token ids, {cfg.num_requests} measured + {cfg.warmup} warmup request(s) per "
            f"length and server, max_new_tokens=1, concurrency 1, seed {cfg.seed}",
            f"- simulator cost model: {f'`{cal}`' if cal else 'none found'}{f' ({cal_err})' if cal_err else ''}",
-           f"- command: `{command}`", "",
+           f"- command: `{command}`",
+           f"- server time: {secs / 60:.1f} min over {len(ents)} servers (start-up, calibration and requests; "
+           "the whole run is this plus a few seconds)", "",
            "| config | chunk | input len | median TTFT (ms) | p90 TTFT (ms) | ok | vs upstream dynamic | "
            "vs best fixed | PP2 eff. vs PP1-1core | sim predicted (ms) | measured / predicted |",
            "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
@@ -312,7 +316,11 @@ def compare(cfg: CompareConfig, *, launch=None, log=_log, command: str = "") -> 
         if C is not None:
             groups.setdefault(C, []).append(L)
     done = {"plan": {C: _run_server(cfg, "plan", C, tuple(Ls), state, launch, log) for C, Ls in groups.items()}}
-    cal, cal_err, stages = find_calibration(cfg), "", None  # the plan server's calibration (or --profile)
+    if "calibration" not in state:  # the plan server's calibration (or --profile), pinned for a resumed run
+        found = find_calibration(cfg)
+        state["calibration"] = str(found) if found else None
+        _save_json(cfg.state_path, state)
+    cal, cal_err, stages = (Path(state["calibration"]) if state["calibration"] else None), "", None
     if cal is not None:
         try:
             from .costmodel import load_cost
