@@ -51,9 +51,10 @@ def run_cached_pair(url: str, model: str) -> dict:
 def pp1(smollm2):
     """One PP=1 reference server for every equality check in this module."""
     with launched(ServerSpec(smollm2, pp_size=1, chunk_size=MIXED_CHUNK), TIMEOUT) as srv:
+        # mixed prompts first: the async-recv servers see them on an empty radix cache too
+        mixed = [generate(srv.base_url, text=p, max_new_tokens=8).output_ids for p in mixed_prompts()]
         return {"chat": generate(srv.base_url, text=CHAT, max_new_tokens=16).text,
-                "cached": run_cached_pair(srv.base_url, smollm2),
-                "mixed": [generate(srv.base_url, text=p, max_new_tokens=8).output_ids for p in mixed_prompts()]}
+                "cached": run_cached_pair(srv.base_url, smollm2), "mixed": mixed}
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +130,17 @@ def test_radix_hit_plans_only_the_suffix_from_the_cached_prefix(plan_run, pp1):
     assert sum(x for _, x in stages[0]) == len(c["full"]) - cached
     for rank in (0, 1):  # what ran is what was decided: the suffix only
         assert chunks_of(d / f"dec_{rank}.jsonl")[rid] == stages[0]
-    # the TTFT drops roughly in proportion to the work left (first: 6000 tokens; second: ~600)
-    assert c["second"].ttft_s < 0.5 * c["first"].ttft_s
+    # the TTFT drops in proportion to the work left, which on torch_native is t(6000, ~600), not ~600
+    # tokens' worth: the suffix attends over the whole cached prefix. Compare with the calibrated model.
+    from sglang_cpp.costmodel import cost_from_profile, load_profile
+    from sglang_cpp.planner import ttft
+
+    cost = cost_from_profile(load_profile(plan_run["calib"][0]))
+    first = [(p, x) for r, p, x in _decisions(d / "dec_0.jsonl") if r == c["first"].meta["id"]]
+    pred = ttft([x for _, x in stages[0]], cached, cost, 2) / ttft([x for _, x in first], first[0][0], cost, 2)
+    assert pred < 1.0
+    assert c["second"].ttft_s < c["first"].ttft_s
+    assert c["second"].ttft_s / c["first"].ttft_s < 1.3 * pred
     # greedy output with a cached prefix under PP=2 equals PP=1's
     assert c["second"].output_ids == pp1["cached"]["second"].output_ids
 
