@@ -18,6 +18,35 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+# On CPU everything we launch runs float32: AVX2 hosts have no bf16 GEMM kernels (a bf16 GEMM runs
+# ~45x slower than fp32 there), and one dtype on every host keeps results and calibrations comparable.
+CPU_DTYPE = "float32"
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_isa() -> str:
+    """The widest vector ISA this CPU has, as written beside every timing we record."""
+    flags = cpu_flags()
+    for isa, need in (("AMX-BF16", "amx_bf16"), ("AVX512-BF16", "avx512_bf16"), ("AVX512", "avx512f"),
+                      ("AVX2", "avx2")):
+        if need in flags:
+            return isa
+    return platform.machine() or "unknown"
+
+
+def native_bf16() -> bool:
+    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+
+
 def versions(*pkgs: str) -> dict:
     out = {}
     for pkg in pkgs or ("torch", "sglang", "sglang-cpp", "transformers", "numpy", "scipy"):
@@ -29,5 +58,5 @@ def versions(*pkgs: str) -> dict:
 
 
 def machine_info() -> dict:
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+    return {"cpu": cpu_model(), "isa": cpu_isa(), "cores": os.cpu_count(), "python": platform.python_version(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **versions()}

@@ -2,7 +2,8 @@
 always tear it down. Shared by the main job, the tests, `bench compare` and `tune sweep`.
 
 On CPU it applies the recipe that makes SGLang 0.5.23 run here (SGLANG_USE_CPU_ENGINE=1,
-torch_native attention, one OMP core per PP stage); on GPUs it passes only what it is given.
+torch_native attention, float32 weights, one OMP core per PP stage); on GPUs it passes only what
+it is given.
 """
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .client import ServerError, wait_healthy
+from .machine import CPU_DTYPE
 
 
 def free_port() -> int:
@@ -46,6 +49,7 @@ class ServerSpec:
     extra_args: tuple = ()
     context_length: int | None = None
     cores: str | None = None  # SGLANG_CPU_OMP_THREADS_BIND override (e.g. '0' for one core)
+    dtype: str | None = None  # --dtype; None: CPU_DTYPE on CPU, the model's own elsewhere
 
     def command(self, port: int) -> list[str]:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model, "--host", "127.0.0.1",
@@ -53,6 +57,9 @@ class ServerSpec:
                "--watchdog-timeout", "3600"]
         if self.device == "cpu":
             cmd += ["--attention-backend", "torch_native", "--mem-fraction-static", "0.1"]
+        dtype = self.dtype or (CPU_DTYPE if self.device == "cpu" else None)
+        if dtype:
+            cmd += ["--dtype", dtype]
         if self.chunk_size is not None:
             cmd += ["--chunked-prefill-size", str(self.chunk_size)]
         if self.dynamic:
@@ -117,16 +124,34 @@ def start(spec: ServerSpec, log_dir: str | None = None) -> RunningServer:
     return RunningServer(spec, port, proc, log_path)
 
 
+def _echo(path: Path, needle: str, done: threading.Event, prefix: str) -> None:
+    """Print the server log's lines that contain `needle` while it starts (calibration progress)."""
+    with open(path, errors="replace") as fh:
+        while True:
+            line = fh.readline()
+            if line:
+                if needle in line:
+                    print(prefix + line.rstrip()[line.find(needle):], flush=True)
+            elif done.wait(0.5):
+                return
+
+
 @contextlib.contextmanager
-def launched(spec: ServerSpec, timeout: float = 900.0, log_dir: str | None = None):
-    """A healthy server for the `with` body; torn down on exit, whatever happens."""
+def launched(spec: ServerSpec, timeout: float = 900.0, log_dir: str | None = None, echo: str = ""):
+    """A healthy server for the `with` body; torn down on exit, whatever happens. With `echo`, the log
+    lines that contain it are printed until the server is healthy."""
     srv = start(spec, log_dir)
+    done = threading.Event()
+    if echo:
+        threading.Thread(target=_echo, args=(srv.log_path, echo, done, "[server] "), daemon=True).start()
     try:
         try:
             wait_healthy(srv.base_url, timeout, srv.proc)
         except ServerError as exc:
             tail = "\n".join(srv.log().splitlines()[-40:])
             raise ServerError(f"{exc}\n--- last lines of {srv.log_path} ---\n{tail}") from None
+        finally:
+            done.set()
         yield srv
     finally:
         srv.stop()

@@ -26,3 +26,43 @@ def test_levels_double_to_the_target():
     assert calibration_levels(8192) == [1024, 2048, 4096, 8192]
     assert calibration_levels(6000) == [1024, 2048, 4096, 6000]
     assert calibration_levels(512) == [512]
+
+
+def test_eta_scales_the_last_level_by_the_observed_growth():
+    from sglang_cpp.plugin.calibrate import _eta_s
+
+    levels = [1024, 2048, 4096, 8192]
+    assert _eta_s(levels, 1, [10.0]) == pytest.approx(30 + 90 + 270)  # no growth seen yet: 3x per doubling
+    assert _eta_s(levels, 2, [10.0, 25.0]) == pytest.approx(62.5 + 156.25)  # 2.5x seen
+    assert _eta_s(levels, 2, [10.0, 100.0]) == pytest.approx(400 + 1600)  # clamped to quadratic (4x)
+    assert _eta_s(levels, 4, [1, 2, 4, 8]) == 0.0
+    # a last level that is not a doubling: 4096 -> 6000 is 2^0.551 times the length, so 2^0.551 times the time
+    assert _eta_s([1024, 2048, 4096, 6000], 3, [1, 2, 4]) == pytest.approx(4 * 2 ** 0.5507, rel=1e-3)
+
+
+def _meta(model="m"):
+    return {"model": model, "pp": 2, "tp": 1, "device_name": "cpu_x", "dtype": "float32",
+            "attention_backend": "torch_native", "layer_partition": ""}
+
+
+def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatch):
+    """A calibration cut by the budget is stored under the length it reached, and a later start with the
+    same target and budget reuses it (recalibrating would stop at the same place); others do not."""
+    from sglang_cpp.costmodel import save_profile
+    from sglang_cpp.plugin.profiles import cache_path, covered_len, find_cached
+
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
+    samples = [{"L": L, "x": x, "ms": 1.0 + L / 100 + x / 50, "stage": 0} for L in (0, 512, 1024, 1536)
+               for x in (256, 512)]
+    short = cache_path(_meta(), 2048)
+    save_profile(short, samples=samples, meta={**_meta(), "max_len": 2048, "requested_max_len": 8128,
+                                               "budget_s": 300.0})
+    assert "maxlen=2048" in short.name
+    assert find_cached(_meta(), 8128, 300.0) == short
+    assert find_cached(_meta(), 8128, 600.0) is None  # a larger budget may get further: calibrate
+    assert find_cached(_meta(), 4096, 300.0) is None
+    assert find_cached(_meta("other"), 8128, 300.0) is None
+    assert covered_len({"samples": samples}) == 2048
+    full = cache_path(_meta(), 8128)
+    save_profile(full, samples=samples, meta={**_meta(), "max_len": 8128})
+    assert find_cached(_meta(), 8128, 300.0) == full  # the complete one wins

@@ -54,7 +54,7 @@ def pp1(smollm2):
         # mixed prompts first: the async-recv servers see them on an empty radix cache too
         mixed = [generate(srv.base_url, text=p, max_new_tokens=8).output_ids for p in mixed_prompts()]
         return {"chat": generate(srv.base_url, text=CHAT, max_new_tokens=16).text,
-                "cached": run_cached_pair(srv.base_url, smollm2), "mixed": mixed}
+                "cached": run_cached_pair(srv.base_url, smollm2), "mixed": mixed, "log": srv.log()}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_pp2_plan_greedy_output_equals_pp1(plan_run, pp1_text):
 def test_calibration_saved_per_device(plan_run):
     assert len(plan_run["calib"]) == 1
     name = plan_run["calib"][0].name
-    assert name.startswith("model=smollm2-135m,pp=2,tp=1,device_name=") and "dtype=bfloat16" in name
+    assert name.startswith("model=smollm2-135m,pp=2,tp=1,device_name=") and "dtype=float32" in name
     doc = json.loads(plan_run["calib"][0].read_text())
     assert {s["stage"] for s in doc["samples"]} == {0, 1} and len(doc["stages"]) == 2
     assert "[sglang-cpp] calibrated" in plan_run["log"]
@@ -130,17 +130,6 @@ def test_radix_hit_plans_only_the_suffix_from_the_cached_prefix(plan_run, pp1):
     assert sum(x for _, x in stages[0]) == len(c["full"]) - cached
     for rank in (0, 1):  # what ran is what was decided: the suffix only
         assert chunks_of(d / f"dec_{rank}.jsonl")[rid] == stages[0]
-    # the TTFT drops in proportion to the work left, which on torch_native is t(6000, ~600), not ~600
-    # tokens' worth: the suffix attends over the whole cached prefix. Compare with the calibrated model.
-    from sglang_cpp.costmodel import cost_from_profile, load_profile
-    from sglang_cpp.planner import ttft
-
-    cost = cost_from_profile(load_profile(plan_run["calib"][0]))
-    first = [(p, x) for r, p, x in _decisions(d / "dec_0.jsonl") if r == c["first"].meta["id"]]
-    pred = ttft([x for _, x in stages[0]], cached, cost, 2) / ttft([x for _, x in first], first[0][0], cost, 2)
-    assert pred < 1.0
-    assert c["second"].ttft_s < c["first"].ttft_s
-    assert c["second"].ttft_s / c["first"].ttft_s < 1.3 * pred
     # greedy output with a cached prefix under PP=2 equals PP=1's
     assert c["second"].output_ids == pp1["cached"]["second"].output_ids
 
@@ -155,8 +144,6 @@ def test_server_profiler_measures_extend_over_cached_prefix(plan_run):
         assert s["backend"] == "server" and s["ms"] > 0
         assert s["cached_tokens"] >= L - 1  # the prefix came from the radix cache: only x tokens computed
     assert doc["meta"]["pp"] == 2 and doc["meta"]["model"].endswith("smollm2-135m")
-    # torch_native attends over the whole prefix: 256 new tokens over 1792 cached ones cost more than fresh
-    assert pts[(1792, 256)]["ms"] > pts[(0, 256)]["ms"]
 
 
 OFF_CHUNK, OFF_PROMPT = 256, 1500  # upstream profiles 128 fresh prefills of up to 1.25*C tokens at startup
@@ -261,3 +248,17 @@ def test_async_recv_outputs_equal_pp1(smollm2, pp1, depth):
         log = srv.log()
     assert "[sglang-cpp] async PP recv on" in log
     assert len(got) == 20 and got == pp1["mixed"]
+
+
+def test_fast_extend_off_outputs_equal_hook_on(smollm2, pp1):
+    """SGLANG_CPP_FAST_EXTEND=0 (upstream's redundant-query extend) on PP=2 gives the same greedy tokens as
+    the prefix-aware extend (PP=1 reference, hook on), over 20 prompts with chunking and radix hits."""
+    spec = ServerSpec(smollm2, pp_size=2, chunk_size=MIXED_CHUNK, env={"SGLANG_CPP_FAST_EXTEND": "0"})
+    with launched(spec, TIMEOUT) as srv:
+        res = [generate(srv.base_url, text=p, max_new_tokens=8, timeout=600) for p in mixed_prompts()]
+        log = srv.log()
+    assert "prefix-aware extend attention on" in pp1["log"]
+    assert "prefix-aware extend attention on" not in log
+    assert sum(r.meta.get("cached_tokens", 0) > 0 for r in res) >= 10  # the prompts share their openings
+    assert max(r.meta["prompt_tokens"] for r in res) > MIXED_CHUNK  # and the longer ones take two chunks
+    assert [r.output_ids for r in res] == pp1["mixed"]

@@ -41,7 +41,9 @@ def main() -> int:
     spec = ServerSpec(a.model, pp_size=2, chunk_size=a.chunk_size, dynamic=True, env=env)
     print(f"[main] launching: {' '.join(spec.command(0)[1:])}", flush=True)
     t0 = time.time()
-    with launched(spec, timeout=1800, log_dir=str(logdir)) as srv:
+    print("[main] the first start calibrates t(L, x) on both stages (cached for the next start); progress:",
+          flush=True)
+    with launched(spec, timeout=1800, log_dir=str(logdir), echo="[sglang-cpp] calibrat") as srv:
         print(f"[main] server healthy after {time.time() - t0:.0f}s (log: {srv.log_path})", flush=True)
         res = generate(srv.base_url, input_ids=random_ids(a.prompt_len, seed=2026), max_new_tokens=1)
         rid = res.meta.get("id")

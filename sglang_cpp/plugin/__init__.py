@@ -1,7 +1,7 @@
 """sglang-cpp's SGLang plugin (entry point group `sglang.srt.plugins`).
 
 SGLang calls `register()` in every process before it builds a Scheduler. The hooks are AROUND/AFTER
-hooks on eight SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
+hooks on nine SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
 through unless SGLANG_CPP_ASYNC_RECV=1).
 """
 from __future__ import annotations
@@ -17,6 +17,9 @@ TARGETS = {
     "sglang.srt.distributed.parallel_state.GroupCoordinator.recv_tensor_dict":
         ("GroupCoordinator_recv_tensor_dict", "AROUND"),
     f"{SCHED}._pp_launch_batch": ("Scheduler__pp_launch_batch", "AROUND"),
+    # torch_native extend attention without the redundant (L+x)^2 query (plugin/attention.py)
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend":
+        ("TorchNativeAttnBackend__run_sdpa_forward_extend", "AROUND"),
     # CPU-only compatibility for PD disaggregation over Mooncake TCP (no-ops where CUDA exists;
     # plugin/cpu_compat.py and docs/compatibility.md say why)
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__": ("MooncakeKVSender_init_cpu", "AFTER"),

@@ -10,6 +10,7 @@ A failure on any rank fails every rank: no silent fallback.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from array import array
 
@@ -116,14 +117,30 @@ def _gather(payload: dict) -> list[dict]:
     return out
 
 
-def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0) -> list[dict]:
+def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
+    """Seconds left: each remaining level scaled from the last one by the growth the last two showed
+    (between 2x, linear work, and 4x, quadratic work, per doubling of the length)."""
+    growth = min(4.0, max(2.0, times[-1] / times[-2])) if len(times) >= 2 and times[-2] > 0 else 3.0
+    left, t = 0.0, times[-1]
+    for prev, nxt in zip(levels[done - 1:], levels[done:]):
+        t *= growth ** math.log2(nxt / prev)
+        left += t
+    return left
+
+
+def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int,
+                         budget_s: float = 0.0) -> tuple[list[dict], int]:
     """Every rank measures its own stage at doubling lengths up to max_len; after each level all ranks
-    all-gather their samples and times, and stop together once the next level (about 4x the last one,
-    attention being quadratic) would overrun `budget_s` (0: no budget). Stage-tagged samples out."""
+    all-gather their samples and times, and stop together once the next level would overrun
+    `budget_s` (0: no budget). Returns the stage-tagged samples and the length actually reached."""
     t0 = time.time()
     samples: list[dict] = []
-    spent = 0.0  # from gathered times only, so every rank takes the same stop decision
-    for i, level in enumerate(calibration_levels(max_len)):
+    levels = calibration_levels(max_len)
+    times: list[float] = []  # from gathered times only, so every rank takes the same stop decision
+    logger.info("[sglang-cpp] calibrating t(L, x) on every stage: %d levels up to %d tokens (%s), budget %s; "
+                "cached for the next start", len(levels), max_len, ", ".join(map(str, levels)),
+                f"{budget_s:.0f}s" if budget_s else "none")
+    for i, level in enumerate(levels):
         t_level = time.time()
         try:
             local = {"ok": True, "t": 0.0, "samples": [dict(s, stage=pp_rank) for s in
@@ -143,13 +160,15 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
             if st not in seen:
                 seen.add(st)
                 samples.extend(g["samples"])
-        slowest = max(g["t"] for g in gathered)
-        spent += slowest
-        logger.info("[sglang-cpp] calibration level %d tokens: %.1fs", level, slowest)
-        if budget_s and spent + 4.0 * slowest > budget_s and level < max_len:
-            logger.info("[sglang-cpp] calibration stops at %d tokens (budget %.0fs; SGLANG_CPP_CALIB_BUDGET_S)",
-                        level, budget_s)
+        times.append(max(g["t"] for g in gathered))
+        eta = _eta_s(levels, i + 1, times)
+        logger.info("[sglang-cpp] calibration level %d/%d: %d tokens in %.1fs (%.0fs so far, ~%.0fs left)",
+                    i + 1, len(levels), level, times[-1], sum(times), eta)
+        if budget_s and level < max_len and sum(times) + _eta_s(levels[:i + 2], i + 1, times) > budget_s:
+            logger.warning("[sglang-cpp] calibration stops at %d of %d tokens: the next level would overrun the "
+                           "%.0fs budget (SGLANG_CPP_CALIB_BUDGET_S; raise it to calibrate further)",
+                           level, max_len, budget_s)
             break
     logger.info("[sglang-cpp] calibrated %d samples on %d stage(s) up to %d tokens in %.1fs",
                 len(samples), len({s["stage"] for s in samples}), level, time.time() - t0)
-    return samples
+    return samples, level

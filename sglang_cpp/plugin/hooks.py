@@ -7,6 +7,7 @@ import time
 
 from .. import envs
 from .profiles import resolve_cost, resolve_upstream
+from .attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: F401 (hook)
 from .cpu_compat import MooncakeKVSender_init_cpu, alloc_with_host_register_cpu  # noqa: F401 (hooks)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
 from .sizer import CppChunkSizer, DecisionLog, SizerConfig
@@ -38,12 +39,13 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                                chunk_size=self.chunked_prefill_size, max_prefill_tokens=self.max_prefill_tokens,
                                page_size=self.page_size, context_len=self.model_config.context_len)
     cost = upstream = None
+    calibrated_len = 0
     if policy == "quadratic":
         upstream = resolve_upstream(self, cfg, original)
     else:
-        cost = resolve_cost(self, cfg)
+        cost, calibrated_len = resolve_cost(self, cfg)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
-                          log=LOG)
+                          log=LOG, calibrated_len=calibrated_len)
     self.dynamic_chunk_sizer = sizer
     ACTIVE = sizer
     LOG.write("startup", **sizer.describe())

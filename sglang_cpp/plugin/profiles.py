@@ -62,7 +62,33 @@ def check_matches(doc: dict, meta: dict, where: str, pp_size: int) -> None:
         raise ValueError(f"{where} was measured with pp={pm['pp']} but --pp-size is {pp_size}")
 
 
-def resolve_cost(sched, cfg):
+def covered_len(doc: dict) -> int:
+    """Longest prefix+chunk a profile measured (0: unknown, e.g. coefficients only)."""
+    if doc.get("samples"):
+        return int(max(s["L"] + s["x"] for s in doc["samples"]))
+    return int(doc.get("meta", {}).get("max_len") or 0)
+
+
+def find_cached(meta: dict, max_len: int, budget_s: float) -> Path | None:
+    """The full calibration for max_len, else one that the same budget cut short at a shorter length
+    (recalibrating would stop at the same place): its file is named by the length it reached."""
+    full = cache_path(meta, max_len)
+    if full.exists():
+        return full
+    stem = full.name[:full.name.rindex(",maxlen=")]
+    for path in sorted(full.parent.glob(f"{glob_escape(stem)},maxlen=*.json")):
+        pm = load_profile(path).get("meta", {})
+        if pm.get("requested_max_len") == max_len and pm.get("budget_s") == budget_s:
+            return path
+    return None
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def resolve_cost(sched, cfg) -> tuple:
+    """(cost model, calibrated length) for this server; every rank resolves the same one."""
     from .calibrate import calibrate_all_stages
 
     meta = server_meta(sched, cfg)
@@ -77,24 +103,32 @@ def resolve_cost(sched, cfg):
             msg = str(exc)
             raise ValueError(msg if msg.startswith("SGLANG_CPP_PROFILE") else f"{where}: {msg}") from None
         logger.info("[sglang-cpp] cost model from %s: %s", path, cost)
-        return cost
+        return cost, covered_len(doc)
     max_len = envs.CALIB_MAX_LEN.get() or min(cfg.context_len - 1, 8192)
     max_len = max(512, max_len // 64 * 64)
-    cached = cache_path(meta, max_len)
-    if cached.exists():
+    budget_s = envs.CALIB_BUDGET_S.get()
+    cached = find_cached(meta, max_len, budget_s)
+    if cached is not None:
         doc = load_profile(cached)  # a corrupt cache is an error too: delete the file to recalibrate
-        logger.info("[sglang-cpp] cost model from calibration cache %s", cached)
-        return cost_from_profile(doc, f"calibration cache {cached}")
-    samples = calibrate_all_stages(sched, max_len, envs.CALIB_REPEATS.get(), cfg.pp_rank, envs.CALIB_BUDGET_S.get())
+        reached = covered_len(doc)
+        logger.info("[sglang-cpp] cost model from calibration cache %s (measured up to %d tokens)", cached, reached)
+        if reached < max_len:
+            logger.warning("[sglang-cpp] the cached calibration reached %d of %d tokens (cut by the %.0fs "
+                           "SGLANG_CPP_CALIB_BUDGET_S); raise the budget to measure further", reached, max_len,
+                           budget_s)
+        return cost_from_profile(doc, f"calibration cache {cached}"), reached
+    samples, reached = calibrate_all_stages(sched, max_len, envs.CALIB_REPEATS.get(), cfg.pp_rank, budget_s)
     cost = cost_from_profile({"samples": samples, "meta": meta}, "startup calibration")
     if not isinstance(cost, PipelineCost) and cfg.pp_size > 1:
         logger.warning("[sglang-cpp] calibration returned one stage for pp=%d", cfg.pp_size)
     if cfg.pp_rank == 0 and getattr(sched, "tp_rank", 0) == 0:
         meta["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        save_profile(cached, samples=samples, meta={**meta, "backend": "sglang-startup", "max_len": max_len},
-                     cost=cost)
-        logger.info("[sglang-cpp] saved calibration to %s", cached)
-    return cost
+        out = cache_path(meta, reached)  # named by what was measured, not what was asked for
+        save_profile(out, samples=samples, cost=cost,
+                     meta={**meta, "backend": "sglang-startup", "max_len": reached, "requested_max_len": max_len,
+                           "budget_s": budget_s})
+        logger.info("[sglang-cpp] saved calibration to %s", out)
+    return cost, reached
 
 
 def resolve_upstream(sched, cfg, original) -> UpstreamPredictor:

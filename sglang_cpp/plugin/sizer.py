@@ -90,7 +90,7 @@ class CppChunkSizer:
 
     def __init__(self, cfg: SizerConfig, *, cost=None, upstream: Optional[UpstreamPredictor] = None,
                  current_req: Callable[[], Optional[tuple]] = lambda: None, log: DecisionLog | None = None,
-                 max_plans: int = 4096):
+                 max_plans: int = 4096, calibrated_len: int = 0):
         if cfg.policy == "plan" and cost is None:
             raise ValueError("plan policy needs a cost model")
         if cfg.policy == "quadratic" and upstream is None:
@@ -101,6 +101,7 @@ class CppChunkSizer:
         self.log = log or DecisionLog(cfg.pp_rank)
         self._plans: OrderedDict[str, ChunkPlan] = OrderedDict()
         self._max_plans = max_plans
+        self.calibrated_len = calibrated_len  # longest L+x the cost model measured (0: unknown)
 
     # -- planning ----------------------------------------------------------------------------
     def plan_for(self, rid: str, prompt_len: int, prefix_len: int) -> ChunkPlan:
@@ -108,6 +109,14 @@ class CppChunkSizer:
         if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None:
             fn = plan_dp if self.plan_cfg.method == "dp" else plan_equal_time
             plan = fn(prompt_len, self.cost, self.plan_cfg, prefix_len)
+            if self.calibrated_len and prompt_len > 2 * self.calibrated_len:
+                factor = prompt_len / self.calibrated_len
+                logger.warning("[sglang-cpp] PP%d plan for rid=%s extrapolates the cost model %.1fx beyond its "
+                               "calibrated length (%d tokens, prompt %d); calibrate longer "
+                               "(SGLANG_CPP_CALIB_MAX_LEN, SGLANG_CPP_CALIB_BUDGET_S) or pass SGLANG_CPP_PROFILE",
+                               self.cfg.pp_rank, rid, factor, self.calibrated_len, prompt_len)
+                self.log.write("extrapolation", rid=rid, prompt_len=prompt_len, calibrated_len=self.calibrated_len,
+                               factor=round(factor, 3))
             self._plans[rid] = plan
             self._plans.move_to_end(rid)
             while len(self._plans) > self._max_plans:
@@ -141,7 +150,7 @@ class CppChunkSizer:
         return self.decide(rid, prompt_len, history_len, first=False)
 
     def describe(self) -> dict:
-        out = {"config": asdict(self.cfg)}
+        out = {"config": asdict(self.cfg), "calibrated_len": self.calibrated_len}
         if self.cost is not None:
             out["cost"] = self.cost.to_dict()
         if self.upstream is not None:
