@@ -49,13 +49,13 @@ def _bool(raw: str) -> bool:
 
 POLICY = EnvVar("SGLANG_CPP_POLICY", str, "plan",
                 "Chunk policy: plan (sglang-cpp planner), quadratic (upstream-exact), off (upstream untouched).",
-                ("plan", "quadratic", "off", "fixed"))
+                ("plan", "quadratic", "off"))
 PROFILE = EnvVar("SGLANG_CPP_PROFILE", str, "",
                  "Path to a cost-model/profile JSON written by `sglang-cpp tune`; skips startup calibration.")
 CACHE_DIR = EnvVar("SGLANG_CPP_CACHE_DIR", str, os.path.expanduser("~/.cache/sglang-cpp"),
                    "Where calibrations and built test models are cached.")
 CALIB_MAX_LEN = EnvVar("SGLANG_CPP_CALIB_MAX_LEN", int, 0,
-                       "Largest prefix+chunk the startup calibration measures (0: the server's context length).")
+                       "Largest prefix+chunk the startup calibration measures (0: min(context length - 1, 8192)).")
 CALIB_BUDGET_S = EnvVar("SGLANG_CPP_CALIB_BUDGET_S", float, 300.0,
                         "Startup calibration time budget in seconds (0: none); levels double up to the max length.")
 CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 1, "Timed repeats per calibration point.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -125,12 +126,13 @@ def start(spec: ServerSpec, log_dir: str | None = None) -> RunningServer:
 
 
 def _echo(path: Path, needle: str, done: threading.Event, prefix: str) -> None:
-    """Print the server log's lines that contain `needle` while it starts (calibration progress)."""
+    """Print the server log's lines that contain `needle` while it starts (calibration progress); PP0's
+    only, since every stage logs the same gathered progress."""
     with open(path, errors="replace") as fh:
         while True:
             line = fh.readline()
             if line:
-                if needle in line:
+                if needle in line and not re.search(r" PP[1-9]\d*\]", line[:line.find(needle)]):
                     print(prefix + line.rstrip()[line.find(needle):], flush=True)
             elif done.wait(0.5):
                 return

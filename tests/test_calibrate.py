@@ -22,10 +22,12 @@ def test_schedule_covers_prefixes_and_chunk_sizes(M):
     assert len({x for x in xs if x % 64 == 0}) >= 3
 
 
-def test_levels_double_to_the_target():
-    assert calibration_levels(8192) == [1024, 2048, 4096, 8192]
-    assert calibration_levels(6000) == [1024, 2048, 4096, 6000]
-    assert calibration_levels(512) == [512]
+def test_levels_quadruple_to_the_target():
+    assert calibration_levels(8192) == [2048, 8192]
+    assert calibration_levels(6016) == [1472, 6016]  # 6016/4 = 1504, kept a multiple of 64
+    assert calibration_levels(4096) == [1024, 4096]
+    assert calibration_levels(131072) == [2048, 8192, 32768, 131072]
+    assert calibration_levels(1024) == [1024] and calibration_levels(512) == [512]
 
 
 def test_eta_scales_the_last_level_by_the_observed_growth():
@@ -36,6 +38,8 @@ def test_eta_scales_the_last_level_by_the_observed_growth():
     assert _eta_s(levels, 2, [10.0, 25.0]) == pytest.approx(62.5 + 156.25)  # 2.5x seen
     assert _eta_s(levels, 2, [10.0, 100.0]) == pytest.approx(400 + 1600)  # clamped to quadratic (4x)
     assert _eta_s(levels, 4, [1, 2, 4, 8]) == 0.0
+    # levels 4x apart: 9x the time seen over two doublings is 3x per doubling
+    assert _eta_s([2048, 8192, 32768], 2, [10.0, 90.0]) == pytest.approx(810)
     # a last level that is not a doubling: 4096 -> 6000 is 2^0.551 times the length, so 2^0.551 times the time
     assert _eta_s([1024, 2048, 4096, 6000], 3, [1, 2, 4]) == pytest.approx(4 * 2 ** 0.5507, rel=1e-3)
 

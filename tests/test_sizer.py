@@ -107,3 +107,14 @@ def test_warns_when_the_plan_extrapolates_beyond_twice_the_calibrated_length(tmp
     events = [d for d in map(json.loads, log.read_text().splitlines()) if d["event"] == "extrapolation"]
     assert [(e["rid"], e["factor"]) for e in events] == [("long", 5.0)]
     assert "extrapolates the cost model 5.0x beyond its calibrated length (8192 tokens" in caplog.text
+
+
+def test_readme_env_table_names_every_registered_variable():
+    from pathlib import Path
+
+    from sglang_cpp import envs
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `SGLANG_")}
+    names = {n for row in rows for n in row.replace("` / `", " ").split()}
+    assert {v.name for v in envs.ALL} <= names

@@ -37,7 +37,10 @@ def main() -> int:
     ap.add_argument("--model", default=str(MODEL))
     a = ap.parse_args()
     logdir = Path(tempfile.mkdtemp(prefix="sglang-cpp-main-"))
-    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(logdir / "decisions_pp{rank}.jsonl")}
+    # calibrate up to the prompt length (a multiple of 64), not the whole context: what this job needs
+    calib = os.environ.get("SGLANG_CPP_CALIB_MAX_LEN") or str(-(-a.prompt_len // 64) * 64)
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(logdir / "decisions_pp{rank}.jsonl"),
+           "SGLANG_CPP_CALIB_MAX_LEN": calib}
     spec = ServerSpec(a.model, pp_size=2, chunk_size=a.chunk_size, dynamic=True, env=env)
     print(f"[main] launching: {' '.join(spec.command(0)[1:])}", flush=True)
     t0 = time.time()

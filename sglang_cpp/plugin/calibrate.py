@@ -98,13 +98,15 @@ def measure_stage(sched, max_len: int, repeats: int = 1, seed: int = 0, warmup: 
     return samples
 
 
-def calibration_levels(max_len: int, start: int = 1024) -> list[int]:
-    """Doubling target lengths up to max_len: short levels first, so a time budget stops cleanly."""
-    levels, m = [], min(start, max_len)
-    while m < max_len:
+def calibration_levels(max_len: int, start: int = 1024, factor: int = 4) -> list[int]:
+    """Target lengths max_len, max_len/4, ... down to `start`, shortest first, so a time budget stops
+    cleanly. Each level walks its prefixes from 0, so every level costs its whole length again: a
+    factor of 4 keeps the short levels at a third of the total (doubling made them as costly as the top)."""
+    levels, m = [max_len], max_len
+    while m // factor >= start:
+        m = max(64, m // factor // 64 * 64)
         levels.append(m)
-        m *= 2
-    return levels + [max_len]
+    return levels[::-1]
 
 
 def _gather(payload: dict) -> list[dict]:
@@ -119,8 +121,11 @@ def _gather(payload: dict) -> list[dict]:
 
 def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
     """Seconds left: each remaining level scaled from the last one by the growth the last two showed
-    (between 2x, linear work, and 4x, quadratic work, per doubling of the length)."""
-    growth = min(4.0, max(2.0, times[-1] / times[-2])) if len(times) >= 2 and times[-2] > 0 else 3.0
+    per doubling of the length (between 2x, linear work, and 4x, quadratic work; 3x before two are seen)."""
+    growth = 3.0
+    if len(times) >= 2 and times[-2] > 0 and levels[done - 1] > levels[done - 2]:
+        growth = (times[-1] / times[-2]) ** (1.0 / math.log2(levels[done - 1] / levels[done - 2]))
+        growth = min(4.0, max(2.0, growth))
     left, t = 0.0, times[-1]
     for prev, nxt in zip(levels[done - 1:], levels[done:]):
         t *= growth ** math.log2(nxt / prev)
