@@ -78,6 +78,8 @@ def server_spec(cfg: CompareConfig, kind: str, chunk: int, upstream_json: str | 
             env.update(SGLANG_CPP_POLICY="quadratic", SGLANG_CPP_PROFILE=str(Path(upstream_json).resolve()))
     if kind == "plan" and cfg.profile:
         env["SGLANG_CPP_PROFILE"] = str(Path(cfg.profile).resolve())
+    elif kind == "plan":  # calibrate exactly the lengths measured, with no budget cut
+        env.update(SGLANG_CPP_CALIB_MAX_LEN=str(-(-max(cfg.input_lens) // 64) * 64), SGLANG_CPP_CALIB_BUDGET_S="0")
     if kind == "pp1":
         return ServerSpec(cfg.model, pp_size=1, chunk_size=chunk, cores="0", env=env, context_length=cfg.ctx)
     return ServerSpec(cfg.model, pp_size=2, chunk_size=chunk, dynamic=kind in ("dynamic", "plan"), env=env,
@@ -206,7 +208,7 @@ def _versions() -> dict:
     return out
 
 
-from .machine import cpu_model  # noqa: E402  (kept importable from here)
+from .machine import cpu_isa, cpu_model  # noqa: E402  (kept importable from here)
 
 
 def _f(v, spec=".1f") -> str:
@@ -232,7 +234,7 @@ def render_table(cfg: CompareConfig, rows: list, best: dict, cal: Path | None, c
     secs = sum(e.get("seconds", 0.0) for e in ents)
     out = ["# TTFT side-by-side: fixed chunks vs upstream dynamic chunking vs sglang-cpp plan (PP=2, CPU)", "",
            f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
-           f"- machine: {cpu_model()}, {os.cpu_count()} cores ({platform.node()})",
+           f"- machine: {cpu_model()} ({cpu_isa()}), {os.cpu_count()} cores ({platform.node()})",
            f"- versions: torch {v['torch']}, sglang {v['sglang']}, sglang-cpp {v['sglang-cpp']}",
            f"- model: `{cfg.model}`; context length {cfg.ctx or 'model default'}",
            f"- workload: random token ids, {cfg.num_requests} measured + {cfg.warmup} warmup request(s) per "

@@ -35,6 +35,8 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=6000)
     ap.add_argument("--chunk-size", type=int, default=1024)
     ap.add_argument("--model", default=str(MODEL))
+    ap.add_argument("--results", default=str(Path(__file__).resolve().parents[2] / "results" / "main_job.md"),
+                    help="results file to (over)write with this run's figures ('' for none)")
     a = ap.parse_args()
     logdir = Path(tempfile.mkdtemp(prefix="sglang-cpp-main-"))
     # calibrate up to the prompt length (a multiple of 64), not the whole context: what this job needs
@@ -47,16 +49,42 @@ def main() -> int:
     print("[main] the first start calibrates t(L, x) on both stages (cached for the next start); progress:",
           flush=True)
     with launched(spec, timeout=1800, log_dir=str(logdir), echo="[sglang-cpp] calibrat") as srv:
-        print(f"[main] server healthy after {time.time() - t0:.0f}s (log: {srv.log_path})", flush=True)
+        healthy_s = time.time() - t0
+        print(f"[main] server healthy after {healthy_s:.0f}s (log: {srv.log_path})", flush=True)
         res = generate(srv.base_url, input_ids=random_ids(a.prompt_len, seed=2026), max_new_tokens=1)
         rid = res.meta.get("id")
+        calibrated = [ln for ln in srv.log().splitlines() if "[sglang-cpp] calibrated" in ln or
+                      "cost model from calibration cache" in ln][:1]
     plans = [plan_from_log(logdir / f"decisions_pp{r}.jsonl", rid, a.prompt_len, 2) for r in (0, 1)]
     print(f"\n[main] prompt {a.prompt_len} tokens, PP=2: TTFT = {res.ttft_s:.2f} s")
     print(plans[0].timeline())
     same = plans[0].chunks == plans[1].chunks
     print(f"[main] both stages ran chunks {list(plans[0].chunks)}: identical = {same}")
     print(f"[main] decision logs: {logdir}")
+    if a.results:
+        write_results(Path(a.results), a, healthy_s, time.time() - t0, res.ttft_s, plans[0], calibrated)
     return 0 if same else 1
+
+
+def write_results(path: Path, a, healthy_s: float, wall_s: float, ttft_s: float, plan: ChunkPlan,
+                  calibrated: list) -> None:
+    from sglang_cpp.machine import machine_info
+
+    info = machine_info()
+    cmd = "python examples/cpu/main_job.py" + "".join(f" {x}" for x in sys.argv[1:])
+    calib = calibrated[0][calibrated[0].find("[sglang-cpp]"):] if calibrated else "(not logged)"
+    lines = ["# Main job: SmolLM2-135M, PP=2, plan policy, one long prompt", "",
+             f"- date: {info['date']}", f"- machine: {info['cpu']} ({info['isa']}), {info['cores']} cores",
+             f"- versions: torch {info['torch']}, sglang {info['sglang']}, sglang-cpp {info['sglang-cpp']}",
+             f"- command: `{cmd}`", "",
+             f"- server healthy after {healthy_s:.0f} s; calibration: {calib}",
+             f"- prompt {a.prompt_len} tokens, --chunked-prefill-size {a.chunk_size}: TTFT {ttft_s:.2f} s, "
+             f"predicted {plan.ttft_ms / 1e3:.2f} s",
+             f"- chunks both stages ran: {list(plan.chunks)}", f"- job wall time: {wall_s:.0f} s", "",
+             "```", plan.timeline(), "```"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print(f"[main] wrote {path}")
 
 
 if __name__ == "__main__":
