@@ -47,6 +47,15 @@ def native_bf16() -> bool:
     return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
 
 
+def cpu_dtype_warning(device: str, dtype: str, native: bool | None = None) -> str | None:
+    """The warning a CPU server in bf16 on a host without native bf16 gets (None when fine)."""
+    native = native_bf16() if native is None else native
+    if device == "cpu" and dtype.replace("torch.", "") == "bfloat16" and not native:
+        return (f"[sglang-cpp] this CPU ({cpu_isa()}) has no native bf16: bf16 GEMMs run ~45x slower than fp32 here. "
+                "Launch with --dtype float32 (sglang-cpp's own launchers always do on CPU).")
+    return None
+
+
 def versions(*pkgs: str) -> dict:
     out = {}
     for pkg in pkgs or ("torch", "sglang", "sglang-cpp", "transformers", "numpy", "scipy"):

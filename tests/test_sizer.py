@@ -118,3 +118,12 @@ def test_readme_env_table_names_every_registered_variable():
     rows = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `SGLANG_")}
     names = {n for row in rows for n in row.replace("` / `", " ").split()}
     assert {v.name for v in envs.ALL} <= names
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_warned():
+    from sglang_cpp.machine import cpu_dtype_warning
+
+    assert "--dtype float32" in cpu_dtype_warning("cpu", "torch.bfloat16", native=False)
+    assert cpu_dtype_warning("cpu", "torch.bfloat16", native=True) is None
+    assert cpu_dtype_warning("cpu", "torch.float32", native=False) is None
+    assert cpu_dtype_warning("cuda", "torch.bfloat16", native=False) is None

@@ -6,6 +6,7 @@ import logging
 import time
 
 from .. import envs
+from ..machine import cpu_dtype_warning
 from .profiles import resolve_cost, resolve_upstream
 from .attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: F401 (hook)
 from .cpu_compat import MooncakeKVSender_init_cpu, alloc_with_host_register_cpu  # noqa: F401 (hooks)
@@ -29,6 +30,9 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     from sglang.srt.runtime_context import get_parallel, get_schedule
 
     par, sch = get_parallel(), get_schedule()
+    warning = cpu_dtype_warning(str(self.device), str(self.model_config.dtype))
+    if warning:
+        logger.warning(warning)
     policy = envs.POLICY.get()  # raises ValueError naming SGLANG_CPP_POLICY
     active = bool(sch.enable_dynamic_chunking) and par.pp_size > 1
     path = envs.DECISION_LOG.get()
