@@ -36,3 +36,20 @@ def chunks_of(path: Path, rid_prefix_len: int | None = None) -> dict:
         if len(r["rids"]) == 1:
             out.setdefault(r["rids"][0], []).append((r["prefix"][0], r["chunk"][0]))
     return out
+
+
+def sglang_reference_chunks(a: float, b: float, c: float, C: int, n: int, ctx: int, max_prefill: int) -> list[int]:
+    """The chunks SGLang 0.5.23 runs for one n-token request, from its own ChunkSizePredictor: the first
+    chunk is C, then predict_next_chunk_size (None keeps C), each capped by what remains."""
+    from sglang.srt.managers.scheduler_components.dynamic_chunk_sizer import ChunkSizePredictor
+
+    ref = ChunkSizePredictor()
+    ref.quadratic_coeff_a, ref.linear_coeff_b, ref.constant_coeff_c = a, b, c
+    ref.set_target_latency(C)
+    ref.is_ready = True
+    out, L = [], 0
+    while L < n:
+        x = C if not out else (ref.predict_next_chunk_size(L, C, 1, ctx, max_prefill) or C)
+        out.append(min(x, n - L))
+        L += out[-1]
+    return out

@@ -15,7 +15,7 @@ from sglang_cpp.client import generate, random_ids
 from sglang_cpp.server import ServerSpec, launch_fails, launched
 from sglang_cpp.upstream import UpstreamPredictor
 
-from conftest import CHAT, chunks_of, read_events
+from conftest import CHAT, chunks_of, read_events, sglang_reference_chunks
 
 pytestmark = pytest.mark.server
 TIMEOUT = 900
@@ -179,28 +179,11 @@ def test_policy_off_leaves_upstream_unchanged(upstream_run):
             assert seq == [OFF_CHUNK] * (OFF_PROMPT // OFF_CHUNK) + [OFF_PROMPT % OFF_CHUNK]
 
 
-def _sglang_chunks(a: float, b: float, c: float, C: int, n: int, ctx: int, max_prefill: int) -> list[int]:
-    """The chunks SGLang 0.5.23 runs for one n-token request, from its own ChunkSizePredictor: the first
-    chunk is C, then predict_next_chunk_size (None keeps C), each capped by what remains."""
-    from sglang.srt.managers.scheduler_components.dynamic_chunk_sizer import ChunkSizePredictor
-
-    ref = ChunkSizePredictor()
-    ref.quadratic_coeff_a, ref.linear_coeff_b, ref.constant_coeff_c = a, b, c
-    ref.set_target_latency(C)
-    ref.is_ready = True
-    out, L = [], 0
-    while L < n:
-        x = C if not out else (ref.predict_next_chunk_size(L, C, 1, ctx, max_prefill) or C)
-        out.append(min(x, n - L))
-        L += out[-1]
-    return out
-
-
 def test_quadratic_reproduces_upstream_chunks(smollm2, tmp_path, monkeypatch):
     """Same coefficients in, same chunk sequence out as SGLang's own predictor, on both stages."""
     monkeypatch.setenv("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75")
     a, b, c, n = 2e-3, 1.5, 30.0, 3000
-    want = _sglang_chunks(a, b, c, 1024, n, 8192, 16384)
+    want = sglang_reference_chunks(a, b, c, 1024, n, 8192, 16384)
     assert len(set(want)) > 2  # the coefficients make upstream shrink its chunks
     prof = tmp_path / "upstream.json"
     prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [], "upstream": {"a": a, "b": b, "c": c}}))
