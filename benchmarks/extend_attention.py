@@ -16,7 +16,7 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from sglang_cpp.machine import machine_info
+from sglang_cpp.machine import provenance_lines
 from sglang_cpp.plugin.attention import TorchNativeAttnBackend__run_sdpa_forward_extend as ours
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,12 +72,9 @@ def main() -> None:
             rows.append((L, x, up, mk, us))
             print(f"L={L} x={x}: upstream {up:.1f} ms, mask {mk:.1f} ms, ours {us:.1f} ms ({up / us:.2f}x)",
                   flush=True)
-    info = machine_info()
     lines = ["# Extend attention on torch_native: upstream vs prefix-aware", "",
-             f"- date: {info['date']}",
-             f"- machine: {info['cpu']} ({info['isa']}), {info['cores']} cores; {a.threads} thread(s); {a.dtype}",
-             f"- versions: torch {info['torch']}, sglang {info['sglang']}, sglang-cpp {info['sglang-cpp']}",
-             f"- command: `python {' '.join(['benchmarks/extend_attention.py'] + sys.argv[1:])}`", "",
+             *provenance_lines(f"python {' '.join(['benchmarks/extend_attention.py'] + sys.argv[1:])}",
+                               f"; {a.threads} thread(s); {a.dtype}"), "",
              f"One layer, one request, {HQ} query heads / {HK} KV heads / head dim {D}; median of {a.repeats}.",
              "upstream = `TorchNativeAttnBackend._run_sdpa_forward_extend`; mask = x queries, one SDPA call with "
              "a lower-right causal mask; ours = the plugin's hook (prefix unmasked + own causal, LSE merge).", "",

@@ -57,7 +57,7 @@ CACHE_DIR = EnvVar("SGLANG_CPP_CACHE_DIR", str, os.path.expanduser("~/.cache/sgl
 CALIB_MAX_LEN = EnvVar("SGLANG_CPP_CALIB_MAX_LEN", int, 0,
                        "Largest prefix+chunk the startup calibration measures (0: min(context length - 1, 8192)).")
 CALIB_BUDGET_S = EnvVar("SGLANG_CPP_CALIB_BUDGET_S", float, 300.0,
-                        "Startup calibration time budget in seconds (0: none); levels double up to the max length.")
+                        "Startup calibration time budget in seconds (0: none); levels 4x apart up to the max length.")
 CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 1, "Timed repeats per calibration point.")
 P2P_MS = EnvVar("SGLANG_CPP_P2P_MS", float, 0.0,
                 "Per-chunk overhead (ms) the planner adds to each chunk: P2P plus scheduling.")

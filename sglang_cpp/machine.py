@@ -8,14 +8,19 @@ from importlib import metadata
 from pathlib import Path
 
 
-def cpu_model() -> str:
+def _cpuinfo(key: str) -> str | None:
+    """The first /proc/cpuinfo value of `key` (None off Linux or when absent)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(key):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "cpu"
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "cpu"
 
 
 # On CPU everything we launch runs float32: AVX2 hosts have no bf16 GEMM kernels (a bf16 GEMM runs
@@ -24,13 +29,7 @@ CPU_DTYPE = "float32"
 
 
 def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((_cpuinfo("flags") or "").split())
 
 
 def cpu_isa() -> str:
@@ -69,3 +68,12 @@ def versions(*pkgs: str) -> dict:
 def machine_info() -> dict:
     return {"cpu": cpu_model(), "isa": cpu_isa(), "cores": os.cpu_count(), "python": platform.python_version(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **versions()}
+
+
+def provenance_lines(command: str, machine_extra: str = "") -> list[str]:
+    """The date / machine (with ISA) / versions / command lines every results file starts with."""
+    info = machine_info()
+    return [f"- date: {info['date']}",
+            f"- machine: {info['cpu']} ({info['isa']}), {info['cores']} cores{machine_extra}",
+            f"- versions: torch {info['torch']}, sglang {info['sglang']}, sglang-cpp {info['sglang-cpp']}",
+            f"- command: `{command}`"]

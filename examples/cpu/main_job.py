@@ -68,15 +68,12 @@ def main() -> int:
 
 def write_results(path: Path, a, healthy_s: float, wall_s: float, ttft_s: float, plan: ChunkPlan,
                   calibrated: list) -> None:
-    from sglang_cpp.machine import machine_info
+    from sglang_cpp.machine import provenance_lines
 
-    info = machine_info()
     cmd = "python examples/cpu/main_job.py" + "".join(f" {x}" for x in sys.argv[1:])
     calib = calibrated[0][calibrated[0].find("[sglang-cpp]"):] if calibrated else "(not logged)"
     lines = ["# Main job: SmolLM2-135M, PP=2, plan policy, one long prompt", "",
-             f"- date: {info['date']}", f"- machine: {info['cpu']} ({info['isa']}), {info['cores']} cores",
-             f"- versions: torch {info['torch']}, sglang {info['sglang']}, sglang-cpp {info['sglang-cpp']}",
-             f"- command: `{cmd}`", "",
+             *provenance_lines(cmd), "",
              f"- server healthy after {healthy_s:.0f} s; calibration: {calib}",
              f"- prompt {a.prompt_len} tokens, --chunked-prefill-size {a.chunk_size}: TTFT {ttft_s:.2f} s, "
              f"predicted {plan.ttft_ms / 1e3:.2f} s",

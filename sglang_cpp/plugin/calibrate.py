@@ -135,7 +135,7 @@ def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
 
 def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int,
                          budget_s: float = 0.0) -> tuple[list[dict], int]:
-    """Every rank measures its own stage at doubling lengths up to max_len; after each level all ranks
+    """Every rank measures its own stage at lengths 4x apart up to max_len; after each level all ranks
     all-gather their samples and times, and stop together once the next level would overrun
     `budget_s` (0: no budget). Returns the stage-tagged samples and the length actually reached."""
     t0 = time.time()

@@ -3,6 +3,7 @@ or a fresh calibration (saved for the next start). Every path fails loudly, nami
 from __future__ import annotations
 
 import datetime as _dt
+import glob
 import logging
 import os
 import re
@@ -76,15 +77,11 @@ def find_cached(meta: dict, max_len: int, budget_s: float) -> Path | None:
     if full.exists():
         return full
     stem = full.name[:full.name.rindex(",maxlen=")]
-    for path in sorted(full.parent.glob(f"{glob_escape(stem)},maxlen=*.json")):
+    for path in sorted(full.parent.glob(f"{glob.escape(stem)},maxlen=*.json")):
         pm = load_profile(path).get("meta", {})
         if pm.get("requested_max_len") == max_len and pm.get("budget_s") == budget_s:
             return path
     return None
-
-
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def resolve_cost(sched, cfg) -> tuple:
