@@ -47,11 +47,13 @@ class BenchConfig:
     shared_prefix: int = 0
     policy_label: str = ""
     timeout_s: float = 3600.0
+    warmup_len: int = 0  # tokens per warmup request; 0 = the measured length (a 16K warmup costs minutes on CPU)
 
     def __post_init__(self):
         if not self.input_lens or any(int(L) < 1 for L in self.input_lens):
             raise ValueError(f"--input-lens {self.input_lens}: give one or more lengths >= 1 (e.g. 8k,16k)")
-        for name, lo in (("num_requests", 1), ("warmup", 0), ("max_concurrency", 1), ("shared_prefix", 0)):
+        for name, lo in (("num_requests", 1), ("warmup", 0), ("max_concurrency", 1), ("shared_prefix", 0),
+                         ("warmup_len", 0)):
             if int(getattr(self, name)) < lo:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)} must be >= {lo}")
         if self.shared_prefix and self.shared_prefix >= min(self.input_lens):
@@ -196,7 +198,8 @@ def run_ttft(base_url: str, cfg: BenchConfig, log=_log) -> list[dict]:
     for L in cfg.input_lens:
         warm_errors = []
         for w in range(cfg.warmup):
-            *_, err = one((w, make_input_ids(L, index, cfg.seed, cfg.shared_prefix)))
+            n = min(L, cfg.warmup_len) if cfg.warmup_len else L
+            *_, err = one((w, make_input_ids(n, index, cfg.seed, cfg.shared_prefix if n == L else 0)))
             index += 1
             log(f"len {L} warmup {w}: " + (f"FAILED: {err}" if err else "done"))
             if err:

@@ -46,14 +46,17 @@ class CompareConfig:
     request_timeout: float = 3600.0
     profile: str | None = None
     warmup: int = 1
+    warmup_len: int = 0
     seed: int = 0
     fresh: bool = False
     upstream_profiling: bool = False  # True: upstream profiles at startup (128 fresh prefills; slow on CPU)
 
     @property
     def ctx(self) -> int | None:
-        """SmolLM2 serves 8192 tokens; longer prompts need an explicit (overridden) context length."""
-        return self.context_length or (17000 if max(self.input_lens) > 8192 else None)
+        """SmolLM2 serves 8192 tokens; longer prompts get the longest input plus room for the output,
+        rounded up to 1K (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 lets SGLang accept it)."""
+        longest = max(self.input_lens)
+        return self.context_length or (-(-(longest + 16) // 1024) * 1024 if longest > 8192 else None)
 
     @property
     def state_path(self) -> Path:
@@ -61,7 +64,8 @@ class CompareConfig:
 
     def params(self) -> dict:
         return json.loads(json.dumps({"model": self.model, "input_lens": self.input_lens, "ctx": self.ctx,
-                                      "num_requests": self.num_requests, "warmup": self.warmup, "seed": self.seed,
+                                      "num_requests": self.num_requests, "warmup": self.warmup,
+                                      "warmup_len": self.warmup_len, "seed": self.seed,
                                       "sigma": self.sigma, "profile": self.profile,
                                       "upstream_profiling": self.upstream_profiling}))
 
@@ -125,7 +129,7 @@ def _run_server(cfg, kind, chunk, lens, state, launch, log, upstream_json: str |
         with launch(spec, timeout=cfg.timeout_per_server, log_dir=str(Path(cfg.results).parent / "compare-logs")) as srv:
             log(f"{key}: healthy at {srv.base_url} after {time.time() - t0:.0f} s")
             bcfg = BenchConfig(tuple(lens), cfg.num_requests, cfg.warmup, 1, cfg.seed, 0,
-                               label_of(kind, chunk, cfg.sigma), cfg.request_timeout)
+                               label_of(kind, chunk, cfg.sigma), cfg.request_timeout, cfg.warmup_len)
             recs = run_ttft(srv.base_url, bcfg, log=lambda m: log(f"{key}: {m}"))
             ent = {"status": "ok", "records": recs, "log": str(getattr(srv, "log_path", ""))}
     except Exception as exc:  # a server that cannot start goes into the table, not up the stack
@@ -238,7 +242,7 @@ def render_table(cfg: CompareConfig, rows: list, best: dict, cal: Path | None, c
            f"- versions: torch {v['torch']}, sglang {v['sglang']}, sglang-cpp {v['sglang-cpp']}",
            f"- model: `{cfg.model}`; context length {cfg.ctx or 'model default'}",
            f"- workload: random token ids, {cfg.num_requests} measured + {cfg.warmup} warmup request(s) per "
-           f"length and server, max_new_tokens=1, concurrency 1, seed {cfg.seed}",
+           f"length and server{f' (warmup requests of {cfg.warmup_len} tokens)' if cfg.warmup_len else ''}, max_new_tokens=1, concurrency 1, seed {cfg.seed}",
            f"- simulator cost model: {f'`{cal}`' if cal else 'none found'}{f' ({cal_err})' if cal_err else ''}",
            f"- command: `{command}`",
            f"- server time: {secs / 60:.1f} min over {len(ents)} servers (start-up, calibration and requests; "
@@ -364,12 +368,13 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     a("--model", default=DEFAULT_MODEL, help=f"model directory (default {DEFAULT_MODEL})")
     a("--input-lens", type=parse_lens, default=(8192, 16384), help="default 8k,16k")
     a("--num-requests", type=int, default=2, help="measured requests per length and server")
-    a("--warmup", type=int, default=1)
+    a("--warmup", type=int, default=1, help="unmeasured requests per length and server")
+    a("--warmup-len", type=int, default=0, help="tokens per warmup request (default 0: the measured length)")
     a("--seed", type=int, default=0)
     a("--fixed-chunks", type=parse_ints, default=(512, 1024, 2048, 4096), help="the fixed-chunk sweep")
     a("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR for upstream dynamic")
     a("--results", default=str(REPO / "results" / "compare.md"), help="markdown table (state/.jsonl beside it)")
-    a("--context-length", type=int, default=None, help="server --context-length (default 17000 when an input > 8192)")
+    a("--context-length", type=int, default=None, help="server --context-length (default: the longest input + 16, rounded up to 1024, when it is > 8192)")
     a("--timeout-per-server", type=float, default=900.0,
       help="seconds a server may take to become healthy (the plan server calibrates at its first start)")
     a("--request-timeout", type=float, default=3600.0, help="seconds per request (PP=1 on one core is slow)")
@@ -390,7 +395,7 @@ def run_compare(args) -> int:
                         num_requests=args.num_requests, fixed_chunks=tuple(args.fixed_chunks), sigma=args.sigma,
                         results=args.results, context_length=args.context_length,
                         timeout_per_server=args.timeout_per_server, request_timeout=args.request_timeout,
-                        profile=args.profile, warmup=args.warmup,
+                        profile=args.profile, warmup=args.warmup, warmup_len=args.warmup_len,
                         seed=args.seed, fresh=args.fresh, upstream_profiling=args.upstream_profiling)
     cmd = " ".join(shlex.quote(a) for a in ["sglang-cpp", *sys.argv[1:]]) if sys.argv else ""
     return compare(cfg, command=cmd)

@@ -19,6 +19,7 @@ class EnvVar(Generic[T]):
     default: T
     help: str
     choices: tuple = ()
+    node_local: bool = False  # may differ between nodes (a path on that node); all others must agree
 
     def get(self) -> T:
         raw = os.environ.get(self.name)
@@ -53,12 +54,15 @@ POLICY = EnvVar("SGLANG_CPP_POLICY", str, "plan",
 PROFILE = EnvVar("SGLANG_CPP_PROFILE", str, "",
                  "Path to a cost-model/profile JSON written by `sglang-cpp tune`; skips startup calibration.")
 CACHE_DIR = EnvVar("SGLANG_CPP_CACHE_DIR", str, os.path.expanduser("~/.cache/sglang-cpp"),
-                   "Where calibrations and built test models are cached.")
+                   "Where calibrations and built test models are cached (per node; world rank 0's is used).",
+                   node_local=True)
 CALIB_MAX_LEN = EnvVar("SGLANG_CPP_CALIB_MAX_LEN", int, 0,
                        "Largest prefix+chunk the startup calibration measures (0: min(context length - 1, 8192)).")
 CALIB_BUDGET_S = EnvVar("SGLANG_CPP_CALIB_BUDGET_S", float, 300.0,
                         "Startup calibration time budget in seconds (0: none); levels 4x apart up to the max length.")
-CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 1, "Timed repeats per calibration point.")
+CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 0,
+                       "Timed repeats per calibration point, minimum kept; above 1 every shape is warmed first "
+                       "(0: 2 on GPUs, 1 on CPU).")
 P2P_MS = EnvVar("SGLANG_CPP_P2P_MS", float, 0.0,
                 "Per-chunk overhead (ms) the planner adds to each chunk: P2P plus scheduling.")
 MIN_CHUNK = EnvVar("SGLANG_CPP_MIN_CHUNK", int, 0,
@@ -67,7 +71,8 @@ MAX_CHUNK = EnvVar("SGLANG_CPP_MAX_CHUNK", int, 0,
                    "Largest chunk the planner may use (0: --max-prefill-tokens).")
 PLANNER = EnvVar("SGLANG_CPP_PLANNER", str, "equal-time", "Planner: equal-time or dp.", ("equal-time", "dp"))
 DECISION_LOG = EnvVar("SGLANG_CPP_DECISION_LOG", str, "",
-                      "JSONL file each scheduler appends its chunk decisions and measured forward times to.")
+                      "JSONL file each scheduler appends its chunk decisions and measured forward times to "
+                      "({rank}: world rank, {pp_rank}, {tp_rank}).", node_local=True)
 ASYNC_RECV = EnvVar("SGLANG_CPP_ASYNC_RECV", _bool, False,
                     "Post all PP proxy irecvs of a message at once and wait only before the forward.")
 

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sglang-cpp"))
 SMOLLM2 = CACHE / "models" / "smollm2-135m"
+TINY = CACHE / "models" / "tiny-llama"
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -21,6 +22,16 @@ def smollm2() -> str:
 
         subprocess.run([sys.executable, str(ROOT / "examples/cpu/build_models.py"), "--only", "smollm2"], check=True)
     return str(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def tiny(smollm2) -> str:
+    """The random-init 4-layer Llama (64K context): fast servers where the output text does not matter."""
+    if not (TINY / "model.safetensors").exists():
+        import subprocess
+
+        subprocess.run([sys.executable, str(ROOT / "examples/cpu/build_models.py"), "--only", "tiny"], check=True)
+    return str(TINY)
 
 
 def read_events(path: Path, event: str) -> list[dict]:

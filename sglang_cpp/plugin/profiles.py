@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import glob
+import hashlib
+import json
 import logging
 import os
 import re
@@ -26,25 +28,45 @@ def device_name(device: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + f"_{os.cpu_count()}cpu"
 
 
+def _attention_backend(sched) -> str:
+    """The backend SGLang actually selected (server_args says None when it was left on auto)."""
+    arg = getattr(sched.server_args, "attention_backend", None)
+    runner = getattr(getattr(sched, "tp_worker", None), "model_runner", None)
+    picked = type(getattr(runner, "attn_backend", None)).__name__ if runner is not None else "NoneType"
+    return str(arg) if picked == "NoneType" else f"{arg}:{picked}"
+
+
 def server_meta(sched, cfg) -> dict:
+    """Everything that changes a stage's forward time: all of it keys the calibration cache."""
     import sglang
     import torch
 
-    mc = sched.model_config
-    return {"model": Path(sched.server_args.model_path).name, "num_layers": int(mc.num_hidden_layers),
+    mc, sa = sched.model_config, sched.server_args
+    return {"model": Path(sa.model_path).name, "num_layers": int(mc.num_hidden_layers),
             "hidden_size": int(mc.hidden_size), "dtype": str(mc.dtype).replace("torch.", ""),
-            "tp": int(sched.server_args.tp_size), "pp": int(cfg.pp_size), "page_size": int(cfg.page_size),
+            "tp": int(sa.tp_size), "pp": int(cfg.pp_size), "page_size": int(cfg.page_size),
             "device_name": device_name(sched.device),
-            "attention_backend": str(getattr(sched.server_args, "attention_backend", None)),
+            "attention_backend": _attention_backend(sched),
+            "kv_cache_dtype": str(getattr(sa, "kv_cache_dtype", None)),
+            "quantization": str(getattr(sa, "quantization", None)),
+            "moe_runner_backend": str(getattr(sa, "moe_runner_backend", None)),
+            "fast_extend": bool(envs.FAST_EXTEND.get()),
             "layer_partition": os.environ.get("SGLANG_PP_LAYER_PARTITION", ""),
             "sglang_version": sglang.__version__, "torch_version": torch.__version__}
 
 
+KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_size", "device_name",
+              "attention_backend", "kv_cache_dtype", "quantization", "moe_runner_backend", "fast_extend",
+              "layer_partition", "sglang_version", "torch_version")
+
+
 def cache_path(meta: dict, max_len: int) -> Path:
-    """Per-device file, named the way SGLang's fused-MoE tuners name theirs."""
-    keys = ("model", "pp", "tp", "device_name", "dtype", "attention_backend")
+    """Per-device file, named the way SGLang's fused-MoE tuners name theirs, plus a digest of every
+    field that changes forward time (KEY_FIELDS), so a stale calibration is never reused silently."""
+    keys = ("model", "pp", "tp", "device_name", "dtype")
+    digest = hashlib.sha1(json.dumps({k: meta.get(k) for k in KEY_FIELDS}, sort_keys=True).encode()).hexdigest()
     name = ",".join(f"{k}={meta[k]}" for k in keys) + f",layers={meta['layer_partition'] or 'default'}"
-    name = re.sub(r"[^A-Za-z0-9_.,=-]+", "_", name) + f",maxlen={max_len}.json"
+    name = re.sub(r"[^A-Za-z0-9_.,=-]+", "_", name) + f",key={digest[:12]},maxlen={max_len}.json"
     return Path(envs.CACHE_DIR.get()) / "calibration" / name
 
 
@@ -84,41 +106,59 @@ def find_cached(meta: dict, max_len: int, budget_s: float) -> Path | None:
     return None
 
 
-def resolve_cost(sched, cfg) -> tuple:
-    """(cost model, calibrated length) for this server; every rank resolves the same one."""
-    from .calibrate import calibrate_all_stages
-
-    meta = server_meta(sched, cfg)
+def resolve_source(meta: dict, cfg) -> dict:
+    """World rank 0 only: where the cost model comes from. {'kind': 'profile'|'cache', 'where', 'doc'}
+    or {'kind': 'calibrate', 'max_len', 'budget_s', 'repeats'}; a bad profile raises ValueError."""
     path = envs.PROFILE.get()
     if path:
         where = f"SGLANG_CPP_PROFILE={path}"
         try:
             doc = load_profile(path)
             check_matches(doc, meta, where, cfg.pp_size)
-            cost = cost_from_profile(doc, where)
+            cost_from_profile(doc, where)  # validate here, so the error names the file
         except ValueError as exc:
             msg = str(exc)
             raise ValueError(msg if msg.startswith("SGLANG_CPP_PROFILE") else f"{where}: {msg}") from None
-        logger.info("[sglang-cpp] cost model from %s: %s", path, cost)
-        return cost, covered_len(doc)
+        return {"kind": "profile", "where": path, "doc": doc}
     max_len = envs.CALIB_MAX_LEN.get() or min(cfg.context_len - 1, 8192)
     max_len = max(512, max_len // 64 * 64)
     budget_s = envs.CALIB_BUDGET_S.get()
     cached = find_cached(meta, max_len, budget_s)
-    if cached is not None:
-        doc = load_profile(cached)  # a corrupt cache is an error too: delete the file to recalibrate
-        reached = covered_len(doc)
-        logger.info("[sglang-cpp] cost model from calibration cache %s (measured up to %d tokens)", cached, reached)
-        if reached < max_len:
+    if cached is not None:  # a corrupt cache is an error too: delete the file to recalibrate
+        return {"kind": "cache", "where": str(cached), "doc": load_profile(cached), "max_len": max_len,
+                "budget_s": budget_s}
+    return {"kind": "calibrate", "max_len": max_len, "budget_s": budget_s, "repeats": envs.CALIB_REPEATS.get()}
+
+
+def resolve_cost(sched, cfg) -> tuple:
+    """(cost model, calibrated length) for this server. World rank 0 resolves the source (its own
+    profile file or cache) and every rank receives it, so ranks on other nodes, with other caches,
+    never decide alone; a calibration runs on all ranks together and rank 0 saves it."""
+    from .calibrate import calibrate_all_stages
+    from .consensus import from_rank0, world_rank
+
+    meta = server_meta(sched, cfg)
+    src = from_rank0(lambda: resolve_source(meta, cfg))
+    if src["kind"] == "profile":
+        cost = cost_from_profile(src["doc"], f"SGLANG_CPP_PROFILE={src['where']}")
+        logger.info("[sglang-cpp] cost model from %s (world rank 0's): %s", src["where"], cost)
+        return cost, covered_len(src["doc"])
+    if src["kind"] == "cache":
+        doc, reached = src["doc"], covered_len(src["doc"])
+        logger.info("[sglang-cpp] cost model from calibration cache %s on world rank 0 (measured up to %d tokens)",
+                    src["where"], reached)
+        if reached < src["max_len"]:
             logger.warning("[sglang-cpp] the cached calibration reached %d of %d tokens (cut by the %.0fs "
-                           "SGLANG_CPP_CALIB_BUDGET_S); raise the budget to measure further", reached, max_len,
-                           budget_s)
-        return cost_from_profile(doc, f"calibration cache {cached}"), reached
-    samples, reached = calibrate_all_stages(sched, max_len, envs.CALIB_REPEATS.get(), cfg.pp_rank, budget_s)
+                           "SGLANG_CPP_CALIB_BUDGET_S); raise the budget to measure further", reached,
+                           src["max_len"], src["budget_s"])
+        return cost_from_profile(doc, f"calibration cache {src['where']}"), reached
+    max_len, budget_s = src["max_len"], src["budget_s"]
+    samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
+                                            max_chunk=cfg.plan_config().max_chunk)
     cost = cost_from_profile({"samples": samples, "meta": meta}, "startup calibration")
     if not isinstance(cost, PipelineCost) and cfg.pp_size > 1:
         logger.warning("[sglang-cpp] calibration returned one stage for pp=%d", cfg.pp_size)
-    if cfg.pp_rank == 0 and getattr(sched, "tp_rank", 0) == 0:
+    if world_rank() == 0:
         meta["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         out = cache_path(meta, reached)  # named by what was measured, not what was asked for
         save_profile(out, samples=samples, cost=cost,
@@ -128,28 +168,46 @@ def resolve_cost(sched, cfg) -> tuple:
     return cost, reached
 
 
+def _upstream_from_profile(path: str, kw: dict) -> dict:
+    doc = load_profile(path)
+    where = f"SGLANG_CPP_PROFILE={path}"
+    try:
+        if "upstream" in doc:
+            u = doc["upstream"]
+            p = UpstreamPredictor(a=float(u["a"]), b=float(u["b"]), c=float(u["c"]), **kw)
+        else:
+            s = doc["samples"]
+            p = UpstreamPredictor.fit([v["x"] for v in s], [v["ms"] for v in s], **kw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: cannot build upstream coefficients: {exc}") from None
+    return {"a": p.a, "b": p.b, "c": p.c}
+
+
 def resolve_upstream(sched, cfg, original) -> UpstreamPredictor:
     """Upstream coefficients from SGLANG_CPP_PROFILE ({'upstream': {a,b,c}} or 1-D samples), else
-    upstream's own startup profiling; a failed fit stops the server instead of disabling the feature."""
+    upstream's own startup profiling. Every rank uses world rank 0's coefficients; a failed fit on any
+    rank stops every rank instead of disabling the feature."""
+    from .consensus import from_rank0, on_every_rank
+
     kw = dict(chunk_size=cfg.chunk_size, context_len=cfg.context_len, sigma=cfg.sigma,
               page_size=cfg.page_size, max_prefill_tokens=cfg.max_prefill_tokens)
     path = envs.PROFILE.get()
     if path:
-        doc = load_profile(path)
-        where = f"SGLANG_CPP_PROFILE={path}"
-        try:
-            if "upstream" in doc:
-                u = doc["upstream"]
-                return UpstreamPredictor(a=float(u["a"]), b=float(u["b"]), c=float(u["c"]), **kw)
-            s = doc["samples"]
-            return UpstreamPredictor.fit([v["x"] for v in s], [v["ms"] for v in s], **kw)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: cannot build upstream coefficients: {exc}") from None
-    original(sched)
-    sizer = sched.dynamic_chunk_sizer
-    if sizer is None:
-        raise RuntimeError("upstream dynamic-chunking profiling failed (see the warning above); "
-                           "sglang-cpp refuses to fall back to static chunks silently. "
-                           "Pass SGLANG_CPP_PROFILE or fix the profiling error.")
-    p = sizer.predictor
-    return UpstreamPredictor(a=p.quadratic_coeff_a, b=p.linear_coeff_b, c=p.constant_coeff_c, **kw)
+        abc = from_rank0(lambda: _upstream_from_profile(path, kw))
+        return UpstreamPredictor(**abc, **kw)
+
+    def profile() -> dict:
+        original(sched)
+        sizer = sched.dynamic_chunk_sizer
+        if sizer is None:
+            raise RuntimeError("upstream dynamic-chunking profiling failed (see the warning above); "
+                               "sglang-cpp refuses to fall back to static chunks silently. "
+                               "Pass SGLANG_CPP_PROFILE or fix the profiling error.")
+        p = sizer.predictor
+        return {"a": p.quadratic_coeff_a, "b": p.linear_coeff_b, "c": p.constant_coeff_c}
+
+    try:
+        abc = on_every_rank(profile)[0]
+    except RuntimeError as exc:
+        raise RuntimeError(f"upstream dynamic-chunking profiling failed: {exc}") from None
+    return UpstreamPredictor(**abc, **kw)

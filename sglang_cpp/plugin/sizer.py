@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -40,6 +41,7 @@ class SizerConfig:
     max_chunk: int = 0
     overhead_ms: float = 0.0
     method: str = "equal-time"
+    align: int = 64  # SGLang's chunk grid (hooks._align): lcm of page, 64, truncation and mamba grids
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -59,7 +61,7 @@ class SizerConfig:
 
     def plan_config(self) -> PlanConfig:
         max_chunk = min(self.max_chunk or self.max_prefill_tokens, self.max_prefill_tokens)
-        align = max(self.page_size, 64)
+        align = math.lcm(max(1, self.align), max(1, self.page_size), 64)
         min_chunk = self.min_chunk or self.chunk_size // 4  # upstream's C/4 floor
         return PlanConfig(pp_size=self.pp_size, align=align, min_chunk=min(min_chunk, max_chunk),
                           max_chunk=max(max_chunk, align), context_len=self.context_len,
@@ -67,22 +69,40 @@ class SizerConfig:
 
 
 class DecisionLog:
-    """INFO log lines plus an optional JSONL file (SGLANG_CPP_DECISION_LOG, `{rank}` expands)."""
+    """An optional JSONL file (SGLANG_CPP_DECISION_LOG; `{rank}` expands to the world rank, `{pp_rank}`
+    and `{tp_rank}` to this process's), per-decision lines at DEBUG and one INFO line per request."""
 
-    def __init__(self, pp_rank: int, path: str = ""):
+    def __init__(self, pp_rank: int, path: str = "", tp_rank: int = 0, rank: int | None = None,
+                 max_open: int = 4096):
         self.pp_rank = pp_rank
-        self.path = path.replace("{rank}", str(pp_rank)) if path else ""
+        rank = pp_rank if rank is None else rank
+        self.path = (path.replace("{rank}", str(rank)).replace("{pp_rank}", str(pp_rank))
+                     .replace("{tp_rank}", str(tp_rank))) if path else ""
         self._lock = threading.Lock()
+        self._open: OrderedDict[str, list] = OrderedDict()  # rid -> [first prefix, chunks], until the last
+        self._max_open = max_open
 
     def write(self, event: str, **rec) -> None:
         rec = {"event": event, "pp_rank": self.pp_rank, "t": round(time.time(), 6), **rec}
         if event == "decision":
-            logger.info("[sglang-cpp] PP%d decision rid=%s prefix=%d chunk=%d predicted_ms=%.1f (%s)",
-                        self.pp_rank, rec["rid"], rec["prefix"], rec["chunk"], rec.get("predicted_ms") or 0.0,
-                        rec.get("policy"))
+            self._summarise(rec)
         if self.path:
             with self._lock, open(self.path, "a") as fh:
                 fh.write(json.dumps(rec) + "\n")
+
+    def _summarise(self, rec: dict) -> None:
+        logger.debug("[sglang-cpp] PP%d decision rid=%s prefix=%d chunk=%d predicted_ms=%.1f (%s)",
+                     self.pp_rank, rec["rid"], rec["prefix"], rec["chunk"], rec.get("predicted_ms") or 0.0,
+                     rec.get("policy"))
+        ent = self._open.setdefault(rec["rid"], [rec["prefix"], [], 0.0])
+        ent[1].append(rec["chunk"])
+        ent[2] += rec.get("predicted_ms") or 0.0
+        while len(self._open) > self._max_open:  # aborted requests never reach their last chunk
+            self._open.popitem(last=False)
+        if rec["prefix"] + rec["chunk"] >= rec["prompt_len"]:
+            self._open.pop(rec["rid"], None)
+            logger.info("[sglang-cpp] PP%d request rid=%s prompt=%d prefix=%d chunks=%s predicted_ms=%.1f (%s)",
+                        self.pp_rank, rec["rid"], rec["prompt_len"], ent[0], ent[1], ent[2], rec.get("policy"))
 
 
 class CppChunkSizer:

@@ -1,0 +1,94 @@
+"""One decision for all ranks. A multi-node server reads its environment and its calibration cache on
+each node; if ranks decided alone, one node could load a cache while another calibrates (and waits in
+the all-gather forever), or two stages could plan with different knobs. So every rank sends rank 0
+its raw settings, any difference fails every rank at startup naming the variable, and what has to
+be resolved once (the profile, the cache hit or the calibration target) is resolved by world rank 0
+and sent to all. Errors travel too: a rank never raises alone while the others wait in a collective.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from .. import envs
+
+# Settings that shape the plan or the P2P protocol but are read outside envs.ALL.
+EXTRA_ENV = ("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "SGLANG_PP_LAYER_PARTITION")
+
+
+def env_snapshot(environ=None) -> dict:
+    """Raw values (unparsed, '' when unset) of every variable that must agree across ranks."""
+    environ = os.environ if environ is None else environ
+    names = [v.name for v in envs.ALL if not v.node_local] + list(EXTRA_ENV)
+    return {n: environ.get(n, "") for n in names}
+
+
+def check_agreement(gathered: list[dict]) -> None:
+    """gathered[r] = {"env": env_snapshot(), "config": {...}, "error": str} from world rank r.
+    Raises ValueError naming the first setting that differs from rank 0, or every rank's own error."""
+    errors = [f"rank {r}: {g['error']}" for r, g in enumerate(gathered) if g.get("error")]
+    if errors:
+        raise ValueError("sglang-cpp startup failed: " + "; ".join(errors))
+    ref = gathered[0]
+    for r, g in enumerate(gathered[1:], 1):
+        for name, val in ref["env"].items():
+            mine = g["env"].get(name, "")
+            if mine != val:
+                raise ValueError(f"{name} differs between ranks: world rank 0 has {val!r}, world rank {r} has "
+                                 f"{mine!r}. Every stage must plan with the same settings: set it identically on "
+                                 "every node, or unset it everywhere.")
+        for key, val in ref.get("config", {}).items():
+            mine = g.get("config", {}).get(key)
+            if mine != val:
+                raise ValueError(f"server setting {key} differs between ranks: world rank 0 has {val!r}, world "
+                                 f"rank {r} has {mine!r}. Launch every node with the same server arguments.")
+
+
+def _world():
+    import torch.distributed as dist
+    from sglang.srt.runtime_context import get_parallel
+
+    group = get_parallel().world_group.cpu_group
+    return dist, group
+
+
+def all_gather(payload: Any) -> list:
+    """all_gather_object over the world CPU group (gloo), in world-rank order."""
+    dist, group = _world()
+    out = [None] * dist.get_world_size(group=group)
+    dist.all_gather_object(out, payload, group=group)
+    return out
+
+
+def world_rank() -> int:
+    dist, group = _world()
+    return dist.get_rank(group=group)
+
+
+def from_rank0(fn: Callable[[], Any], *, rank: int | None = None, gather: Callable = all_gather) -> Any:
+    """Rank 0's fn() on every rank. An exception on rank 0 is re-raised on every rank (same type when
+    it is a ValueError/RuntimeError, so a bad profile reads the same everywhere)."""
+    rank = world_rank() if rank is None else rank
+    payload = None
+    if rank == 0:
+        try:
+            payload = {"ok": True, "value": fn()}
+        except (ValueError, RuntimeError, OSError) as exc:
+            payload = {"ok": False, "type": type(exc).__name__, "error": str(exc)}
+    got = gather(payload)[0]
+    if not got["ok"]:
+        raise (ValueError if got["type"] == "ValueError" else RuntimeError)(got["error"])
+    return got["value"]
+
+
+def on_every_rank(fn: Callable[[], Any], *, gather: Callable = all_gather) -> list:
+    """fn() on every rank; if any rank fails, every rank raises with all the errors. Returns all values."""
+    try:
+        payload = {"ok": True, "value": fn()}
+    except Exception as exc:  # travels to every rank, then fails everywhere
+        payload = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    got = gather(payload)
+    errors = [f"rank {r}: {g['error']}" for r, g in enumerate(got) if not g["ok"]]
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return [g["value"] for g in got]

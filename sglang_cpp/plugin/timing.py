@@ -1,0 +1,77 @@
+"""Forward times that mean compute time on every device. A host clock around a GPU forward measures the
+kernel launches, not the work; so on CUDA both the calibration and the run_batch hook record events on
+the current stream. Calibration synchronises anyway; the serving path resolves its events lazily, on
+a later call once they have completed, so it never adds a synchronisation to the scheduler loop."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable
+
+
+class DeviceTimer:
+    """start()/stop() around work; wait_ms() after stop(). CUDA events on GPUs, perf_counter on CPU."""
+
+    def __init__(self, device: str, event_factory: Callable | None = None):
+        self.cuda = device.startswith("cuda")
+        self._event = event_factory
+        if self.cuda and event_factory is None:
+            import torch
+
+            self._event = lambda: torch.cuda.Event(enable_timing=True)
+        self._t0 = self._t1 = 0.0
+        self._e0 = self._e1 = None
+
+    def sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def start(self) -> None:
+        if self._event is not None:
+            self._e0 = self._event()
+            self._e0.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._event is not None:
+            self._e1 = self._event()
+            self._e1.record()
+        else:
+            self._t1 = time.perf_counter()
+
+    def done(self) -> bool:
+        return self._event is None or self._e1.query()
+
+    def elapsed_ms(self) -> float:
+        """Only after done()."""
+        if self._event is not None:
+            return float(self._e0.elapsed_time(self._e1))
+        return (self._t1 - self._t0) * 1e3
+
+    def wait_ms(self) -> float:
+        if self._event is not None:
+            self._e1.synchronize()
+        return self.elapsed_ms()
+
+
+class LazyTimes:
+    """Pending (timer, record) pairs; drain() hands back, in order, those whose events have completed."""
+
+    def __init__(self, max_pending: int = 1024):
+        self._pending: deque = deque()
+        self._max = max_pending
+
+    def add(self, timer: DeviceTimer, record: dict) -> None:
+        self._pending.append((timer, record))
+        while len(self._pending) > self._max:  # a stalled stream must not grow memory without bound
+            self._pending.popleft()
+
+    def drain(self) -> list[dict]:
+        out = []
+        while self._pending and self._pending[0][0].done():
+            timer, rec = self._pending.popleft()
+            out.append({**rec, "ms": round(timer.elapsed_ms(), 3)})
+        return out

@@ -1,0 +1,221 @@
+"""Multi-rank correctness without a server: settings agree or fail fast, rank 0's source wins, errors
+travel to every rank, first-chunk limits keep SGLang's deductions, GPU forwards are event-timed."""
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_cpp import envs
+from sglang_cpp.plugin import consensus
+from sglang_cpp.plugin.hooks import first_chunk_limit
+from sglang_cpp.plugin.sizer import CppChunkSizer, DecisionLog, SizerConfig
+from sglang_cpp.plugin.timing import DeviceTimer, LazyTimes
+
+
+def snap(**env):
+    return consensus.env_snapshot({**{"SGLANG_CPP_POLICY": "plan"}, **env})
+
+
+def test_snapshot_covers_planning_settings_but_not_per_node_paths():
+    s = snap(SGLANG_CPP_P2P_MS="5", SGLANG_CPP_CACHE_DIR="/node1", SGLANG_CPP_DECISION_LOG="/x")
+    assert s["SGLANG_CPP_P2P_MS"] == "5" and s["SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"] == ""
+    assert "SGLANG_CPP_CACHE_DIR" not in s and "SGLANG_CPP_DECISION_LOG" not in s
+    assert {v.name for v in envs.ALL if not v.node_local} <= set(s)
+
+
+def test_identical_ranks_agree():
+    g = {"env": snap(), "config": {"chunk_size": 1024}, "error": ""}
+    consensus.check_agreement([g, dict(g), dict(g)])
+
+
+def test_an_env_set_on_one_node_only_fails_naming_it():
+    ranks = [{"env": snap(), "config": {}, "error": ""}, {"env": snap(SGLANG_CPP_P2P_MS="5"), "config": {}, "error": ""}]
+    with pytest.raises(ValueError, match=r"SGLANG_CPP_P2P_MS differs.*rank 0 has ''.*rank 1 has '5'"):
+        consensus.check_agreement(ranks)
+
+
+def test_a_server_argument_that_differs_fails_naming_it():
+    ranks = [{"env": snap(), "config": {"chunk_size": 1024}, "error": ""},
+             {"env": snap(), "config": {"chunk_size": 2048}, "error": ""}]
+    with pytest.raises(ValueError, match="server setting chunk_size differs.*1024.*2048"):
+        consensus.check_agreement(ranks)
+
+
+def test_one_ranks_bad_value_fails_every_rank_with_its_reason():
+    ranks = [{"env": snap(), "config": {}, "error": ""},
+             {"env": snap(), "config": {}, "error": "SGLANG_CPP_MIN_CHUNK='x' is invalid"}]
+    with pytest.raises(ValueError, match="rank 1: SGLANG_CPP_MIN_CHUNK='x' is invalid"):
+        consensus.check_agreement(ranks)
+
+
+class TwoRanks:
+    """A fake all_gather over two ranks run one after the other: rank 0's payload is kept for rank 1."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, payload):
+        self.seen.append(payload)
+        return [self.seen[0], payload]
+
+
+def test_rank0_resolves_and_the_other_rank_never_reads_its_own():
+    g = TwoRanks()
+    assert consensus.from_rank0(lambda: {"kind": "cache", "doc": 1}, rank=0, gather=g) == {"kind": "cache", "doc": 1}
+
+    def node1_would_calibrate():
+        raise AssertionError("rank 1 must not resolve on its own")
+    assert consensus.from_rank0(node1_would_calibrate, rank=1, gather=g) == {"kind": "cache", "doc": 1}
+
+
+def test_rank0s_error_is_raised_on_every_rank():
+    g = TwoRanks()
+
+    def bad():
+        raise ValueError("SGLANG_CPP_PROFILE=/p: not JSON")
+    for rank in (0, 1):
+        with pytest.raises(ValueError, match="SGLANG_CPP_PROFILE=/p: not JSON"):
+            consensus.from_rank0(bad, rank=rank, gather=g)
+
+
+def test_a_failure_on_any_rank_fails_all():
+    results = [{"ok": True, "value": 1}, {"ok": False, "error": "RuntimeError: fit failed"}]
+    with pytest.raises(RuntimeError, match="rank 1: RuntimeError: fit failed"):
+        consensus.on_every_rank(lambda: 1, gather=lambda p: results)
+    assert consensus.on_every_rank(lambda: 7, gather=lambda p: [p, p]) == [7, 7]
+
+
+# -- first-chunk limit (PrefillAdder_add_one_req) ----------------------------------------------------
+def test_planned_cut_keeps_its_size():
+    assert first_chunk_limit(2048, 10000, 4096, 1, 0) == 2048
+
+
+def test_last_chunk_is_rounded_up_to_a_page():
+    # SGLang compares ceil_page(remaining)=1008 with the limit: 1000 would split off a sub-page pass
+    assert first_chunk_limit(1000, 1000, 512, 16, 0) == 1008
+    assert first_chunk_limit(1000, 1000, 4096, 16, 0) == 4096  # the static limit already fits it
+
+
+def test_mixed_chunk_decode_tokens_stay_deducted():
+    assert first_chunk_limit(2048, 10000, 4096 - 3, 1, 3) == 2045
+    assert first_chunk_limit(1000, 1000, 100, 16, 3) == 1005
+    assert first_chunk_limit(None, 10000, 4093, 1, 3) == 4093  # no decision: upstream's own limit
+
+
+def test_adder_init_records_the_mixed_deduction():
+    from sglang_cpp.plugin.hooks import PrefillAdder_init
+
+    adder = SimpleNamespace()
+    args = (1, None, None, None, 1.0, 16384, 4096)  # page_size .. rem_chunk_tokens
+    PrefillAdder_init(None, adder, *args, 5)
+    assert adder.sglang_cpp_mixed_tokens == 5
+    PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=7)
+    assert adder.sglang_cpp_mixed_tokens == 7
+    PrefillAdder_init(None, adder, *args)
+    assert adder.sglang_cpp_mixed_tokens == 0
+
+
+def test_plan_aligns_to_sglangs_whole_grid():
+    from sglang_cpp.costmodel import CostModel
+
+    c = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=4096, max_prefill_tokens=16384, page_size=16,
+                    context_len=1 << 20, align=192)  # e.g. hooks._align with a mamba grid of 192
+    assert c.plan_config().align == 192
+    s = CppChunkSizer(c, cost=CostModel.fa(a=1e-6, b=0.05, c0=20))
+    plan = s.plan_for("r", 100003, 0)
+    assert all(x % 192 == 0 for x in plan.chunks[:-1]) and sum(plan.chunks) == 100003
+
+
+# -- decision log ---------------------------------------------------------------------------------
+def test_decision_log_path_expands_every_rank(tmp_path):
+    d = DecisionLog(1, str(tmp_path / "d_{rank}_{pp_rank}_{tp_rank}.jsonl"), tp_rank=1, rank=3)
+    assert d.path.endswith("d_3_1_1.jsonl")
+    assert DecisionLog(1, str(tmp_path / "d_{rank}.jsonl")).path.endswith("d_1.jsonl")  # PP only: pp rank
+
+
+def test_one_info_line_per_request_and_decisions_at_debug(tmp_path, caplog):
+    log = DecisionLog(0, str(tmp_path / "d.jsonl"))
+    with caplog.at_level(logging.DEBUG, logger="sglang_cpp"):
+        for prefix, chunk in ((0, 100), (100, 80), (180, 20)):
+            log.write("decision", rid="r", prefix=prefix, chunk=chunk, prompt_len=200, predicted_ms=1.0, policy="plan")
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert info == ["[sglang-cpp] PP0 request rid=r prompt=200 prefix=0 chunks=[100, 80, 20] predicted_ms=3.0 (plan)"]
+    assert len(debug) == 3
+    assert len((tmp_path / "d.jsonl").read_text().splitlines()) == 3
+
+
+# -- timing ---------------------------------------------------------------------------------------
+class FakeEvent:
+    clock = 0.0
+
+    def __init__(self):
+        self.t, self.complete = None, False
+
+    def record(self):
+        self.t = FakeEvent.clock
+
+    def query(self):
+        return self.complete
+
+    def synchronize(self):
+        self.complete = True
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def test_gpu_forward_time_comes_from_events_resolved_later():
+    timers, lazy = [], LazyTimes()
+    for i, dur in enumerate((5.0, 7.0)):
+        t = DeviceTimer("cuda:0", event_factory=FakeEvent)
+        FakeEvent.clock = 100.0 * i
+        t.start()
+        FakeEvent.clock += dur  # what the device took; the host returned long before
+        t.stop()
+        lazy.add(t, {"i": i})
+        timers.append(t)
+    assert lazy.drain() == []  # nothing completed yet: nothing written, nothing waited for
+    timers[1]._e1.complete = True
+    assert lazy.drain() == []  # in order: the first is still running
+    timers[0]._e1.complete = True
+    assert lazy.drain() == [{"i": 0, "ms": 5.0}, {"i": 1, "ms": 7.0}]
+
+
+def test_fit_rejects_launch_timed_forwards(tmp_path):
+    from sglang_cpp.tuning.fit import read_decision_log
+
+    p = tmp_path / "d.jsonl"
+    p.write_text("\n".join(json.dumps({"event": "forward", "pp_rank": 0, "rids": ["r"], "prefix": [L], "chunk": [512],
+                                       "ms": 0.3, "synchronous": False}) for L in (0, 512, 1024)) + "\n")
+    with pytest.raises(ValueError, match="synchronous=false"):
+        read_decision_log([p])
+
+
+def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
+    """SGLang admits a request at prefix_len + host_hit_length (HiCache L2 hit): the plan starts there."""
+    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.plugin import hooks
+
+    c = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=1024, max_prefill_tokens=4096, page_size=1,
+                    context_len=1 << 20)
+    sizer = CppChunkSizer(c, cost=CostModel.fa(a=1e-6, b=0.05, c0=20))
+    seen = []
+    monkeypatch.setattr(sizer, "decide", lambda rid, n, prefix, first: seen.append((n, prefix)) or 512)
+    monkeypatch.setattr(hooks, "ACTIVE", sizer)
+    adder = SimpleNamespace(rem_chunk_tokens=1024, can_run_list=[], page_size=1, sglang_cpp_mixed_tokens=0)
+    req = SimpleNamespace(rid="r", full_untruncated_fill_ids=[0] * 20000, prefix_len=3000, host_hit_length=6000)
+    out = hooks.PrefillAdder_add_one_req(lambda self, r, *a, **k: self.rem_chunk_tokens, adder, req, False, None)
+    assert seen == [(20000, 9000)] and out == 512
+
+
+def test_alignment_is_the_lcm_of_sglangs_grids():
+    from sglang_cpp.plugin.hooks import _align
+
+    assert _align(SimpleNamespace(page_size=1, truncation_align_size=None)) == 64
+    assert _align(SimpleNamespace(page_size=16, truncation_align_size=None)) == 64
+    assert _align(SimpleNamespace(page_size=96, truncation_align_size=None)) == 192
+    assert _align(SimpleNamespace(page_size=16, truncation_align_size=4096)) == 4096  # flashinfer deterministic

@@ -1,0 +1,88 @@
+"""Deployment settings on the real PP=2 server (tiny random Llama): page size 16, --enable-mixed-chunk
+with decodes running while a long prompt is chunked, and a calibration target 4x --max-prefill-tokens."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sglang_cpp.client import generate, random_ids
+from sglang_cpp.costmodel import load_profile
+from sglang_cpp.server import ServerSpec, launched
+
+from conftest import read_events
+
+pytestmark = pytest.mark.server
+PAGE, MAX_PREFILL, CALIB = 16, 1024, 4096
+ODD = 3007  # not a page multiple: the last chunk must still be one pass
+ONE = 523  # above --chunked-prefill-size 512, below one page-ceiled pass: planned as one chunk
+
+
+@pytest.fixture(scope="module")
+def deploy(tiny, tmp_path_factory):
+    d = tmp_path_factory.mktemp("deploy")
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
+           "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": str(CALIB),
+           "SGLANG_CPP_P2P_MS": "1000"}  # a large per-chunk cost: the planner takes the fewest, largest chunks
+    spec = ServerSpec(tiny, pp_size=2, chunk_size=512, dynamic=True, env=env,
+                      extra_args=("--page-size", str(PAGE), "--max-prefill-tokens", str(MAX_PREFILL),
+                                  "--enable-mixed-chunk"))
+    with launched(spec, 600) as srv:
+        odd = generate(srv.base_url, input_ids=random_ids(ODD, 1), max_new_tokens=1)
+        generate(srv.base_url, input_ids=random_ids(ONE, 4), max_new_tokens=1)
+        time.sleep(0.5)
+        mark = sum(1 for _ in read_events(d / "dec_0.jsonl", "forward"))
+        decode = {}
+        t = threading.Thread(target=lambda: decode.update(r=generate(
+            srv.base_url, input_ids=random_ids(40, 2), max_new_tokens=1,
+            extra={"sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}})))
+        t.start()
+        time.sleep(2.0)  # the short request is decoding
+        mixed = generate(srv.base_url, input_ids=random_ids(6000, 3), max_new_tokens=1)
+        t.join(600)
+        log = srv.log()
+    return {"dir": d, "log": log, "odd": odd, "mixed": mixed, "mark": mark, "decode": decode,
+            "calib": sorted((d / "cache" / "calibration").glob("*.json"))}
+
+
+def _plan_and_run(d, rank, prompt_len):
+    dec = [e for e in read_events(d / f"dec_{rank}.jsonl", "decision") if e["prompt_len"] == prompt_len]
+    rid = dec[0]["rid"]
+    ran = [(e["prefix"][0], e["chunk"][0]) for e in read_events(d / f"dec_{rank}.jsonl", "forward")
+           if e["rids"] == [rid]]
+    return [(e["prefix"], e["chunk"]) for e in dec if e["rid"] == rid], ran
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_page_size_tail_runs_in_one_pass_on_page_boundaries(deploy, rank):
+    planned, ran = _plan_and_run(deploy["dir"], rank, ODD)
+    assert ran == planned, f"stage {rank} ran {ran}, planned {planned}"  # no extra sub-page pass
+    assert len(ran) >= 2 and sum(c for _, c in ran) == ODD
+    assert all(c % PAGE == 0 for _, c in ran[:-1]) and ran[-1][1] % PAGE == ODD % PAGE
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_one_chunk_plan_longer_than_the_static_chunk_is_one_pass(deploy, rank):
+    """The plan's single chunk of 523 tokens: SGLang compares its page-ceiled 528 with the limit, so a
+    limit of 523 would cut it at 512 and add an 11-token pass."""
+    planned, ran = _plan_and_run(deploy["dir"], rank, ONE)
+    assert planned == [(0, ONE)], planned
+    assert ran == [(0, ONE)], ran
+
+
+def test_calibration_4x_max_prefill_tokens_never_exceeds_it(deploy):
+    assert len(deploy["calib"]) == 1
+    samples = load_profile(deploy["calib"][0])["samples"]
+    assert max(s["x"] for s in samples) <= MAX_PREFILL
+    assert max(s["L"] + s["x"] for s in samples) == CALIB
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_mixed_chunk_forwards_stay_within_max_prefill_tokens(deploy, rank):
+    fwd = read_events(deploy["dir"] / f"dec_{rank}.jsonl", "forward")[deploy["mark"]:]
+    mixed = [e for e in fwd if len(e["rids"]) > 1 and max(e["chunk"]) > 1]
+    assert mixed, "no forward mixed a prefill chunk with running decodes"
+    over = [e for e in fwd if sum(e["chunk"]) > MAX_PREFILL]
+    assert not over, over[:3]
+    assert len(deploy["decode"]["r"].output_ids) == 400
