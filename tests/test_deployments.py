@@ -86,3 +86,30 @@ def test_mixed_chunk_forwards_stay_within_max_prefill_tokens(deploy, rank):
     over = [e for e in fwd if sum(e["chunk"]) > MAX_PREFILL]
     assert not over, over[:3]
     assert len(deploy["decode"]["r"].output_ids) == 400
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny, tmp_path_factory):
+    """TP2 x PP2: four ranks on two cores (two TP ranks per stage share one core)."""
+    d = tmp_path_factory.mktemp("tp2")
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}_pp{pp_rank}_tp{tp_rank}.jsonl"),
+           "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "1024", "OMP_NUM_THREADS": "1"}
+    spec = ServerSpec(tiny, pp_size=2, chunk_size=256, dynamic=True, env=env, cores="0|1|0|1",
+                      extra_args=("--tp-size", "2"))
+    with launched(spec, 600) as srv:
+        out = generate(srv.base_url, input_ids=random_ids(1500, 5), max_new_tokens=4)
+    return {"dir": d, "out": out, "calib": sorted((d / "cache" / "calibration").glob("*.json"))}
+
+
+def test_tp2_pp2_every_rank_decides_the_same_chunks(tp2):
+    files = sorted(tp2["dir"].glob("dec_*.jsonl"))
+    assert [f.name for f in files] == ["dec_0_pp0_tp0.jsonl", "dec_1_pp0_tp1.jsonl", "dec_2_pp1_tp0.jsonl",
+                                       "dec_3_pp1_tp1.jsonl"]  # world rank = tp_size * pp_rank + tp_rank
+    decided = [[(e["rid"], e["prefix"], e["chunk"]) for e in read_events(f, "decision")] for f in files]
+    assert all(d == decided[0] for d in decided[1:])
+    long = [(p, c) for e in read_events(files[0], "decision") if e["prompt_len"] == 1500
+            for p, c in [(e["prefix"], e["chunk"])]]
+    assert len(long) >= 2 and sum(c for _, c in long) == 1500
+    assert len(tp2["out"].output_ids) == 4
+    meta = load_profile(tp2["calib"][0])["meta"]
+    assert meta["tp"] == 2 and sorted({s["stage"] for s in load_profile(tp2["calib"][0])["samples"]}) == [0, 1]

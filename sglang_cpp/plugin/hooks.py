@@ -64,7 +64,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     policy = cfg.policy
     active = bool(sch.enable_dynamic_chunking)
     path = envs.DECISION_LOG.get()
-    LOG = DecisionLog(par.pp_rank, path, tp_rank=getattr(self, "tp_rank", 0), rank=world_rank()) \
+    LOG = DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank()) \
         if (path or active) else None
     if not active or policy == "off":
         return original(self)
