@@ -7,26 +7,21 @@ import re
 import sys
 from pathlib import Path
 
-from ..cli import parse_len
+from ..args import alias, parse_ints, parse_len
 from ..costmodel import COEFS, META_KEYS, fit_cost_model, save_profile
 from .grid import BACKENDS, DEVICES, DTYPES, ProfileConfig
 
 
 def parse_chunks(text: str) -> list[int]:
     """'256,512,1k' -> [256, 512, 1024]."""
-    try:
-        out = [parse_len(t) for t in str(text).split(",") if t.strip()]
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"--chunks {text!r}: {exc}") from None
-    if not out:
-        raise argparse.ArgumentTypeError(f"--chunks {text!r}: give sizes like 256,512,1k")
-    return out
+    return list(parse_ints(text))
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS, default="hf",
                    help="hf: in-process transformers, per layer; server: a live SGLang server")
-    p.add_argument("--model", help="local Hugging Face model folder (hf backend)")
+    p.add_argument("--model-path", dest="model", help="local Hugging Face model folder (hf backend)")
+    alias(p, "--model-path", "--model")
     p.add_argument("--base-url", help="SGLang server URL, e.g. http://127.0.0.1:30000 (server backend)")
     p.add_argument("--max-len", type=parse_len, default=None,
                    help="largest L + x (default: the model's max_position_embeddings, capped at 32k)")

@@ -9,24 +9,20 @@ counts no local machine has; every such block and line is labelled SIMULATED.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
-import math
 import os
 import platform
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 from . import __version__
+from .args import parse_ints, parse_lens  # noqa: F401 (re-exported)
 from .client import ServerError, generate, random_ids, server_info
-from .simulator import parse_len
 
 W = 50  # bench_serving's block width
 
@@ -225,80 +221,6 @@ def any_failed(records) -> bool:
     return any(r["failed"] or r.get("warmup_errors") for r in records)
 
 
-# -- simulated ----------------------------------------------------------------------------------
-def _upstream_coeffs(cost, coeffs: str | None, profile: str | None, chunk: int) -> tuple[float, float, float]:
-    """Upstream's f(l) = a l^2 + b l + c: --coeffs A,B,C, the profile's 'upstream', else a fit of the
-    cost model's fresh prefills at the lengths upstream's startup profiling measures."""
-    if coeffs and len(coeffs.split(",")) == 3:
-        return tuple(float(v) for v in coeffs.split(","))
-    if profile:
-        doc = json.loads(Path(profile).read_text())
-        if isinstance(doc, dict) and "upstream" in doc:
-            u = doc["upstream"]
-            return float(u["a"]), float(u["b"]), float(u["c"])
-    from .upstream import emulated_fit
-
-    return emulated_fit(cost, chunk)
-
-
-def chunks_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0.75, ctx: int | None = None,
-               max_prefill: int = 16384, overhead_ms: float = 0.0, coeffs=None, profile=None) -> list[int]:
-    """The chunk sequence a server with this policy runs for an L-token prompt (no cached prefix)."""
-    from .planner import plan_equal_time, plan_fixed
-    from .plugin.sizer import SizerConfig
-    from .upstream import UpstreamPredictor
-
-    scfg = SizerConfig(policy="plan", pp_size=pp, pp_rank=0, chunk_size=chunk, max_prefill_tokens=max_prefill,
-                       page_size=1, context_len=ctx or 1 << 62, sigma=sigma, overhead_ms=overhead_ms)
-    pcfg = scfg.plan_config()  # exactly the server's planner settings
-    if policy == "fixed":
-        return list(plan_fixed(L, cost, pcfg, chunk).chunks)
-    if policy == "plan":
-        return list(plan_equal_time(L, cost, pcfg).chunks)
-    a, b, c = _upstream_coeffs(cost, coeffs, profile, chunk)
-    return UpstreamPredictor(a=a, b=b, c=c, chunk_size=chunk, context_len=ctx or 1 << 62, sigma=sigma,
-                             max_prefill_tokens=max_prefill).chunk_sequence(L)
-
-
-def simulate_ttft(args) -> list[dict]:
-    """Same records as run_ttft, from the simulator; closed loop at --max-concurrency, FIFO."""
-    from .costmodel import PipelineCost
-    from .simulator import SimConfig, _cli_costs, simulate_requests
-
-    P = args.pp_size
-    src = SimpleNamespace(profile=args.simulate, analytic=args.analytic if not args.simulate else None,
-                          coeffs=args.coeffs if not (args.simulate or args.analytic) else None,
-                          device=args.device, tp=args.tp, dtype=None, efficiency=None, layers_per_stage=None,
-                          pp_size=P)
-    stages, hidden = _cli_costs(src)
-    cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
-    cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
-                    hidden_size=hidden, cpu_overhead_ms=args.cpu_overhead_ms)
-    chunk = args.chunk_size or 8192
-    label = args.policy_label or f"{args.policy} (simulated)"
-    meta = run_meta(label, True)
-    hw = {"source": args.simulate and f"profile {args.simulate}" or args.analytic and
-          f"analytic {args.analytic} on {args.device}" or f"coeffs {args.coeffs}", "pp_size": P, "tp": args.tp,
-          "chunk_size": chunk, "sim_policy": args.policy}
-    records, n, C = [], args.num_requests, args.max_concurrency
-    for L in args.input_lens:
-        chunks = chunks_for(args.policy, L, cost, P, chunk, sigma=args.sigma, max_prefill=args.max_prefill_tokens,
-                            overhead_ms=args.cpu_overhead_ms, coeffs=args.coeffs, profile=args.simulate)
-        arrivals = [0.0] * min(C, n)
-        res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
-        while len(arrivals) < n:  # the next request starts when the one C places earlier finished
-            j = len(arrivals) - C
-            arrivals.append(arrivals[j] + res.ttfts_ms[j])
-            res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
-        ttfts = [t / 1e3 for t in res.ttfts_ms]
-        rec = summarize(ttfts, [""] * n, L, res.makespan_ms / 1e3, ttfts)
-        records.append({"backend": "sglang-cpp-simulator", "dataset_name": "random-ids", "max_concurrency": C,
-                        "warmup": 0, **rec, "warmup_errors": [],
-                        "chunk_plan": {"policy": args.policy, "chunks": chunks}, "simulated_setup": hw, **meta})
-    return records
-
-
-# -- outputs --------------------------------------------------------------------------------------
 def write_jsonl(records, path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -341,100 +263,3 @@ def plot_ttft(records, path) -> Path:
 
 
 # -- CLI ---------------------------------------------------------------------------------------------
-def parse_lens(text: str) -> tuple:
-    try:
-        lens = tuple(parse_len(t) for t in str(text).split(",") if t.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not lens or min(lens) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated lengths >= 1, e.g. 8k,16k")
-    return lens
-
-
-def parse_ints(text: str) -> tuple:
-    try:
-        return tuple(parse_len(t) for t in str(text).split(",") if t.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def add_ttft_args(p: argparse.ArgumentParser) -> None:
-    a = p.add_argument
-    a("--base-url", help="SGLang server, e.g. http://127.0.0.1:30000 (not needed when simulating)")
-    a("--input-lens", type=parse_lens, required=True, help="comma-separated prompt lengths (8k = 8192)")
-    a("--num-requests", type=int, default=2, help="measured requests per length")
-    a("--warmup", type=int, default=1, help="unmeasured requests per length, before the measured ones")
-    a("--max-concurrency", type=int, default=1)
-    a("--seed", type=int, default=0, help="request i gets random ids from seed + i")
-    a("--shared-prefix", type=parse_len, default=0, help="first LEN ids shared by all requests of a length")
-    a("--output-jsonl", help="append one bench_serving-style JSON line per length")
-    a("--plot", help="PNG of median TTFT (p90 bars) against input length")
-    a("--policy-label", default="", help="name of the server's configuration, carried into the JSONL")
-    a("--timeout", type=float, default=3600.0, help="per-request timeout (s)")
-    g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
-    g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
-    g.add_argument("--analytic", metavar="MODEL", help="analytic model preset (sglang_cpp.analytic.MODELS)")
-    g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
-    g.add_argument("--device", default="H100", help="device preset for --analytic")
-    g.add_argument("--tp", type=int, default=1)
-    g.add_argument("--pp-size", type=int, default=2)
-    g.add_argument("--chunk-size", type=parse_len, default=None, help="--chunked-prefill-size (default 8192)")
-    g.add_argument("--policy", choices=("plan", "fixed", "quadratic"), default="plan")
-    g.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
-    g.add_argument("--max-prefill-tokens", type=int, default=16384)
-    g.add_argument("--p2p-latency-ms", type=float, default=0.0)
-    g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
-    g.add_argument("--cpu-overhead-ms", type=float, default=0.0, help="host overhead per chunk and stage")
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench_cmd", required=True)
-    add_ttft_args(sub.add_parser("ttft", help="TTFT per input length (real server or simulated)",
-                                 description=__doc__.splitlines()[0]))
-    from .compare import add_compare_args, compare_doc
-
-    add_compare_args(sub.add_parser("compare", help="side-by-side on the CPU SmolLM2 server (launches servers)",
-                                    description=compare_doc()))
-
-
-def run_ttft_cli(args) -> int:
-    simulated = bool(args.simulate or args.analytic or args.coeffs)
-    if simulated and args.base_url:
-        raise ValueError("--base-url cannot be combined with --simulate/--analytic/--coeffs: "
-                         "drop --base-url to simulate, or the simulation options to measure")
-    if not simulated and not args.base_url:
-        raise ValueError("give --base-url of a running SGLang server, or --simulate PROFILE / --analytic MODEL")
-    if args.simulate and args.analytic:
-        raise ValueError("give one cost source: --simulate PROFILE or --analytic MODEL, not both")
-    if simulated and args.shared_prefix:
-        raise ValueError("--shared-prefix is not simulated; drop it, or measure on a server with --base-url")
-    if simulated:
-        BenchConfig(tuple(args.input_lens), args.num_requests, 0, args.max_concurrency)  # validates
-        records = simulate_ttft(args)
-    else:
-        cfg = BenchConfig(tuple(args.input_lens), args.num_requests, args.warmup, args.max_concurrency, args.seed,
-                          args.shared_prefix, args.policy_label, args.timeout)
-        records = run_ttft(args.base_url, cfg)
-    for r in records:
-        print(format_block(r))
-    if args.output_jsonl:
-        _log(f"wrote {write_jsonl(records, args.output_jsonl)}")
-    if args.plot:
-        _log(f"wrote {plot_ttft(records, args.plot)}")
-    if any_failed(records):
-        n = sum(r["failed"] + len(r.get("warmup_errors") or []) for r in records)
-        print(f"sglang-cpp bench: {n} request(s) failed; see 'errors' in the output", file=sys.stderr)
-        return 1
-    return 0
-
-
-def run(args) -> int:
-    try:
-        if args.bench_cmd == "ttft":
-            return run_ttft_cli(args)
-        from .compare import run_compare
-
-        return run_compare(args)
-    except (ServerError, ValueError) as exc:
-        print(f"sglang-cpp bench {args.bench_cmd}: error: {exc}", file=sys.stderr)
-        return 2

@@ -11,6 +11,7 @@ import json
 import sys
 
 from . import __version__
+from .args import alias, parse_len
 
 # name -> (module, add_args, run, help)
 SUBCOMMANDS = {
@@ -19,20 +20,8 @@ SUBCOMMANDS = {
                  "simulate a pipeline running a chunk plan (TTFT, bubbles, Perfetto trace)"),
     "profile": ("sglang_cpp.profiler.cli", "add_args", "run", "measure t(L, x) on this hardware"),
     "tune": ("sglang_cpp.tuning.cli", "add_args", "run", "fit, recommend chunking/sigma/plan, partition layers"),
-    "bench": ("sglang_cpp.bench", "add_args", "run", "TTFT benchmark client and side-by-side comparison"),
+    "bench": ("sglang_cpp.bench_cli", "add_args", "run", "TTFT benchmark client and side-by-side comparison"),
 }
-
-
-def parse_len(text: str | int) -> int:
-    """'131072', '128k' (x1024) or '1m' (x1024^2)."""
-    if isinstance(text, int):
-        return text
-    t = str(text).strip().lower()
-    mult = {"k": 1024, "m": 1024 * 1024}.get(t[-1:], 1)
-    try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a length (examples: 8192, 128k, 1m)") from None
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -54,21 +43,26 @@ def load_cost_arg(args):
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=["plan", "quadratic", "fixed"], default="plan")
     add_cost_args(p)
-    p.add_argument("--prompt-len", type=parse_len, required=True)
+    p.add_argument("--input-len", dest="prompt_len", type=parse_len, required=True, help="prompt tokens (8k, 1m)")
     p.add_argument("--prefix-len", type=parse_len, default=0, help="tokens already cached (radix/HiCache hit)")
     p.add_argument("--pp-size", type=int, default=2)
-    p.add_argument("--chunk-size", type=int, default=None, help="--chunked-prefill-size (base chunk C)")
+    p.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None, help="the base chunk C")
     p.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     p.add_argument("--page-size", type=int, default=1)
-    p.add_argument("--context-len", type=parse_len, default=None)
+    p.add_argument("--context-length", dest="context_len", type=parse_len, default=None)
     p.add_argument("--max-prefill-tokens", type=int, default=16384)
     p.add_argument("--align", type=int, default=None, help="chunk alignment (default max(page-size, 64))")
     p.add_argument("--min-chunk", type=int, default=None, help="smallest non-final chunk (default chunk-size//4)")
     p.add_argument("--max-chunk", type=int, default=None, help="largest chunk (default --max-prefill-tokens)")
-    p.add_argument("--overhead-ms", type=float, default=0.0, help="per-chunk P2P + scheduling overhead")
+    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=0.0,
+                   help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_P2P_MS)")
     p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", help="also write the plan JSON here")
+    alias(p, "--input-len", "--prompt-len")
+    alias(p, "--chunked-prefill-size", "--chunk-size")
+    alias(p, "--context-length", "--context-len")
+    alias(p, "--chunk-overhead-ms", "--overhead-ms")
 
 
 def build_plan(args):

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .bench import (BenchConfig, _log, any_failed, chunks_for, parse_ints, parse_lens, run_ttft,
-                    write_jsonl)
+from .args import alias, parse_ints, parse_lens
+from .bench import BenchConfig, _log, any_failed, run_ttft, write_jsonl
+from .policy import chunks_for
+from .server import reported_calibration
 
 # -- compare: the side-by-side on the real CPU server ------------------------------------------------
-REPO = Path(__file__).resolve().parent.parent
+RESULTS = "results/compare.md"  # relative to the working directory, never inside an installed package
 DEFAULT_MODEL = "~/.cache/sglang-cpp/models/smollm2-135m"
 KINDS = {"fixed": "fixed", "dynamic": "quadratic", "plan": "plan", "pp1": "fixed"}  # kind -> simulated policy
 
@@ -40,7 +42,7 @@ class CompareConfig:
     num_requests: int = 2
     fixed_chunks: tuple = (512, 1024, 2048, 4096)
     sigma: float = 0.75
-    results: str = str(REPO / "results" / "compare.md")
+    results: str = RESULTS
     context_length: int | None = None
     timeout_per_server: float = 900.0
     request_timeout: float = 3600.0
@@ -131,7 +133,8 @@ def _run_server(cfg, kind, chunk, lens, state, launch, log, upstream_json: str |
             bcfg = BenchConfig(tuple(lens), cfg.num_requests, cfg.warmup, 1, cfg.seed, 0,
                                label_of(kind, chunk, cfg.sigma), cfg.request_timeout, cfg.warmup_len)
             recs = run_ttft(srv.base_url, bcfg, log=lambda m: log(f"{key}: {m}"))
-            ent = {"status": "ok", "records": recs, "log": str(getattr(srv, "log_path", ""))}
+            ent = {"status": "ok", "records": recs, "log": str(getattr(srv, "log_path", "")),
+                   "calibration": reported_calibration(srv.log())}
     except Exception as exc:  # a server that cannot start goes into the table, not up the stack
         ent = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
         log(f"{key}: FAILED: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
@@ -156,20 +159,14 @@ def _median(ent, L):
     return r["median_ttft_ms"] if r else None
 
 
-def newest_calibration(model: str, pp: int = 2) -> Path | None:
-    """The newest startup calibration of this model at this PP size, else the newest calibration."""
-    from .envs import CACHE_DIR
-
-    files = sorted(Path(CACHE_DIR.get()).expanduser().glob("calibration/*.json"),
-                   key=lambda f: f.stat().st_mtime, reverse=True)
-    name = Path(model).name
-    mine = [f for f in files if f"model={name}," in f.name and f",pp={pp}," in f.name]
-    return (mine or files or [None])[0]
-
-
-def find_calibration(cfg: CompareConfig) -> Path | None:
-    """--profile, else the newest calibration (see newest_calibration)."""
-    return Path(cfg.profile) if cfg.profile else newest_calibration(cfg.model)
+def find_calibration(cfg: CompareConfig, plan_runs: dict) -> Path | None:
+    """--profile, else the cost-model file the plan server reported in its log (never a guess by mtime)."""
+    if cfg.profile:
+        return Path(cfg.profile)
+    for ent in plan_runs.values():
+        if ent and ent.get("calibration"):
+            return Path(ent["calibration"])
+    return None
 
 
 def write_upstream_json(path: Path, cost, chunk: int, ctx: int | None) -> tuple[float, float, float]:
@@ -323,7 +320,7 @@ def compare(cfg: CompareConfig, *, launch=None, log=_log, command: str = "") -> 
             groups.setdefault(C, []).append(L)
     done = {"plan": {C: _run_server(cfg, "plan", C, tuple(Ls), state, launch, log) for C, Ls in groups.items()}}
     if "calibration" not in state:  # the plan server's calibration (or --profile), pinned for a resumed run
-        found = find_calibration(cfg)
+        found = find_calibration(cfg, done["plan"])
         state["calibration"] = str(found) if found else None
         _save_json(cfg.state_path, state)
     cal, cal_err, stages = (Path(state["calibration"]) if state["calibration"] else None), "", None
@@ -365,7 +362,8 @@ def compare(cfg: CompareConfig, *, launch=None, log=_log, command: str = "") -> 
 
 def add_compare_args(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    a("--model", default=DEFAULT_MODEL, help=f"model directory (default {DEFAULT_MODEL})")
+    a("--model-path", dest="model", default=DEFAULT_MODEL, help=f"model directory (default {DEFAULT_MODEL})")
+    alias(p, "--model-path", "--model")
     a("--input-lens", type=parse_lens, default=(8192, 16384), help="default 8k,16k")
     a("--num-requests", type=int, default=2, help="measured requests per length and server")
     a("--warmup", type=int, default=1, help="unmeasured requests per length and server")
@@ -373,7 +371,8 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     a("--seed", type=int, default=0)
     a("--fixed-chunks", type=parse_ints, default=(512, 1024, 2048, 4096), help="the fixed-chunk sweep")
     a("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR for upstream dynamic")
-    a("--results", default=str(REPO / "results" / "compare.md"), help="markdown table (state/.jsonl beside it)")
+    a("--results", default=RESULTS, help=f"markdown table, state and .jsonl beside it (default {RESULTS}, "
+                                          "under the working directory)")
     a("--context-length", type=int, default=None, help="server --context-length (default: the longest input + 16, rounded up to 1024, when it is > 8192)")
     a("--timeout-per-server", type=float, default=900.0,
       help="seconds a server may take to become healthy (the plan server calibrates at its first start)")

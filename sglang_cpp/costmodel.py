@@ -224,7 +224,8 @@ def _parse_samples(raw: Iterable, where: str) -> list[dict]:
             else:
                 raise ValueError(f"{where}: sample {i} needs keys L, x, ms (or seq_len, ms); got {sorted(s)}")
             ms = s.get("ms", s.get("latency_ms"))
-            out.append({"L": float(L), "x": float(x), "ms": float(ms), "stage": int(s.get("stage", 0))})
+            out.append({"L": float(L), "x": float(x), "ms": float(ms), "stage": int(s.get("stage", 0)),
+                        **({"scope": str(s["scope"])} if "scope" in s else {})})  # 'all': whole pipeline
         elif isinstance(s, (list, tuple)) and len(s) in (2, 3):
             L, x, ms = (0, *s) if len(s) == 2 else s
             out.append({"L": float(L), "x": float(x), "ms": float(ms), "stage": 0})
@@ -277,7 +278,22 @@ def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
         models.append(fit_cost_model([s["L"] for s in ss], [s["x"] for s in ss], [s["ms"] for s in ss],
                                      form=form, meta={**doc.get("meta", {}), "stage": st},
                                      name=f"{where} stage {st}"))
+    if any(s.get("scope") == "all" for s in doc["samples"]):
+        return _per_stage_of_pipeline(models, doc.get("meta", {}), where)
     return models[0] if len(models) == 1 else PipelineCost(tuple(models))
+
+
+def _per_stage_of_pipeline(models: list, meta: dict, where: str) -> "CostModel":
+    """A profile of scope 'all' (`profile --backend server`) timed each chunk through all P stages. A
+    stage is charged 1/P of that (an even split of the layers), never the whole pipeline's time."""
+    if len(models) != 1:
+        raise ValueError(f"{where}: samples of scope 'all' must all be stage 0 (one whole-pipeline model)")
+    P = int(meta.get("pp") or 1)
+    m = models[0]
+    if P < 1:
+        raise ValueError(f"{where}: meta.pp={meta.get('pp')!r} must be >= 1")
+    return CostModel(**{k: getattr(m, k) / P for k in COEFS}, fit=m.fit,
+                     meta={**m.meta, "scope": "stage", "pp_share": P, "derived": f"whole-pipeline profile / pp={P}"})
 
 
 def load_cost(path: str | Path, form: str = "full"):

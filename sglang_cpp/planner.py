@@ -50,7 +50,20 @@ class PlanConfig:
             raise ValueError(f"--min-chunk={self.min_chunk} rounds up to {self.lo} (--align {self.align}), above "
                              f"--max-chunk={self.max_chunk} rounded down to {self.hi}; widen the range")
         if self.chunk_size is not None and self.chunk_size < 1:
-            raise ValueError(f"--chunk-size={self.chunk_size} must be >= 1")
+            raise ValueError(f"--chunked-prefill-size={self.chunk_size} must be >= 1")
+
+    @classmethod
+    def from_server(cls, *, pp_size: int, chunk_size: int, max_prefill_tokens: int, page_size: int = 1,
+                    context_len: int | None = None, min_chunk: int = 0, max_chunk: int = 0,
+                    overhead_ms: float = 0.0, method: str = "equal-time", align: int = 64) -> "PlanConfig":
+        """The planner settings an SGLang server with these arguments uses (the plugin and every what-if
+        tool call this, so a simulated plan is the served plan): chunks aligned to SGLang's grid, at most
+        --max-prefill-tokens, at least upstream's C/4 floor unless SGLANG_CPP_MIN_CHUNK says otherwise."""
+        cap = min(max_chunk or max_prefill_tokens, max_prefill_tokens)
+        align = math.lcm(max(1, align), max(1, page_size), 64)
+        floor = min_chunk or chunk_size // 4
+        return cls(pp_size=pp_size, align=align, min_chunk=min(floor, cap), max_chunk=max(cap, align),
+                   context_len=context_len, overhead_ms=overhead_ms, chunk_size=chunk_size, method=method)
 
     @property
     def lo(self) -> int:

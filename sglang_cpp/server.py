@@ -159,6 +159,17 @@ def launched(spec: ServerSpec, timeout: float = 900.0, log_dir: str | None = Non
         srv.stop()
 
 
+_COST_SOURCE = re.compile(r"\[sglang-cpp\] (?:saved calibration to|cost model from calibration cache|"
+                          r"cost model from) (\S+)")
+
+
+def reported_calibration(log_text: str) -> str | None:
+    """The cost-model file a plan server says it used (saved, loaded from cache, or SGLANG_CPP_PROFILE):
+    the last one its log names. Experiments read this instead of guessing by file time."""
+    found = _COST_SOURCE.findall(log_text)
+    return found[-1] if found else None
+
+
 def launch_fails(spec: ServerSpec, timeout: float = 600.0) -> tuple[int, str]:
     """Start a server expected to fail; returns (exit code, log). Raises if it became healthy."""
     srv = start(spec)

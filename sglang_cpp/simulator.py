@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .args import alias, parse_len
+
 SEND_MODES = ("sync", "deferred")
 RECV_MODES = ("serial", "batched")
 
@@ -276,40 +278,18 @@ def simulate_requests(requests, cost, pp_size: int | None = None, config: SimCon
 
 
 # -- CLI hooks ----------------------------------------------------------------------------------
-_SUFFIX = {"k": 1024, "m": 1024 * 1024}
-
-
-def parse_len(text) -> int:
-    """Token count with an optional k/m suffix (binary: 128k = 131072, 1m = 1048576)."""
-    s = str(text).strip().lower().replace("_", "")
-    mult = _SUFFIX.get(s[-1:], 1)
-    num = s[:-1] if mult > 1 else s
-    try:
-        v = float(num) * mult
-    except ValueError:
-        raise ValueError(f"length {text!r}: expected an integer, optionally with k or m (e.g. 128k, 1m)") from None
-    if not math.isfinite(v) or v < 0 or v != int(v):
-        raise ValueError(f"length {text!r} must be a whole number of tokens >= 0")
-    return int(v)
-
-
-def default_partition(num_layers: int, pp_size: int) -> list[int]:
-    """SGLang/vLLM default layer split: the remainder goes to the stages before the last one."""
-    if pp_size < 1 or num_layers < pp_size:
-        raise ValueError(f"cannot split {num_layers} layers over pp_size={pp_size}; need >= 1 layer per stage")
-    parts = [num_layers // pp_size] * pp_size
-    for i in range(2, num_layers % pp_size + 2):
-        parts[-i] += 1
-    return parts
-
-
 def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a = parser.add_argument
-    a("--prompt-len", type=parse_len, required=True, help="prompt tokens (suffixes k, m: 128k, 1m)")
+    a("--input-len", dest="prompt_len", type=parse_len, required=True, help="prompt tokens (suffixes k, m: 128k, 1m)")
     a("--prefix-len", type=parse_len, default=0, help="cached prefix tokens (default 0)")
     a("--pp-size", type=int, required=True)
-    a("--policy", choices=("fixed", "plan"), default="fixed")
-    a("--chunk-size", type=parse_len, default=None, help="fixed chunk size (fixed policy, default 8k)")
+    a("--policy", choices=("fixed", "quadratic", "plan"), default="fixed",
+      help="fixed C; quadratic: upstream's dynamic chunking (its fit emulated from the cost model unless "
+           "--coeffs A,B,C or the profile's 'upstream'); plan: the sglang-cpp planner")
+    a("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    a("--max-prefill-tokens", type=parse_len, default=16384, help="SGLang's --max-prefill-tokens (quadratic)")
+    a("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None,
+      help="the base chunk C: the fixed chunk, or upstream's first chunk (default 8k)")
     a("--method", default="equal-time", help="planner method for --policy plan (equal-time, dp)")
     a("--max-chunk", type=parse_len, default=None, help="planner's largest chunk")
     src = parser.add_mutually_exclusive_group(required=True)
@@ -317,7 +297,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     src.add_argument("--coeffs", help="'a,b,c' (upstream) or 'c0,g,b,d,e,f'")
     src.add_argument("--analytic", metavar="MODEL", help="analytic model preset, e.g. qwen3-235b-a22b")
     a("--device", default="H100", help="device preset for --analytic")
-    a("--tp", type=int, default=1, help="tensor parallel size (--analytic)")
+    a("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
     a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
     a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
     a("--layers-per-stage", default=None, help="N or N0,N1,... (--analytic; default an even split)")
@@ -326,9 +306,14 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--hidden-size", type=int, default=None, help="bytes per token = hidden * 2 (default: the model's)")
     a("--send-mode", choices=SEND_MODES, default="deferred")
     a("--recv-mode", choices=RECV_MODES, default="serial")
-    a("--cpu-overhead-ms", type=float, default=0.0, help="host overhead per chunk and stage")
+    a("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=0.0,
+      help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_P2P_MS)")
     a("--trace", metavar="OUT.json", default=None, help="write a Chrome/Perfetto trace")
     a("--json", action="store_true", help="machine-readable output")
+    alias(parser, "--input-len", "--prompt-len")
+    alias(parser, "--chunked-prefill-size", "--chunk-size")
+    alias(parser, "--tp-size", "--tp")
+    alias(parser, "--chunk-overhead-ms", "--cpu-overhead-ms")
     return parser
 
 
@@ -342,6 +327,7 @@ def _cli_costs(args) -> tuple[list, int]:
     if args.coeffs:
         return [parse_coeffs(args.coeffs)] * P, 0
     from .analytic import DEVICES, MODELS, analytic_cost_model
+    from .partition import default_partition
 
     if args.analytic not in MODELS:
         raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
@@ -385,6 +371,14 @@ def run_simulate(args) -> int:
             if c < 1:
                 raise ValueError("--chunk-size must be >= 1")
             chunks = [c] * (R // c) + ([R % c] if R % c else [])
+        elif args.policy == "quadratic":  # upstream's algorithm, through the one policy dispatch
+            from .costmodel import PipelineCost
+            from .policy import chunks_for
+
+            cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
+            chunks = chunks_for("quadratic", args.prompt_len, cost, P, args.chunk_size or 8192, sigma=args.sigma,
+                                max_prefill=args.max_prefill_tokens, coeffs=args.coeffs, profile=args.profile,
+                                prefix_len=args.prefix_len)
         else:
             from .costmodel import PipelineCost
             from .planner import plan_chunks
@@ -411,5 +405,5 @@ def run_simulate(args) -> int:
     return 0
 
 
-__all__ = ["SimConfig", "SimResult", "Event", "simulate", "simulate_requests", "parse_len", "default_partition",
+__all__ = ["SimConfig", "SimResult", "Event", "simulate", "simulate_requests", "parse_len",
            "add_simulate_args", "run_simulate", "SEND_MODES", "RECV_MODES"]

@@ -8,7 +8,8 @@ import pytest
 
 from sglang_cpp.analytic import (DEVICES, MODELS, DeviceSpec, ModelSpec, analytic_cost_model, ideal_ttft_ms,
                                  lm_head_ms, per_layer_costs, percent_of_limit, prefill_flops)
-from sglang_cpp.simulator import SimConfig, default_partition, simulate
+from sglang_cpp.partition import default_partition
+from sglang_cpp.simulator import SimConfig, simulate
 
 # 1 FLOP per ms at efficiency 1: times in ms equal FLOP counts
 TOY_DEV = DeviceSpec("toy", peak_bf16_tflops=1e-9, peak_fp8_tflops=2e-9, mem_bw_gbps=1.0, efficiency=1.0)

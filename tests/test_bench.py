@@ -255,7 +255,7 @@ def test_compare_table_failures_and_resume(fake, tmp_path):
         launches.append(spec)
         if spec.chunk_size == 1024 and not spec.dynamic and spec.pp_size == 2:
             raise ServerError("server process exited with code 1 before becoming healthy")
-        yield SimpleNamespace(base_url=f.url, log_path=tmp_path / "log")
+        yield SimpleNamespace(base_url=f.url, log_path=tmp_path / "log", log=lambda: "")
 
     (tmp_path / "model").mkdir()
     cfg = compare.CompareConfig(model=str(tmp_path / "model"), input_lens=(256, 512), num_requests=1, warmup=0,
@@ -287,3 +287,25 @@ def test_compare_table_failures_and_resume(fake, tmp_path):
     launches.clear()  # resume: only the failed server is retried
     assert compare.compare(cfg, launch=launch, log=lambda m: None) == 1
     assert [(s.chunk_size, s.dynamic) for s in launches] == [(1024, False)]
+
+
+def test_compare_uses_the_calibration_the_plan_server_reports(fake, tmp_path):
+    """Without --profile, the simulator check and the emulated upstream fit read the file named in the plan
+    server's log, not the newest file in the cache (another server may have written one since)."""
+    f = fake(info={"context_len": 8192, "version": "0.5.23"})
+    reported = _profile(tmp_path)
+    decoy = tmp_path / "cache" / "calibration" / "model=model,pp=2,newer.json"
+    decoy.parent.mkdir(parents=True)
+    decoy.write_text("{not json")  # newest, and unusable: reading it would fail the check
+
+    @contextlib.contextmanager
+    def launch(spec, timeout, log_dir):
+        text = f"[sglang-cpp] saved calibration to {reported}\n" if spec.env["SGLANG_CPP_POLICY"] == "plan" else ""
+        yield SimpleNamespace(base_url=f.url, log_path=tmp_path / "log", log=lambda: text)
+
+    (tmp_path / "model").mkdir(exist_ok=True)
+    cfg = compare.CompareConfig(model=str(tmp_path / "model"), input_lens=(256,), num_requests=1, warmup=0,
+                                fixed_chunks=(128,), results=str(tmp_path / "res" / "compare.md"))
+    assert compare.compare(cfg, launch=launch, log=lambda m: None) == 0
+    md = (tmp_path / "res" / "compare.md").read_text()
+    assert f"simulator cost model: `{reported}`" in md and "unusable" not in md

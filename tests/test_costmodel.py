@@ -134,3 +134,18 @@ def test_missing_profile_and_bad_coeffs(tmp_path):
         CostModel(c0=-1, b=1)
     assert parse_coeffs("1e-6,0.05,20").is_fa_form
     assert json.loads(json.dumps(CostModel(**TRUE).to_dict()))["coeffs"]["f"] == TRUE["f"]
+
+
+def test_whole_pipeline_profile_charges_each_stage_its_share(tmp_path):
+    """`profile --backend server` times a chunk through all P stages (scope 'all'); a reader that copied
+    it to every stage would charge each stage the whole pipeline's time (P times too slow)."""
+    from sglang_cpp.costmodel import CostModel, load_cost, save_profile
+
+    whole = CostModel(c0=40.0, b=0.2, e=2e-5, f=1e-5)  # what the server measured, all stages together
+    samples = [{"L": L, "x": x, "ms": float(whole.time(L, x)), "stage": 0, "scope": "all"}
+               for L in (0, 2048, 4096, 8192) for x in (256, 512, 1024, 2048)]
+    p = save_profile(tmp_path / "server.json", samples=samples, meta={"pp": 4})
+    stage = load_cost(p)
+    for L, x in ((0, 512), (6000, 1024), (8192, 2048)):
+        assert stage.time(L, x) == pytest.approx(whole.time(L, x) / 4, rel=0.02)
+    assert stage.meta["scope"] == "stage"

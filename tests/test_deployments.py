@@ -2,11 +2,13 @@
 with decodes running while a long prompt is chunked, and a calibration target 4x --max-prefill-tokens."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
 
+from sglang_cpp.cli import main as cli_main
 from sglang_cpp.client import generate, random_ids
 from sglang_cpp.costmodel import load_profile
 from sglang_cpp.server import ServerSpec, launched
@@ -41,8 +43,11 @@ def deploy(tiny, tmp_path_factory):
         time.sleep(2.0)  # the short request is decoding
         mixed = generate(srv.base_url, input_ids=random_ids(6000, 3), max_new_tokens=1)
         t.join(600)
+        # `sglang-cpp bench ttft --base-url` against this real server
+        rc = cli_main(["bench", "ttft", "--base-url", srv.base_url, "--input-lens", "1k,2000", "--num-requests", "2",
+                       "--warmup", "1", "--output-jsonl", str(d / "ttft.jsonl"), "--policy-label", "plan"])
         log = srv.log()
-    return {"dir": d, "log": log, "odd": odd, "mixed": mixed, "mark": mark, "decode": decode,
+    return {"dir": d, "log": log, "odd": odd, "mixed": mixed, "mark": mark, "decode": decode, "bench_rc": rc,
             "calib": sorted((d / "cache" / "calibration").glob("*.json"))}
 
 
@@ -86,6 +91,17 @@ def test_mixed_chunk_forwards_stay_within_max_prefill_tokens(deploy, rank):
     over = [e for e in fwd if sum(e["chunk"]) > MAX_PREFILL]
     assert not over, over[:3]
     assert len(deploy["decode"]["r"].output_ids) == 400
+
+
+def test_bench_ttft_measures_a_real_server(deploy):
+    assert deploy["bench_rc"] == 0
+    recs = [json.loads(line) for line in (deploy["dir"] / "ttft.jsonl").read_text().splitlines()]
+    assert [r["random_input_len"] for r in recs] == [1024, 2000]
+    for r in recs:
+        assert r["completed"] == 2 and r["failed"] == 0 and r["errors"] == ["", ""] and r["policy"] == "plan"
+        assert len(r["ttfts"]) == 2 and all(t > 0 for t in r["ttfts"])
+        assert min(r["ttfts"]) * 1e3 <= r["median_ttft_ms"] <= max(r["ttfts"]) * 1e3
+        assert r["total_input_tokens"] == 2 * r["random_input_len"] and r["simulated"] is False
 
 
 @pytest.fixture(scope="module")

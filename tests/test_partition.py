@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_cpp.partition import (Partition, default_partition, format_partition,
+from sglang_cpp.partition import (ENV_NAME, Partition, default_partition, format_partition,
                                   gain_over_default, parse_partition, partition_layers,
                                   stage_times_for)
 
@@ -38,6 +38,16 @@ def test_default_and_uniform_costs_match_sglang(N, P, expected):
     assert partition_layers([1.0] * N, P).parts == expected
     assert partition_layers([0.37] * N, P).parts == expected  # float sums must still tie
     assert partition_layers([0.0] * N, P).parts == expected   # no information -> default
+
+
+@pytest.mark.parametrize("N,P", [(94, 8), (61, 4), (30, 2), (80, 6), (7, 7), (64, 8), (95, 16)])
+def test_default_is_sglangs_own_get_pp_indices(N, P, monkeypatch):
+    """The one default split (simulator, analytic, partitioner, tuner) against SGLang 0.5.23's function."""
+    from sglang.srt.distributed.utils import get_pp_indices
+
+    monkeypatch.delenv(ENV_NAME, raising=False)
+    want = tuple(e - s for s, e in (get_pp_indices(N, r, P) for r in range(P)))
+    assert default_partition(N, P) == want
 
 
 @given(st.integers(1, 80), st.integers(1, 8))

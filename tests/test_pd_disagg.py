@@ -14,6 +14,7 @@ If the main plugin does not register cpu_compat yet, a throw-away entry point re
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import re
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from sglang_cpp.client import ServerError, generate
-from sglang_cpp.server import ServerSpec, free_port, launched
+from sglang_cpp.server import ServerSpec, free_port, launched, reported_calibration
 
 from conftest import CHAT
 
@@ -172,24 +173,27 @@ def test_pd_chunked_long_prompt_equals_non_disaggregated(pd_run, baseline):
 
 
 def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
-    """The long prompt is prefilled in several chunks decided by the plugin (KV sent after each)."""
-    rows = re.findall(r"PP0 request rid=(\S+) prompt=\d+ prefix=(\d+) chunks=\[([\d, ]+)\] .*\(plan\)",
+    """The long prompt is prefilled in several chunks decided by the plugin (KV sent after each), and
+    they are the chunks `sglang-cpp plan` gives for the cost model the prefill server reports."""
+    rows = re.findall(r"PP0 request rid=(\S+) prompt=(\d+) prefix=(\d+) chunks=\[([\d, ]+)\] .*\(plan\)",
                       pd_run["prefill_log"])
-    per_rid: dict = {}
-    for rid, prefix, chunks in rows:
-        if not rid.startswith("HEALTH_CHECK"):
-            L = int(prefix)
-            for c in map(int, chunks.split(",")):
-                per_rid.setdefault(rid, []).append((L, c))
-                L += c
-    longest = max(per_rid.values(), key=len)
-    assert len(longest) >= 2, per_rid
-    assert all(c <= 512 for _, c in longest), longest
-    first, last = longest[0], longest[-1]
-    assert last[0] + last[1] == len(pd_run["ids"]) - 1 or last[0] + last[1] == len(pd_run["ids"])
-    assert first[0] + sum(c for _, c in longest) == last[0] + last[1]
-    for a, b in zip(longest, longest[1:]):  # contiguous chunks
-        assert b[0] == a[0] + a[1]
+    n = len(pd_run["ids"])
+    (long,) = [(int(prefix), [int(c) for c in chunks.split(",")]) for rid, prompt, prefix, chunks in rows
+               if int(prompt) == n]
+    prefix, chunks = long
+    assert len(chunks) >= 2 and all(c <= 512 for c in chunks), long
+    assert prefix + sum(chunks) == n
+    cal = reported_calibration(pd_run["prefill_log"])
+    assert cal, "the prefill server did not report its cost model"
+    cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", cal, "--prompt-len", str(n),
+                          "--prefix-len", str(prefix), "--pp-size", "2", "--chunk-size", "512",
+                          "--max-prefill-tokens", "16384", "--context-len", "8192", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert chunks == json.loads(cli.stdout)["chunks"]
+
+
+def test_pd_request_went_through_sglang_router(pd_run):
+    assert pd_run["router"], "sglang-router is not installed; examples/cpu/setup.sh installs sglang-router==0.3.2"
 
 
 def test_no_scheduler_crash_in_pd_logs(pd_run):

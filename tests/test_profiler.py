@@ -16,8 +16,9 @@ from sglang_cpp.cli import main as cli_main
 from sglang_cpp.costmodel import META_KEYS, load_cost, load_profile
 from sglang_cpp.profiler.grid import ProfileConfig, default_chunks, make_grid
 
-TINY = Path("/root/.cache/sglang-cpp/models/tiny-llama")
-needs_tiny = pytest.mark.skipif(not (TINY / "config.json").exists(), reason=f"tiny model missing at {TINY}")
+from conftest import TINY  # under SGLANG_CPP_CACHE_DIR; the `tiny` fixture builds it when missing
+
+needs_tiny = pytest.mark.usefixtures("tiny")
 # --threads 1: two torch threads spin-wait badly when the 2-core host is busy
 HF = ["--backend", "hf", "--model", str(TINY), "--device", "cpu", "--threads", "1", "--quiet"]
 

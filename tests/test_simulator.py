@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_cpp.costmodel import CostModel
-from sglang_cpp.simulator import (SimConfig, add_simulate_args, default_partition, parse_len, run_simulate,
+from sglang_cpp.simulator import (SimConfig, add_simulate_args, parse_len, run_simulate,
                                   simulate, simulate_requests)
 
 MODES = list(itertools.product(("sync", "deferred"), ("serial", "batched")))
@@ -242,8 +242,6 @@ def test_parse_len_and_partition():
     for bad in ("abc", "1.3", "-4k", ""):
         with pytest.raises(ValueError):
             parse_len(bad)
-    assert default_partition(94, 8) == [11, 12, 12, 12, 12, 12, 12, 11]
-    assert sum(default_partition(61, 4)) == 61
 
 
 def _cli(argv, capsys):
@@ -285,3 +283,17 @@ def test_cli_analytic_text_and_errors(capsys):
     assert rc == 2 and "prefix-len" in out.err
     rc, out = _cli(["--prompt-len", "4k", "--pp-size", "2", "--analytic", "nope"], capsys)
     assert rc == 2 and "smollm2-135m" in out.err
+
+
+def test_cli_quadratic_is_sglangs_own_chunk_sequence(capsys):
+    """`simulate --policy quadratic` (upstream's dynamic chunking, the baseline of every what-if) runs the
+    chunks SGLang 0.5.23's ChunkSizePredictor gives for the same a, b, c."""
+    from conftest import sglang_reference_chunks
+
+    a, b, c = 2e-6, 0.05, 20.0
+    rc, out = _cli(["--coeffs", f"{a},{b},{c}", "--pp-size", "2", "--input-len", "32k", "--policy", "quadratic",
+                    "--chunked-prefill-size", "4096", "--sigma", "0.75", "--json"], capsys)
+    assert rc == 0, out.err
+    got = json.loads(out.out)["chunks"]
+    assert got == sglang_reference_chunks(a, b, c, 4096, 32768, 1 << 30, 16384)
+    assert len(set(got)) > 2  # the coefficients make upstream shrink its chunks

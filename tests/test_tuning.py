@@ -192,7 +192,7 @@ def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
         launched_specs.append(spec)
         if spec.chunk_size == 1024 and not spec.dynamic:
             raise RuntimeError("server died during start-up")
-        yield type("Srv", (), {"base_url": f"fake://{len(launched_specs) - 1}"})()
+        yield type("Srv", (), {"base_url": f"fake://{len(launched_specs) - 1}", "log": lambda self: ""})()
 
     def run_with(table):
         def fake_run_ttft(base_url, cfg, log=None):
@@ -245,3 +245,17 @@ def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
     assert rc == 0, err
     assert [s.chunk_size for s in launched_specs if s.dynamic] == [4096, 4096]
     assert "fastest: fixed C=2048" in out
+
+
+def test_chunk_on_a_whole_pipeline_server_profile_charges_each_stage_half(tmp_path, capsys):
+    """`profile --backend server` on a PP=2 server measured both stages together (scope 'all'): `tune
+    chunk` must model each stage as half of it, not copy the whole-pipeline time to both stages."""
+    samples = [{"L": L, "x": x, "ms": float(STAGE0.time(L, x)), "stage": 0, "scope": "all"} for L, x in GRID]
+    prof = save_profile(tmp_path / "server.json", samples=samples, meta={**META, "pp": 2, "stage": "all"})
+    rc, out, err = tune(capsys, "chunk", prof, "--pp-size", 2, "--input-lens", "8k", "--out-dir", tmp_path / "o")
+    assert rc == 0, err
+    (written,) = (tmp_path / "o").glob("*.json")
+    cost = load_cost(written)  # one model: the plugin and the simulator use it for every stage
+    for st in getattr(cost, "stages", None) or (cost,):
+        assert st.time(4096, 1024) == pytest.approx(STAGE0.time(4096, 1024) / 2, rel=0.01)
+    assert all(abs(r["rel_err"]) < 0.01 for r in load_profile(written)["residuals"])

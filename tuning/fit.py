@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..costmodel import COEFS, PipelineCost, fit_cost_model, load_profile, save_profile
+from ..costmodel import COEFS, PipelineCost, cost_from_profile, load_profile, save_profile
+from ..args import alias
 from . import config_from_args, save_figure
 
 FORMS = ("full", "fa")
@@ -132,15 +133,13 @@ def load_samples(cfg: FitConfig) -> tuple[list[dict], dict, str]:
 
 # -- fit ---------------------------------------------------------------------------------------
 def fit_stages(samples: list[dict], form: str = "full", meta: dict | None = None, where: str = "profile") -> list:
-    """One CostModel per stage present in the samples, in stage order."""
-    by_stage: dict[int, list] = {}
-    for s in samples:
-        by_stage.setdefault(int(s.get("stage", 0)), []).append(s)
+    """One CostModel per stage present in the samples, in stage order (costmodel.cost_from_profile's fit,
+    which also turns a whole-pipeline profile of scope 'all' into a per-stage share)."""
+    by_stage = {int(s.get("stage", 0)) for s in samples}
     if sorted(by_stage) != list(range(len(by_stage))):
         raise ValueError(f"{where}: samples cover stages {sorted(by_stage)}; every stage 0..P-1 needs samples")
-    return [fit_cost_model([s["L"] for s in ss], [s["x"] for s in ss], [s["ms"] for s in ss], form=form,
-                           meta={**(meta or {}), "stage": st}, name=f"{where} stage {st}")
-            for st, ss in sorted(by_stage.items())]
+    cost = cost_from_profile({"samples": samples, "meta": dict(meta or {})}, where, form)
+    return list(getattr(cost, "stages", None) or [cost])
 
 
 def as_cost(models: list):
@@ -153,6 +152,8 @@ def residuals(models: list, samples: list[dict]) -> list[dict]:
     for s in samples:
         st = int(s.get("stage", 0))
         pred = float(models[st].time(s["L"], s["x"]))
+        if s.get("scope") == "all":  # a whole-pipeline sample against the per-stage share
+            pred *= models[st].meta.get("pp_share", 1)
         out.append({"stage": st, "L": s["L"], "x": s["x"], "ms": s["ms"], "pred_ms": round(pred, 6),
                     "rel_err": round((s["ms"] - pred) / pred, 6) if pred > 0 else None})
     return out
@@ -225,7 +226,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="refit from the plugin's SGLANG_CPP_DECISION_LOG files (one per rank; stage = pp_rank)")
     p.add_argument("--form", choices=FORMS, default="full",
                    help="full: c0+gL+bx+dL^2+eLx+fx^2 (any backend); fa: d=0, e=2f (FlashAttention kernels)")
-    p.add_argument("--png", default=None, metavar="OUT.png", help="measured vs fitted plot")
+    p.add_argument("--plot", dest="png", default=None, metavar="OUT.png", help="measured vs fitted plot")
+    alias(p, "--plot", "--png")
     p.add_argument("--out", default=None, metavar="FITTED.json", help="write samples + fitted stages + residuals")
 
 

@@ -176,13 +176,14 @@ def render(cfg: PartitionConfig, lc: LayerCosts, res: dict) -> str:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ..cli import parse_len
+    from ..args import alias, parse_len
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON with per-layer breakdown (layer_ms, embed_ms, head_ms)")
     src.add_argument("--analytic", metavar="MODEL", help="analytic model preset, e.g. qwen3-235b-a22b, smollm2-135m")
     p.add_argument("--device", default="H100", help="device preset for --analytic (H100, H200, H20, A100, cpu-2core)")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size (--analytic)")
+    p.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
+    alias(p, "--tp-size", "--tp")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default: model's)")
     p.add_argument("--pp-size", type=int, required=True)
     p.add_argument("--num-layers", type=int, default=None,

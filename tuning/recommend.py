@@ -339,8 +339,7 @@ def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict]:
 
 # -- CLI -------------------------------------------------------------------------------------------------
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ..bench import parse_ints, parse_lens
-    from ..cli import parse_len
+    from ..args import alias, parse_ints, parse_len, parse_lens
 
     p.add_argument("profile", help="profile JSON (sglang-cpp profile, or tune fit --out)")
     p.add_argument("--pp-size", type=int, required=True)
@@ -351,9 +350,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
     p.add_argument("--context-length", type=parse_len, default=None,
                    help="server --context-length (default: unbounded)")
-    p.add_argument("--p2p-ms", type=float, default=0.0, help="per-chunk P2P + scheduling overhead the profile misses")
-    p.add_argument("--chunk-sizes", type=parse_ints, default=DEFAULT_SIZES,
+    p.add_argument("--chunk-overhead-ms", dest="p2p_ms", type=float, default=0.0,
+                   help="fixed cost per chunk the profile misses: P2P, scheduling (SGLANG_CPP_P2P_MS)")
+    alias(p, "--chunk-overhead-ms", "--p2p-ms")
+    p.add_argument("--fixed-chunks", dest="chunk_sizes", type=parse_ints, default=DEFAULT_SIZES,
                    help="C grid for fixed and upstream (default 1k..32k)")
+    alias(p, "--fixed-chunks", "--chunk-sizes")
     p.add_argument("--form", choices=FORMS, default="full", help="cost-model form when refitting samples")
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..bench import BenchConfig, _log, run_ttft
-from ..server import ServerSpec, launched
+from ..server import ServerSpec, launched, reported_calibration
 from . import config_from_args, save_figure
 
 
@@ -99,6 +99,7 @@ def measure(cfg: SweepConfig, name: str, kind: str, spec: ServerSpec, log=_log, 
                                                    cfg.seed + 10**6, 0, f"{name} warmup", cfg.request_timeout), log=sub)
             rec = run_ttft(srv.base_url, BenchConfig((cfg.input_len,), cfg.num_requests, 0, 1, cfg.seed, 0, name,
                                                      cfg.request_timeout), log=sub)[0]
+            ent["calibration"] = reported_calibration(srv.log())
         ok = [t * 1e3 for t, e in zip(rec["ttfts"], rec["errors"]) if not e]
         if rec["median_ttft_ms"] is None or not ok:
             ent["reason"] = "; ".join(e for e in rec["errors"] if e) or "no successful request"
@@ -121,16 +122,17 @@ def _plan_row(cfg: SweepConfig, best: int, log) -> dict:
     return measure(cfg, f"sglang-cpp plan C={best}", "plan", _spec(cfg, best, True, env), log, sigma=None)
 
 
-def _upstream_env(cfg: SweepConfig, base: int, log) -> dict:
+def _upstream_env(cfg: SweepConfig, base: int, log, plan: dict | None = None) -> dict:
     """Upstream's algorithm: its own startup profiling (--upstream-profiling), else policy quadratic on
     a, b, c fitted to the calibration at upstream's profiling lengths (the profiling itself, 128 fresh
     prefills of up to 1.25*C tokens, would dwarf the sweep on a slow CPU)."""
     if cfg.upstream_profiling:
         return {"SGLANG_CPP_POLICY": "off"}
-    from ..compare import newest_calibration, write_upstream_json
+    from ..compare import write_upstream_json
     from ..costmodel import load_cost
 
-    cal = Path(cfg.profile) if cfg.profile else newest_calibration(cfg.model, cfg.pp_size)
+    reported = (plan or {}).get("calibration")
+    cal = Path(cfg.profile) if cfg.profile else (Path(reported) if reported else None)
     if cal is None:
         raise ValueError("no calibration to emulate upstream's fit from: run the plan server (drop --no-plan), "
                          "pass --profile, or use --upstream-profiling")
@@ -153,7 +155,7 @@ def sweep(cfg: SweepConfig, log=_log) -> list[dict]:
     plan = _plan_row(cfg, best, log) if cfg.plan else None  # first: its calibration feeds the upstream fit
     first = None
     try:
-        up_env = _upstream_env(cfg, base, log)
+        up_env = _upstream_env(cfg, base, log, plan)
     except (ValueError, OSError) as exc:
         up_env = None
         log(f"dynamic runs skipped: {exc}")
@@ -230,14 +232,13 @@ def _floats(text: str) -> tuple:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ..bench import parse_ints
-    from ..cli import parse_len
+    from ..args import alias, parse_ints, parse_len
 
     d = SweepConfig(model="")
-    p.add_argument("--model", required=True, help="model folder for `python -m sglang.launch_server --model-path`")
+    p.add_argument("--model-path", dest="model", required=True, help="model folder for `python -m sglang.launch_server`")
     p.add_argument("--pp-size", type=int, default=d.pp_size)
     p.add_argument("--input-len", type=parse_len, default=d.input_len, help="prompt tokens (SmolLM2 serves < 8192)")
-    p.add_argument("--fixed", type=parse_ints, default=d.fixed, help="fixed chunk sizes to try")
+    p.add_argument("--fixed-chunks", dest="fixed", type=parse_ints, default=d.fixed, help="fixed chunk sizes to try")
     p.add_argument("--sigmas", type=_floats, default=d.sigmas, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR values")
     p.add_argument("--num-requests", type=int, default=d.num_requests, help="measured requests per server")
     p.add_argument("--warmup-len", type=parse_len, default=d.warmup_len, help="one unmeasured short request (0: none)")
@@ -248,7 +249,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-length", type=parse_len, default=None,
                    help="server --context-length (default: the model's, raised when --input-len needs it)")
     p.add_argument("--device", default=d.device, help="server --device")
-    p.add_argument("--png", default=None, help="bar chart of TTFT per configuration")
+    p.add_argument("--plot", dest="png", default=None, help="bar chart of TTFT per configuration")
+    alias(p, "--model-path", "--model")
+    alias(p, "--fixed-chunks", "--fixed")
+    alias(p, "--plot", "--png")
     p.add_argument("--out", default=None, help="results JSON")
     p.add_argument("--log-dir", default=None, help="server logs (default: a temp folder)")
     p.add_argument("--timeout-per-server", type=float, default=d.timeout_per_server, help="seconds to become healthy")

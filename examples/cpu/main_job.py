@@ -3,7 +3,7 @@
 
 It launches the server (the first start calibrates t(L, x) on every stage and caches it),
 sends one long prompt, and prints the TTFT and the chunk plan the stages actually ran.
-Usage: python examples/cpu/main_job.py [--prompt-len 6000] [--chunk-size 1024]
+Usage: python examples/cpu/main_job.py [--input-len 6000] [--chunked-prefill-size 1024]
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def plan_from_log(path: Path, rid: str, prompt_len: int, pp_size: int) -> ChunkP
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--prompt-len", type=int, default=6000)
-    ap.add_argument("--chunk-size", type=int, default=1024)
+    ap.add_argument("--input-len", "--prompt-len", dest="prompt_len", type=int, default=6000)
+    ap.add_argument("--chunked-prefill-size", "--chunk-size", dest="chunk_size", type=int, default=1024)
     ap.add_argument("--model", default=str(MODEL))
     ap.add_argument("--results", default=str(Path(__file__).resolve().parents[2] / "results" / "main_job.md"),
                     help="results file to (over)write with this run's figures ('' for none)")

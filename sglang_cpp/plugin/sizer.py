@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -60,12 +59,11 @@ class SizerConfig:
                    method=envs.PLANNER.get(), **server)
 
     def plan_config(self) -> PlanConfig:
-        max_chunk = min(self.max_chunk or self.max_prefill_tokens, self.max_prefill_tokens)
-        align = math.lcm(max(1, self.align), max(1, self.page_size), 64)
-        min_chunk = self.min_chunk or self.chunk_size // 4  # upstream's C/4 floor
-        return PlanConfig(pp_size=self.pp_size, align=align, min_chunk=min(min_chunk, max_chunk),
-                          max_chunk=max(max_chunk, align), context_len=self.context_len,
-                          overhead_ms=self.overhead_ms, chunk_size=self.chunk_size, method=self.method)
+        return PlanConfig.from_server(pp_size=self.pp_size, chunk_size=self.chunk_size,
+                                      max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
+                                      context_len=self.context_len, min_chunk=self.min_chunk,
+                                      max_chunk=self.max_chunk, overhead_ms=self.overhead_ms, method=self.method,
+                                      align=self.align)
 
 
 class DecisionLog:

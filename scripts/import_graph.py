@@ -1,0 +1,145 @@
+"""Print sglang-cpp's internal import graph (module -> modules it imports), its cycles, and what the
+offline core reaches. Static (ast), so it sees lazy imports inside functions too.
+
+Usage: python scripts/import_graph.py [--cycles] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp", "sglang_cpp.profiler": ROOT / "profiler",
+            "sglang_cpp.tuning": ROOT / "tuning"}
+CORE = ("sglang_cpp.costmodel", "sglang_cpp.planner", "sglang_cpp.plan", "sglang_cpp.partition",
+        "sglang_cpp.simulator", "sglang_cpp.analytic", "sglang_cpp.upstream")
+FORBIDDEN_FOR_CORE = ("sglang_cpp.plugin", "sglang_cpp.cli", "sglang_cpp.bench", "sglang_cpp.compare",
+                      "sglang_cpp.profiler", "sglang_cpp.tuning", "torch", "sglang")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg, folder in PACKAGES.items():
+        for f in sorted(folder.rglob("*.py")):
+            rel = f.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def _resolve(mod: str, is_pkg: bool, level: int, name: str | None) -> str:
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[:len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([name] if name else []))
+
+
+def imports_of(mod: str, path: Path, known: dict) -> set[str]:
+    """Internal modules and the external top-level packages (torch, sglang) that `mod` imports."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(mod, is_pkg, node.level, node.module) if node.level else (node.module or "")
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known:
+            names = [node.value]  # importlib.import_module("sglang_cpp.x"): a dynamic import edge
+        for n in names:
+            while n and n not in known and "." in n and n.split(".")[0] == "sglang_cpp":
+                n = n.rsplit(".", 1)[0]
+            if n in known and n != mod:
+                out.add(n)
+            elif n.split(".")[0] in ("torch", "sglang"):
+                out.add(n.split(".")[0])
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: imports_of(m, p, known) for m, p in known.items()}
+
+
+def reach(g: dict, start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        for n in g.get(m, ()):
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+def cycles(g: dict) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in g:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def core_violations(g: dict) -> dict[str, list[str]]:
+    """Core module -> forbidden modules it reaches (directly or through other internal modules)."""
+    out = {}
+    for m in CORE:
+        bad = sorted(n for n in reach(g, m) if n in FORBIDDEN_FOR_CORE or n.startswith(
+            tuple(f + "." for f in FORBIDDEN_FOR_CORE)))
+        if bad:
+            out[m] = bad
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print the graph as JSON")
+    a = ap.parse_args()
+    g = graph()
+    if a.json:
+        print(json.dumps({m: sorted(v) for m, v in g.items()}, indent=1))
+        return 0
+    for m in sorted(g):
+        print(f"{m} -> {', '.join(sorted(g[m])) or '-'}")
+    cyc = cycles(g)
+    print(f"\ncycles: {len(cyc)}")
+    for c in cyc:
+        print("  " + " <-> ".join(c))
+    bad = core_violations(g)
+    print(f"core importing plugin/CLI/torch/sglang: {bad or 'none'}")
+    return 1 if bad or cyc else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Argument parsing shared by every subcommand: lengths with k/m suffixes (binary: 128k = 131072,
+1m = 1048576) and comma-separated lists of them. One copy, so every length flag reads alike."""
+from __future__ import annotations
+
+import argparse
+import math
+
+_SUFFIX = {"k": 1024, "m": 1024 * 1024}
+
+
+class LengthError(ValueError, argparse.ArgumentTypeError):
+    """A ValueError for callers, an ArgumentTypeError for argparse (which then prints our message)."""
+
+
+def parse_len(text) -> int:
+    """Token count with an optional k/m suffix: '131072', '128k', '1m', '1.5k'."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().lower().replace("_", "")
+    mult = _SUFFIX.get(s[-1:], 1)
+    num = s[:-1] if mult > 1 else s
+    try:
+        v = float(num) * mult
+    except ValueError:
+        raise LengthError(f"length {text!r}: expected an integer, optionally with k or m (e.g. 128k, 1m)") from None
+    if not math.isfinite(v) or v < 0 or v != int(v):
+        raise LengthError(f"length {text!r} must be a whole number of tokens >= 0")
+    return int(v)
+
+
+def parse_ints(text: str) -> tuple:
+    """'256,512,1k' -> (256, 512, 1024)."""
+    out = tuple(parse_len(t) for t in str(text).split(",") if t.strip())
+    if not out:
+        raise LengthError(f"{text!r}: give comma-separated sizes, e.g. 256,512,1k")
+    return out
+
+
+def parse_lens(text: str) -> tuple:
+    """Comma-separated prompt lengths >= 1: '8k,16k'."""
+    lens = parse_ints(text)
+    if min(lens) < 1:
+        raise LengthError(f"{text!r}: give comma-separated lengths >= 1, e.g. 8k,16k")
+    return lens
+
+
+def alias(parser, new: str, *old: str) -> None:
+    """Old spellings of flag `new` (SGLang's name where it has one), accepted for one release and hidden
+    from --help: they parse into the same action."""
+    action = parser._option_string_actions[new]
+    for o in old:
+        parser._option_string_actions[o] = action

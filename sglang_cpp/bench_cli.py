@@ -1,0 +1,137 @@
+"""`sglang-cpp bench`: the subcommand (`ttft` on a real server or simulated, and `compare`). The client
+itself is bench.py; the side-by-side is compare.py; this module only wires them to the command line."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from types import SimpleNamespace
+
+from .args import alias, parse_len, parse_lens
+from .bench import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
+                    write_jsonl)
+from .client import ServerError
+from .compare import add_compare_args, compare_doc, run_compare
+from .policy import chunks_for
+
+
+def simulate_ttft(args) -> list[dict]:
+    """Same records as run_ttft, from the simulator; closed loop at --max-concurrency, FIFO."""
+    from .costmodel import PipelineCost
+    from .simulator import SimConfig, _cli_costs, simulate_requests
+
+    P = args.pp_size
+    src = SimpleNamespace(profile=args.simulate, analytic=args.analytic if not args.simulate else None,
+                          coeffs=args.coeffs if not (args.simulate or args.analytic) else None,
+                          device=args.device, tp=args.tp, dtype=None, efficiency=None, layers_per_stage=None,
+                          pp_size=P)
+    stages, hidden = _cli_costs(src)
+    cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
+    cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
+                    hidden_size=hidden, cpu_overhead_ms=args.cpu_overhead_ms)
+    chunk = args.chunk_size or 8192
+    label = args.policy_label or f"{args.policy} (simulated)"
+    meta = run_meta(label, True)
+    hw = {"source": args.simulate and f"profile {args.simulate}" or args.analytic and
+          f"analytic {args.analytic} on {args.device}" or f"coeffs {args.coeffs}", "pp_size": P, "tp": args.tp,
+          "chunk_size": chunk, "sim_policy": args.policy}
+    records, n, C = [], args.num_requests, args.max_concurrency
+    for L in args.input_lens:
+        chunks = chunks_for(args.policy, L, cost, P, chunk, sigma=args.sigma, max_prefill=args.max_prefill_tokens,
+                            overhead_ms=args.cpu_overhead_ms, coeffs=args.coeffs, profile=args.simulate)
+        arrivals = [0.0] * min(C, n)
+        res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
+        while len(arrivals) < n:  # the next request starts when the one C places earlier finished
+            j = len(arrivals) - C
+            arrivals.append(arrivals[j] + res.ttfts_ms[j])
+            res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
+        ttfts = [t / 1e3 for t in res.ttfts_ms]
+        rec = summarize(ttfts, [""] * n, L, res.makespan_ms / 1e3, ttfts)
+        records.append({"backend": "sglang-cpp-simulator", "dataset_name": "random-ids", "max_concurrency": C,
+                        "warmup": 0, **rec, "warmup_errors": [],
+                        "chunk_plan": {"policy": args.policy, "chunks": chunks}, "simulated_setup": hw, **meta})
+    return records
+
+
+# -- outputs --------------------------------------------------------------------------------------
+def add_ttft_args(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--base-url", help="SGLang server, e.g. http://127.0.0.1:30000 (not needed when simulating)")
+    a("--input-lens", type=parse_lens, required=True, help="comma-separated prompt lengths (8k = 8192)")
+    a("--num-requests", type=int, default=2, help="measured requests per length")
+    a("--warmup", type=int, default=1, help="unmeasured requests per length, before the measured ones")
+    a("--max-concurrency", type=int, default=1)
+    a("--seed", type=int, default=0, help="request i gets random ids from seed + i")
+    a("--shared-prefix", type=parse_len, default=0, help="first LEN ids shared by all requests of a length")
+    a("--output-jsonl", help="append one bench_serving-style JSON line per length")
+    a("--plot", help="PNG of median TTFT (p90 bars) against input length")
+    a("--policy-label", default="", help="name of the server's configuration, carried into the JSONL")
+    a("--timeout", type=float, default=3600.0, help="per-request timeout (s)")
+    g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
+    g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
+    g.add_argument("--analytic", metavar="MODEL", help="analytic model preset (sglang_cpp.analytic.MODELS)")
+    g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
+    g.add_argument("--device", default="H100", help="device preset for --analytic")
+    g.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
+    g.add_argument("--pp-size", type=int, default=2)
+    g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None,
+                   help="the base chunk C (default 8192)")
+    g.add_argument("--policy", choices=("plan", "fixed", "quadratic"), default="plan")
+    g.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    g.add_argument("--max-prefill-tokens", type=int, default=16384)
+    g.add_argument("--p2p-latency-ms", type=float, default=0.0)
+    g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
+    g.add_argument("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=0.0,
+                   help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_P2P_MS)")
+    alias(p, "--tp-size", "--tp")
+    alias(p, "--chunked-prefill-size", "--chunk-size")
+    alias(p, "--chunk-overhead-ms", "--cpu-overhead-ms")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_cmd", required=True)
+    add_ttft_args(sub.add_parser("ttft", help="TTFT per input length (real server or simulated)",
+                                 description="TTFT per input length: measured on a running SGLang server, or simulated"))
+    add_compare_args(sub.add_parser("compare", help="side-by-side on the CPU SmolLM2 server (launches servers)",
+                                    description=compare_doc()))
+
+
+def run_ttft_cli(args) -> int:
+    simulated = bool(args.simulate or args.analytic or args.coeffs)
+    if simulated and args.base_url:
+        raise ValueError("--base-url cannot be combined with --simulate/--analytic/--coeffs: "
+                         "drop --base-url to simulate, or the simulation options to measure")
+    if not simulated and not args.base_url:
+        raise ValueError("give --base-url of a running SGLang server, or --simulate PROFILE / --analytic MODEL")
+    if args.simulate and args.analytic:
+        raise ValueError("give one cost source: --simulate PROFILE or --analytic MODEL, not both")
+    if simulated and args.shared_prefix:
+        raise ValueError("--shared-prefix is not simulated; drop it, or measure on a server with --base-url")
+    if simulated:
+        BenchConfig(tuple(args.input_lens), args.num_requests, 0, args.max_concurrency)  # validates
+        records = simulate_ttft(args)
+    else:
+        cfg = BenchConfig(tuple(args.input_lens), args.num_requests, args.warmup, args.max_concurrency, args.seed,
+                          args.shared_prefix, args.policy_label, args.timeout)
+        records = run_ttft(args.base_url, cfg)
+    for r in records:
+        print(format_block(r))
+    if args.output_jsonl:
+        _log(f"wrote {write_jsonl(records, args.output_jsonl)}")
+    if args.plot:
+        _log(f"wrote {plot_ttft(records, args.plot)}")
+    if any_failed(records):
+        n = sum(r["failed"] + len(r.get("warmup_errors") or []) for r in records)
+        print(f"sglang-cpp bench: {n} request(s) failed; see 'errors' in the output", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run(args) -> int:
+    try:
+        if args.bench_cmd == "ttft":
+            return run_ttft_cli(args)
+        return run_compare(args)
+    except (ServerError, ValueError) as exc:
+        print(f"sglang-cpp bench {args.bench_cmd}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,46 @@
+"""The policy dispatch, one copy: the chunk sequence a server running plan, quadratic (upstream's
+dynamic chunking) or fixed chunks gives one prompt. Used by `bench ttft --simulate`, `bench compare`'s
+simulator check and `tune`; the plugin's SizerConfig maps the server settings to the planner's."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+POLICIES = ("plan", "quadratic", "fixed")
+
+
+def upstream_coeffs(cost, coeffs: str | None, profile: str | None, chunk: int) -> tuple[float, float, float]:
+    """Upstream's f(l) = a l^2 + b l + c: --coeffs A,B,C, the profile's 'upstream', else a fit of the
+    cost model's fresh prefills at the lengths upstream's startup profiling measures."""
+    if coeffs and len(coeffs.split(",")) == 3:
+        return tuple(float(v) for v in coeffs.split(","))
+    if profile:
+        doc = json.loads(Path(profile).read_text())
+        if isinstance(doc, dict) and "upstream" in doc:
+            u = doc["upstream"]
+            return float(u["a"]), float(u["b"]), float(u["c"])
+    from .upstream import emulated_fit
+
+    return emulated_fit(cost, chunk)
+
+
+def chunks_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0.75, ctx: int | None = None,
+               max_prefill: int = 16384, overhead_ms: float = 0.0, coeffs=None, profile=None,
+               prefix_len: int = 0) -> list[int]:
+    """The chunk sequence a server with this policy runs for an L-token prompt after `prefix_len` cached
+    tokens: fixed C, upstream's dynamic chunking (quadratic), or the sglang-cpp plan."""
+    from .planner import PlanConfig, plan_equal_time, plan_fixed
+    from .upstream import UpstreamPredictor, check_sigma
+
+    check_sigma(sigma)
+    pcfg = PlanConfig.from_server(pp_size=pp, chunk_size=chunk, max_prefill_tokens=max_prefill,
+                                  context_len=ctx or 1 << 62, overhead_ms=overhead_ms)  # the server's settings
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r}: choose one of {', '.join(POLICIES)}")
+    if policy == "fixed":
+        return list(plan_fixed(L, cost, pcfg, chunk, prefix_len).chunks)
+    if policy == "plan":
+        return list(plan_equal_time(L, cost, pcfg, prefix_len).chunks)
+    a, b, c = upstream_coeffs(cost, coeffs, profile, chunk)
+    return UpstreamPredictor(a=a, b=b, c=c, chunk_size=chunk, context_len=ctx or 1 << 62, sigma=sigma,
+                             max_prefill_tokens=max_prefill).chunk_sequence(L, prefix_len)
