@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from .args import alias, parse_len, parse_lens
 from .bench import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
                     write_jsonl)
-from .client import ServerError
 from .compare import add_compare_args, compare_doc, run_compare
 from .policy import chunks_for
 
@@ -128,10 +127,4 @@ def run_ttft_cli(args) -> int:
 
 
 def run(args) -> int:
-    try:
-        if args.bench_cmd == "ttft":
-            return run_ttft_cli(args)
-        return run_compare(args)
-    except (ServerError, ValueError) as exc:
-        print(f"sglang-cpp bench {args.bench_cmd}: error: {exc}", file=sys.stderr)
-        return 2
+    return run_ttft_cli(args) if args.bench_cmd == "ttft" else run_compare(args)  # errors: cli.main

@@ -12,6 +12,7 @@ import sys
 
 from . import __version__
 from .args import alias, parse_len
+from .client import ServerError
 
 # name -> (module, add_args, run, help)
 SUBCOMMANDS = {
@@ -37,7 +38,7 @@ def load_cost_arg(args):
         return load_cost(args.profile)
     if getattr(args, "coeffs", None):
         return parse_coeffs(args.coeffs)
-    raise SystemExit("error: give --profile JSON or --coeffs")
+    raise ValueError("give a cost model: --profile JSON or --coeffs c0,g,b,d,e,f")
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -132,9 +133,15 @@ def main(argv=None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except ValueError as exc:
-        print(f"sglang-cpp {args.cmd}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError, ServerError) as exc:  # bad input or an unreachable server: one message
+        print(f"{command_name(args)}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def command_name(args) -> str:
+    """'sglang-cpp tune fit', 'sglang-cpp bench ttft', 'sglang-cpp plan'."""
+    sub = getattr(args, "bench_cmd", None) or getattr(args, "tune_cmd", None)
+    return f"sglang-cpp {args.cmd}" + (f" {sub}" if sub else "")
 
 
 if __name__ == "__main__":

@@ -361,7 +361,9 @@ def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_uni
 
     s_inf, path = min_sum(math.inf)
     if path is None:
-        raise ValueError("dp planner: no feasible plan under the chunk bounds")
+        raise ValueError(f"dp planner: no way to cut {R} tokens into aligned chunks within the bounds "
+                         f"[--min-chunk {lo}, --max-chunk {hi}] (--align {al}); lower --min-chunk "
+                         "(SGLANG_CPP_MIN_CHUNK) or raise --max-chunk, or use --method equal-time")
     best = (ttft(path, prefix_len, cost, P, o), path)
     for M in np.unique(W[np.isfinite(W)]):
         if s_inf + (P - 1) * M >= best[0]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -355,45 +354,42 @@ def _cli_costs(args) -> tuple[list, int]:
 
 
 def run_simulate(args) -> int:
-    """`sglang-cpp simulate`: plan (fixed or planner) + simulate + report. Returns an exit code."""
-    try:
-        costs, hidden = _cli_costs(args)
-        P = len(costs)
-        cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
-                        hidden_size=args.hidden_size if args.hidden_size is not None else hidden,
-                        send_mode=args.send_mode, recv_mode=args.recv_mode,
-                        cpu_overhead_ms=args.cpu_overhead_ms)
-        R = args.prompt_len - args.prefix_len
-        if R < 1:
-            raise ValueError(f"--prompt-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")
-        if args.policy == "fixed":
-            c = args.chunk_size or 8192
-            if c < 1:
-                raise ValueError("--chunk-size must be >= 1")
-            chunks = [c] * (R // c) + ([R % c] if R % c else [])
-        elif args.policy == "quadratic":  # upstream's algorithm, through the one policy dispatch
-            from .costmodel import PipelineCost
-            from .policy import chunks_for
+    """`sglang-cpp simulate`: plan (fixed, quadratic or planner) + simulate + report. Bad input raises
+    ValueError (sglang_cpp.cli.main prints it and exits 2)."""
+    costs, hidden = _cli_costs(args)
+    P = len(costs)
+    cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
+                    hidden_size=args.hidden_size if args.hidden_size is not None else hidden,
+                    send_mode=args.send_mode, recv_mode=args.recv_mode,
+                    cpu_overhead_ms=args.cpu_overhead_ms)
+    R = args.prompt_len - args.prefix_len
+    if R < 1:
+        raise ValueError(f"--input-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")
+    if args.policy == "fixed":
+        c = args.chunk_size or 8192
+        if c < 1:
+            raise ValueError("--chunked-prefill-size must be >= 1")
+        chunks = [c] * (R // c) + ([R % c] if R % c else [])
+    elif args.policy == "quadratic":  # upstream's algorithm, through the one policy dispatch
+        from .costmodel import PipelineCost
+        from .policy import chunks_for
 
-            cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
-            chunks = chunks_for("quadratic", args.prompt_len, cost, P, args.chunk_size or 8192, sigma=args.sigma,
-                                max_prefill=args.max_prefill_tokens, coeffs=args.coeffs, profile=args.profile,
-                                prefix_len=args.prefix_len)
-        else:
-            from .costmodel import PipelineCost
-            from .planner import plan_chunks
+        cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
+        chunks = chunks_for("quadratic", args.prompt_len, cost, P, args.chunk_size or 8192, sigma=args.sigma,
+                            max_prefill=args.max_prefill_tokens, coeffs=args.coeffs, profile=args.profile,
+                            prefix_len=args.prefix_len)
+    else:
+        from .costmodel import PipelineCost
+        from .planner import plan_chunks
 
-            kw = {"max_chunk": args.max_chunk} if args.max_chunk else {}
-            if args.chunk_size:
-                kw["chunk_size"] = args.chunk_size
-            cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
-            chunks = list(plan_chunks(args.prompt_len, cost, P, prefix_len=args.prefix_len, method=args.method,
-                                      overhead_ms=args.cpu_overhead_ms, **kw).chunks)
-        res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
-        trace = str(res.save_trace(args.trace)) if args.trace else None
-    except ValueError as exc:
-        print(f"sglang-cpp simulate: error: {exc}", file=sys.stderr)
-        return 2
+        kw = {"max_chunk": args.max_chunk} if args.max_chunk else {}
+        if args.chunk_size:
+            kw["chunk_size"] = args.chunk_size
+        cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
+        chunks = list(plan_chunks(args.prompt_len, cost, P, prefix_len=args.prefix_len, method=args.method,
+                                  overhead_ms=args.cpu_overhead_ms, **kw).chunks)
+    res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
+    trace = str(res.save_trace(args.trace)) if args.trace else None
     if args.json:
         print(json.dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len,
                           "policy": args.policy, "trace": trace}, indent=1))

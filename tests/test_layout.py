@@ -35,3 +35,22 @@ def test_the_checker_sees_a_violation():
     assert {"sglang", "torch"} <= ig.reach(g, "sglang_cpp.plugin.hooks")
     assert "sglang_cpp.plugin.sizer" in ig.reach(g, "sglang_cpp.cli")
     assert ig.cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+def test_every_sglang_internal_the_plugin_uses_is_listed_in_one_place():
+    """plugin/__init__.py's TARGETS (hooked symbols) and INTERNALS (called symbols) are the whole SGLang
+    surface; an import of anything else from sglang in the plugin fails here until it is listed."""
+    import ast
+
+    from sglang_cpp.plugin import INTERNALS, TARGETS
+
+    used = set()
+    for f in (ROOT / "sglang_cpp" / "plugin").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang."):
+                used |= {f"{node.module}.{a.name}" for a in node.names}
+    assert used == set(INTERNALS)
+    assert all(t.startswith("sglang.srt.") for t in TARGETS)
+    from sglang_cpp.plugin import hooks
+
+    assert all(callable(getattr(hooks, fn)) for fn, _ in TARGETS.values())  # each hook named in hooks.py

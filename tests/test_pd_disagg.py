@@ -185,9 +185,9 @@ def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
     assert prefix + sum(chunks) == n
     cal = reported_calibration(pd_run["prefill_log"])
     assert cal, "the prefill server did not report its cost model"
-    cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", cal, "--prompt-len", str(n),
-                          "--prefix-len", str(prefix), "--pp-size", "2", "--chunk-size", "512",
-                          "--max-prefill-tokens", "16384", "--context-len", "8192", "--json"],
+    cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", cal, "--input-len", str(n),
+                          "--prefix-len", str(prefix), "--pp-size", "2", "--chunked-prefill-size", "512",
+                          "--max-prefill-tokens", "16384", "--context-length", "8192", "--json"],
                          capture_output=True, text=True, check=True)
     assert chunks == json.loads(cli.stdout)["chunks"]
 

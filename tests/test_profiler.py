@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import argparse
-import sys
 
 from sglang_cpp.cli import main as cli_main
 from sglang_cpp.costmodel import META_KEYS, load_cost, load_profile
@@ -24,16 +22,8 @@ HF = ["--backend", "hf", "--model", str(TINY), "--device", "cpu", "--threads", "
 
 
 def main(argv):
-    """`sglang-cpp profile ARGV` without importing the other subcommands (edited concurrently)."""
-    from sglang_cpp.profiler import cli
-
-    ap = argparse.ArgumentParser()
-    cli.add_args(ap)
-    try:
-        return cli.run(ap.parse_args(argv))
-    except ValueError as exc:  # what sglang_cpp.cli.main does
-        print(f"sglang-cpp profile: error: {exc}", file=sys.stderr)
-        return 2
+    """`sglang-cpp profile ARGV`, through the CLI's one error handler."""
+    return cli_main(["profile", *argv])
 
 
 # --- grid ---------------------------------------------------------------------------------------

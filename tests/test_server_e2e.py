@@ -111,8 +111,8 @@ def test_long_prompt_follows_cli_plan_on_both_stages(plan_run):
     assert per_stage[0] == per_stage[1], "PP stages made different chunk decisions"
     assert len(per_stage[0]) > 1  # LONG tokens at C=1024 is a multi-chunk plan
     cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", str(plan_run["calib"][0]),
-                          "--prompt-len", str(LONG), "--prefix-len", str(cached), "--pp-size", "2",
-                          "--chunk-size", "1024", "--max-prefill-tokens", "16384", "--context-len", "8192",
+                          "--input-len", str(LONG), "--prefix-len", str(cached), "--pp-size", "2",
+                          "--chunked-prefill-size", "1024", "--max-prefill-tokens", "16384", "--context-length", "8192",
                           "--json"], capture_output=True, text=True, check=True)
     plan = json.loads(cli.stdout)
     assert [c for _, c in per_stage[0]] == plan["chunks"]

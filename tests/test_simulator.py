@@ -1,7 +1,6 @@
 """Simulator: closed forms of the flow shop, an independent recurrence oracle, mode orderings, CLI."""
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 
@@ -10,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang_cpp.cli import main as cli_main
 from sglang_cpp.costmodel import CostModel
-from sglang_cpp.simulator import (SimConfig, add_simulate_args, parse_len, run_simulate,
-                                  simulate, simulate_requests)
+from sglang_cpp.simulator import SimConfig, parse_len, simulate, simulate_requests
 
 MODES = list(itertools.product(("sync", "deferred"), ("serial", "batched")))
 
@@ -245,14 +244,13 @@ def test_parse_len_and_partition():
 
 
 def _cli(argv, capsys):
-    p = add_simulate_args(argparse.ArgumentParser())
-    rc = run_simulate(p.parse_args(argv))
+    rc = cli_main(["simulate", *argv])  # through the CLI's one error handler
     return rc, capsys.readouterr()
 
 
 def test_cli_fixed_json(tmp_path, capsys):
     trace = tmp_path / "tr.json"
-    rc, out = _cli(["--prompt-len", "8k", "--pp-size", "4", "--chunk-size", "1k", "--coeffs", "0,0,0.01,0,0,0",
+    rc, out = _cli(["--input-len", "8k", "--pp-size", "4", "--chunked-prefill-size", "1k", "--coeffs", "0,0,0.01,0,0,0",
                     "--trace", str(trace), "--json"], capsys)
     assert rc == 0
     d = json.loads(out.out)
@@ -263,8 +261,8 @@ def test_cli_fixed_json(tmp_path, capsys):
 
 
 def test_cli_plan_not_worse_than_fixed(capsys):
-    base = ["--prompt-len", "64k", "--pp-size", "4", "--coeffs", "2,0,0.002,0,4e-7,2e-7", "--json",
-            "--chunk-size", "8k"]
+    base = ["--input-len", "64k", "--pp-size", "4", "--coeffs", "2,0,0.002,0,4e-7,2e-7", "--json",
+            "--chunked-prefill-size", "8k"]
     rc, out = _cli(base + ["--policy", "fixed"], capsys)
     fixed = json.loads(out.out)["ttft_ms"]
     rc2, out2 = _cli(base + ["--policy", "plan"], capsys)
@@ -275,13 +273,13 @@ def test_cli_plan_not_worse_than_fixed(capsys):
 
 
 def test_cli_analytic_text_and_errors(capsys):
-    rc, out = _cli(["--prompt-len", "4k", "--pp-size", "2", "--analytic", "smollm2-135m", "--device", "cpu-2core",
-                    "--chunk-size", "1024", "--p2p-latency-ms", "1", "--p2p-bandwidth-gbps", "1"], capsys)
+    rc, out = _cli(["--input-len", "4k", "--pp-size", "2", "--analytic", "smollm2-135m", "--device", "cpu-2core",
+                    "--chunked-prefill-size", "1024", "--p2p-latency-ms", "1", "--p2p-bandwidth-gbps", "1"], capsys)
     assert rc == 0
     assert "TTFT" in out.out and "stage  1" in out.out and "bubble" in out.out
-    rc, out = _cli(["--prompt-len", "4k", "--prefix-len", "4k", "--pp-size", "2", "--coeffs", "1,2,3"], capsys)
+    rc, out = _cli(["--input-len", "4k", "--prefix-len", "4k", "--pp-size", "2", "--coeffs", "1,2,3"], capsys)
     assert rc == 2 and "prefix-len" in out.err
-    rc, out = _cli(["--prompt-len", "4k", "--pp-size", "2", "--analytic", "nope"], capsys)
+    rc, out = _cli(["--input-len", "4k", "--pp-size", "2", "--analytic", "nope"], capsys)
     assert rc == 2 and "smollm2-135m" in out.err
 
 
@@ -297,3 +295,19 @@ def test_cli_quadratic_is_sglangs_own_chunk_sequence(capsys):
     got = json.loads(out.out)["chunks"]
     assert got == sglang_reference_chunks(a, b, c, 4096, 32768, 1 << 30, 16384)
     assert len(set(got)) > 2  # the coefficients make upstream shrink its chunks
+
+
+def test_old_flag_spellings_still_parse_and_are_hidden(capsys):
+    """SGLang's names are the flags; the old spellings are hidden aliases for one release."""
+    new = ["--input-len", "8k", "--pp-size", "2", "--chunked-prefill-size", "1k", "--coeffs", "0,0,0.01,0,0,0",
+           "--tp-size", "1", "--chunk-overhead-ms", "2", "--json"]
+    old = ["--prompt-len", "8k", "--pp-size", "2", "--chunk-size", "1k", "--coeffs", "0,0,0.01,0,0,0",
+           "--tp", "1", "--cpu-overhead-ms", "2", "--json"]
+    rc_new, out_new = _cli(new, capsys)
+    rc_old, out_old = _cli(old, capsys)
+    assert rc_new == rc_old == 0 and json.loads(out_new.out) == json.loads(out_old.out)
+    with pytest.raises(SystemExit):
+        cli_main(["simulate", "--help"])
+    helptext = capsys.readouterr().out
+    assert "--input-len" in helptext and "--chunked-prefill-size" in helptext and "--tp-size" in helptext
+    assert "--prompt-len" not in helptext and "--chunk-size " not in helptext and "--tp " not in helptext

@@ -6,7 +6,6 @@ needs them, so `sglang-cpp --help` stays fast.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from . import fit, partition_cmd, recommend, sweep
 
@@ -28,14 +27,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..client import ServerError
-
-    mod = COMMANDS[args.tune_cmd][0]
-    try:
-        return int(mod.run(args) or 0)
-    except (ValueError, ServerError) as exc:
-        print(f"sglang-cpp tune {args.tune_cmd}: error: {exc}", file=sys.stderr)
-        return 2
+    return int(COMMANDS[args.tune_cmd][0].run(args) or 0)  # errors: sglang_cpp.cli.main
 
 
 __all__ = ["add_args", "run", "COMMANDS"]

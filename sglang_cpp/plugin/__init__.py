@@ -28,6 +28,30 @@ TARGETS = {
 }
 
 
+# Every other SGLang internal the plugin calls (tests/test_layout.py keeps this list equal to the
+# plugin's imports): with TARGETS, the whole surface an SGLang upgrade can break, all in this folder.
+INTERNALS = (
+    "sglang.srt.distributed.parallel_state.TensorMetadata",
+    "sglang.srt.layers.dp_attention.is_dp_attention_enabled",
+    "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
+    "sglang.srt.managers.schedule_batch.Req",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch",
+    "sglang.srt.managers.schedule_policy.PrefillAdder",
+    "sglang.srt.managers.schedule_policy.mamba_prefill_chunk_grid",
+    "sglang.srt.mem_cache.common.checkpoint_kv_cache",
+    "sglang.srt.mem_cache.common.release_kv_cache",
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch",
+    "sglang.srt.model_executor.forward_batch_info.PPProxyTensors",
+    "sglang.srt.model_executor.runner_utils.buffers.allocate_pp_proxy_tensors",
+    "sglang.srt.plugins.hook_registry.HookRegistry",
+    "sglang.srt.plugins.hook_registry.HookType",
+    "sglang.srt.runtime_context.get_parallel",
+    "sglang.srt.runtime_context.get_schedule",
+    "sglang.srt.sampling.sampling_params.SamplingParams",
+    "sglang.srt.utils.common.get_device_module",
+)
+
+
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

@@ -48,6 +48,10 @@ class SizerConfig:
         check_sigma(self.sigma)
         if self.chunk_size is None or self.chunk_size <= 0:
             raise ValueError("--enable-dynamic-chunking needs --chunked-prefill-size > 0 (the base chunk)")
+        if self.max_chunk > self.max_prefill_tokens:
+            raise ValueError(f"SGLANG_CPP_MAX_CHUNK={self.max_chunk} exceeds --max-prefill-tokens="
+                             f"{self.max_prefill_tokens}: SGLang never runs a longer prefill forward. Lower it, "
+                             "or raise --max-prefill-tokens")
 
     @classmethod
     def from_env(cls, **server) -> "SizerConfig":
