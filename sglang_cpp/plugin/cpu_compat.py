@@ -3,7 +3,7 @@
 Every hook is a no-op when CUDA is available: it changes behaviour only on a torch build/host without
 CUDA, where the code paths it bypasses cannot run at all. See docs/compatibility.md for the evidence.
 
-Targets (all registered by `register_cpu_compat()`):
+Targets (registered with the other hooks, from `sglang_cpp/plugin/__init__.py` TARGETS):
 
 * ``sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__`` (AFTER):
   ``MooncakeKVSender.supports_host_tensor_indices = True`` makes ``_send_kv_chunk``
@@ -26,17 +26,8 @@ from __future__ import annotations
 
 import functools
 
-MOONCAKE_SENDER_INIT = "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__"
-HOST_POOL_ALLOC = "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register"
 
-# target -> (function name in this module, HookType name); same shape as sglang_cpp.plugin.TARGETS
-CPU_COMPAT_TARGETS = {
-    MOONCAKE_SENDER_INIT: ("MooncakeKVSender_init_cpu", "AFTER"),
-    HOST_POOL_ALLOC: ("alloc_with_host_register_cpu", "AROUND"),
-}
-
-
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def cuda_absent() -> bool:
     import torch
 
@@ -58,10 +49,3 @@ def alloc_with_host_register_cpu(original_fn, *args, **kwargs):
         elif len(args) >= 4:  # (dims, dtype, device, pin_memory, allocator, ...)
             args = args[:3] + (False,) + args[4:]
     return original_fn(*args, **kwargs)
-
-
-def register_cpu_compat() -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    for target, (fn, kind) in CPU_COMPAT_TARGETS.items():
-        HookRegistry.register(target, globals()[fn], getattr(HookType, kind))
