@@ -38,10 +38,10 @@ def deploy(tiny, tmp_path_factory):
         decode = {}
         t = threading.Thread(target=lambda: decode.update(r=generate(
             srv.base_url, input_ids=random_ids(40, 2), max_new_tokens=1,
-            extra={"sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}})))
+            extra={"sampling_params": {"max_new_tokens": 150, "temperature": 0, "ignore_eos": True}})))
         t.start()
         time.sleep(2.0)  # the short request is decoding
-        mixed = generate(srv.base_url, input_ids=random_ids(6000, 3), max_new_tokens=1)
+        mixed = generate(srv.base_url, input_ids=random_ids(3000, 3), max_new_tokens=1)
         t.join(600)
         # `sglang-cpp bench ttft --base-url` against this real server
         rc = cli_main(["bench", "ttft", "--base-url", srv.base_url, "--input-lens", "1k,2000", "--num-requests", "2",
@@ -90,7 +90,7 @@ def test_mixed_chunk_forwards_stay_within_max_prefill_tokens(deploy, rank):
     assert mixed, "no forward mixed a prefill chunk with running decodes"
     over = [e for e in fwd if sum(e["chunk"]) > MAX_PREFILL]
     assert not over, over[:3]
-    assert len(deploy["decode"]["r"].output_ids) == 400
+    assert len(deploy["decode"]["r"].output_ids) == 150
 
 
 def test_bench_ttft_measures_a_real_server(deploy):

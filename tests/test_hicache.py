@@ -64,11 +64,11 @@ def test_hicache_serves_twice_with_cache_hit(smollm2, pp, tmp_path):
 
 
 @pytest.mark.skipif(CUDA, reason="documents the CPU-only failure")
-def test_hicache_cpu_failure_is_the_documented_one(smollm2, tmp_path):
+def test_hicache_cpu_failure_is_the_documented_one(tiny, tmp_path):
     """Keeps SKIP_REASON honest. The plugin's cpu_compat hook unpins the host pool, so PP1 + HiCache on
     CPU gets past _cuda_host_register and dies at the first device->host backup (SGLang's start-up
     warm-up request) on the missing kvcacheio kernels, before /health turns healthy."""
-    srv = start(_spec(smollm2, 1), str(tmp_path))
+    srv = start(_spec(tiny, 1), str(tmp_path))
     try:
         with pytest.raises(ServerError):
             wait_healthy(srv.base_url, 600, srv.proc)

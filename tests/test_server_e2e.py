@@ -146,15 +146,17 @@ def test_server_profiler_measures_extend_over_cached_prefix(plan_run):
     assert doc["meta"]["pp"] == 2 and doc["meta"]["model"].endswith("smollm2-135m")
 
 
-OFF_CHUNK, OFF_PROMPT = 256, 1500  # upstream profiles 128 fresh prefills of up to 1.25*C tokens at startup
+# upstream profiles 128 fresh prefills of up to 1.25*C tokens at startup: on the tiny model, fast enough
+# at a C where compute, not per-forward overhead, dominates its fit
+OFF_CHUNK, OFF_PROMPT, OFF_CTX = 2048, 6000, 65536
 
 
 @pytest.fixture(scope="module")
-def upstream_run(smollm2, tmp_path_factory):
+def upstream_run(tiny, tmp_path_factory):
     """Policy off: upstream's own dynamic chunking (its startup profiling and fit), observed only."""
     d = tmp_path_factory.mktemp("off")
     env = {"SGLANG_CPP_POLICY": "off", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl")}
-    with launched(ServerSpec(smollm2, pp_size=2, chunk_size=OFF_CHUNK, dynamic=True, env=env), TIMEOUT) as srv:
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=OFF_CHUNK, dynamic=True, env=env), TIMEOUT) as srv:
         generate(srv.base_url, input_ids=random_ids(OFF_PROMPT, seed=11), max_new_tokens=1)
         log = srv.log()
     return d, log
@@ -174,22 +176,23 @@ def test_policy_off_leaves_upstream_unchanged(upstream_run):
     assert "Dynamic chunking will be disabled" not in log
     for rank in (0, 1):
         seq = _ran(d / f"dec_{rank}.jsonl", OFF_PROMPT)
-        up = UpstreamPredictor(a=fit["a"], b=fit["b"], c=fit["c"], chunk_size=OFF_CHUNK, context_len=8192)
+        up = UpstreamPredictor(a=fit["a"], b=fit["b"], c=fit["c"], chunk_size=OFF_CHUNK, context_len=OFF_CTX)
         assert seq == up.chunk_sequence(OFF_PROMPT)  # upstream's run equals our reproduction, chunk for chunk
 
 
-def test_quadratic_reproduces_upstream_chunks(smollm2, tmp_path, monkeypatch):
-    """Same coefficients in, same chunk sequence out as SGLang's own predictor, on both stages."""
+def test_quadratic_reproduces_upstream_chunks(tiny, tmp_path, monkeypatch):
+    """Same coefficients in, same chunk sequence out as SGLang's own predictor, on both stages (the tiny
+    model: the chunks depend on the coefficients, not on the weights)."""
     monkeypatch.setenv("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75")
     a, b, c, n = 2e-3, 1.5, 30.0, 3000
-    want = sglang_reference_chunks(a, b, c, 1024, n, 8192, 16384)
+    want = sglang_reference_chunks(a, b, c, 1024, n, OFF_CTX, 16384)
     assert len(set(want)) > 2  # the coefficients make upstream shrink its chunks
     prof = tmp_path / "upstream.json"
     prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [], "upstream": {"a": a, "b": b, "c": c}}))
     env = {"SGLANG_CPP_POLICY": "quadratic", "SGLANG_CPP_PROFILE": str(prof),
            "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "0.75",
            "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
-    with launched(ServerSpec(smollm2, pp_size=2, chunk_size=1024, dynamic=True, env=env), TIMEOUT) as srv:
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env), TIMEOUT) as srv:
         generate(srv.base_url, input_ids=random_ids(n, seed=11), max_new_tokens=1)
     for rank in (0, 1):
         assert _ran(tmp_path / f"dec_{rank}.jsonl", n) == want
@@ -202,20 +205,19 @@ def test_quadratic_reproduces_upstream_chunks(smollm2, tmp_path, monkeypatch):
 @pytest.mark.parametrize("env,needle", [
     ({"SGLANG_CPP_PROFILE": "/nonexistent/profile.json"}, "SGLANG_CPP_PROFILE=/nonexistent/profile.json"),
     ({"SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "1.7"}, "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR='1.7' is outside [0, 1]"),
-    ({"SGLANG_CPP_POLICY": "fastest"}, "SGLANG_CPP_POLICY='fastest' is not one of"),
-])
-def test_bad_config_fails_fast_at_startup(smollm2, env, needle):
-    rc, log = launch_fails(ServerSpec(smollm2, pp_size=2, chunk_size=1024, dynamic=True, env=env), 600)
+])  # every other SGLANG_CPP_* value takes the sigma's path (SizerConfig.from_env): tests/test_sizer.py
+def test_bad_config_fails_fast_at_startup(tiny, env, needle):
+    rc, log = launch_fails(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env), 600)
     assert rc != 0
     assert needle in log
 
 
-def mixed_prompts(n: int = 20) -> list[str]:
+def mixed_prompts(n: int = 12) -> list[str]:
     """Real-text chat prompts from ~20 to ~1000 tokens (mixed lengths, one chunk or two)."""
     topics = ["rivers", "bridges", "libraries", "winter", "trains", "gardens", "the moon", "bread", "music",
               "mountains"]
     para = "Write down what you know, in order, and check every fact twice before you answer. "
-    return [f"<|im_start|>user\n{para * (i * i // 6)}Tell me about {topics[i % 10]}.<|im_end|>\n"
+    return [f"<|im_start|>user\n{para * (i * i // 2)}Tell me about {topics[i % 10]}.<|im_end|>\n"
             f"<|im_start|>assistant\n" for i in range(n)]
 
 
@@ -229,18 +231,18 @@ def test_async_recv_outputs_equal_pp1(smollm2, pp1, depth):
         got = [generate(srv.base_url, text=p, max_new_tokens=8, timeout=600).output_ids for p in mixed_prompts()]
         log = srv.log()
     assert "[sglang-cpp] async PP recv on" in log
-    assert len(got) == 20 and got == pp1["mixed"]
+    assert len(got) == len(mixed_prompts()) and got == pp1["mixed"]
 
 
 def test_fast_extend_off_outputs_equal_hook_on(smollm2, pp1):
     """SGLANG_CPP_FAST_EXTEND=0 (upstream's redundant-query extend) on PP=2 gives the same greedy tokens as
-    the prefix-aware extend (PP=1 reference, hook on), over 20 prompts with chunking and radix hits."""
+    the prefix-aware extend (PP=1 reference, hook on), over 12 prompts with chunking and radix hits."""
     spec = ServerSpec(smollm2, pp_size=2, chunk_size=MIXED_CHUNK, env={"SGLANG_CPP_FAST_EXTEND": "0"})
     with launched(spec, TIMEOUT) as srv:
         res = [generate(srv.base_url, text=p, max_new_tokens=8, timeout=600) for p in mixed_prompts()]
         log = srv.log()
     assert "prefix-aware extend attention on" in pp1["log"]
     assert "prefix-aware extend attention on" not in log
-    assert sum(r.meta.get("cached_tokens", 0) > 0 for r in res) >= 10  # the prompts share their openings
+    assert sum(r.meta.get("cached_tokens", 0) > 0 for r in res) >= len(res) - 2  # the prompts share openings
     assert max(r.meta["prompt_tokens"] for r in res) > MIXED_CHUNK  # and the longer ones take two chunks
     assert [r.output_ids for r in res] == pp1["mixed"]
