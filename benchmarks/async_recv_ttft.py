@@ -39,7 +39,7 @@ def run_mode(mode: str, a, log_dir: Path) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--model-path", "--model", dest="model", default=MODEL)
     ap.add_argument("--input-len", type=int, default=2048)
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--requests", type=int, default=3)

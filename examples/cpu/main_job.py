@@ -34,7 +34,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--input-len", "--prompt-len", dest="prompt_len", type=int, default=6000)
     ap.add_argument("--chunked-prefill-size", "--chunk-size", dest="chunk_size", type=int, default=1024)
-    ap.add_argument("--model", default=str(MODEL))
+    ap.add_argument("--model-path", "--model", dest="model", default=str(MODEL))
     ap.add_argument("--results", default=str(Path(__file__).resolve().parents[2] / "results" / "main_job.md"),
                     help="results file to (over)write with this run's figures ('' for none)")
     a = ap.parse_args()
