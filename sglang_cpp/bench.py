@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .args import parse_ints, parse_lens  # noqa: F401 (re-exported)
 from .client import ServerError, generate, random_ids, server_info
 
 W = 50  # bench_serving's block width
