@@ -48,15 +48,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def _versions() -> dict:
-    from importlib import metadata
+    from sglang_cpp.machine import versions
 
-    out = {}
-    for key, dist in (("sglang_version", "sglang"), ("torch_version", "torch")):
-        try:
-            out[key] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[key] = None
-    return out
+    v = versions("sglang", "torch")
+    return {f"{k}_version": None if s == "not installed" else s for k, s in v.items()}
 
 
 def default_out(model: str | None, device: str | None) -> str:

@@ -1,7 +1,7 @@
 """Print sglang-cpp's internal import graph (module -> modules it imports), its cycles, and what the
 offline core reaches. Static (ast), so it sees lazy imports inside functions too.
 
-Usage: python scripts/import_graph.py [--cycles] [--json]
+Usage: python scripts/import_graph.py [--json]
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp", "sglang_cpp.profiler": ROOT / "pr
             "sglang_cpp.tuning": ROOT / "tuning"}
 CORE = ("sglang_cpp.costmodel", "sglang_cpp.planner", "sglang_cpp.plan", "sglang_cpp.partition",
         "sglang_cpp.simulator", "sglang_cpp.analytic", "sglang_cpp.upstream")
-FORBIDDEN_FOR_CORE = ("sglang_cpp.plugin", "sglang_cpp.cli", "sglang_cpp.bench", "sglang_cpp.compare",
-                      "sglang_cpp.profiler", "sglang_cpp.tuning", "torch", "sglang")
+FORBIDDEN_FOR_CORE = ("sglang_cpp.plugin", "sglang_cpp.cli", "sglang_cpp.bench", "sglang_cpp.experiment",
+                      "sglang_cpp.experiment_report", "sglang_cpp.profiler", "sglang_cpp.tuning", "torch", "sglang")
 
 
 def modules() -> dict[str, Path]:

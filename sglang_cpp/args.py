@@ -8,7 +8,7 @@ import math
 _SUFFIX = {"k": 1024, "m": 1024 * 1024}
 
 
-class LengthError(ValueError, argparse.ArgumentTypeError):
+class ArgError(ValueError, argparse.ArgumentTypeError):
     """A ValueError for callers, an ArgumentTypeError for argparse (which then prints our message)."""
 
 
@@ -22,9 +22,9 @@ def parse_len(text) -> int:
     try:
         v = float(num) * mult
     except ValueError:
-        raise LengthError(f"length {text!r}: expected an integer, optionally with k or m (e.g. 128k, 1m)") from None
+        raise ArgError(f"length {text!r}: expected an integer, optionally with k or m (e.g. 128k, 1m)") from None
     if not math.isfinite(v) or v < 0 or v != int(v):
-        raise LengthError(f"length {text!r} must be a whole number of tokens >= 0")
+        raise ArgError(f"length {text!r} must be a whole number of tokens >= 0")
     return int(v)
 
 
@@ -32,7 +32,7 @@ def parse_ints(text: str) -> tuple:
     """'256,512,1k' -> (256, 512, 1024)."""
     out = tuple(parse_len(t) for t in str(text).split(",") if t.strip())
     if not out:
-        raise LengthError(f"{text!r}: give comma-separated sizes, e.g. 256,512,1k")
+        raise ArgError(f"{text!r}: give comma-separated sizes, e.g. 256,512,1k")
     return out
 
 
@@ -40,7 +40,7 @@ def parse_lens(text: str) -> tuple:
     """Comma-separated prompt lengths >= 1: '8k,16k'."""
     lens = parse_ints(text)
     if min(lens) < 1:
-        raise LengthError(f"{text!r}: give comma-separated lengths >= 1, e.g. 8k,16k")
+        raise ArgError(f"{text!r}: give comma-separated lengths >= 1, e.g. 8k,16k")
     return lens
 
 
@@ -50,3 +50,14 @@ def alias(parser, new: str, *old: str) -> None:
     action = parser._option_string_actions[new]
     for o in old:
         parser._option_string_actions[o] = action
+
+
+def parse_floats(text: str) -> tuple:
+    """'0.6,0.85' -> (0.6, 0.85)."""
+    try:
+        out = tuple(float(t) for t in str(text).split(",") if t.strip())
+    except ValueError:
+        out = ()
+    if not out:
+        raise ArgError(f"{text!r}: give comma-separated numbers, e.g. 0.6,0.85")
+    return out

@@ -1,4 +1,4 @@
-"""`sglang-cpp bench`: TTFT benchmark client (`ttft`) and the side-by-side on a real server (`compare`).
+"""`sglang-cpp bench ttft`'s client: TTFT per input length on a real server (or the simulator).
 
 Why our own client: sglang.bench_serving tokenizes text prompts, so neither the prompt length nor the
 radix-cache hit rate is exact. Here every request is random token ids (distinct per request unless
@@ -9,9 +9,7 @@ counts no local machine has; every such block and line is labelled SIMULATED.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
 import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
 from .client import ServerError, generate, random_ids, server_info
+from .machine import machine_info
 
 W = 50  # bench_serving's block width
 
@@ -112,10 +110,11 @@ def run_meta(label: str, simulated: bool, info: dict | None = None) -> dict:
     info = info or {}
     keep = ("model_path", "pp_size", "tp_size", "chunked_prefill_size", "enable_dynamic_chunking",
             "context_length", "max_prefill_tokens", "attention_backend", "device", "max_req_input_len")
+    m = machine_info()
     return {"policy": label, "tag": label, "simulated": simulated,
-            "versions": {"sglang_cpp": __version__, "server": info.get("version")},
-            "machine": {"node": platform.node(), "cpu_count": os.cpu_count()},
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "versions": {"sglang_cpp": m["sglang-cpp"], "server": info.get("version"), "torch": m["torch"]},
+            "machine": {"node": platform.node(), "cpu_count": m["cores"], "cpu": m["cpu"], "isa": m["isa"]},
+            "date": m["date"],
             "server_info": {k: info[k] for k in keep if k in info} or None}
 
 
@@ -231,12 +230,9 @@ def write_jsonl(records, path) -> Path:
 
 def plot_ttft(records, path) -> Path:
     """Median TTFT against input length, p90 as the upper error bar; one line per policy label."""
-    import matplotlib
+    from .files import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for label in dict.fromkeys(r.get("policy") or "" for r in records):
         rs = sorted((r for r in records if (r.get("policy") or "") == label and r["median_ttft_ms"] is not None),
                     key=lambda r: r["random_input_len"])
@@ -253,12 +249,7 @@ def plot_ttft(records, path) -> Path:
     if any(r.get("policy") for r in records):
         ax.legend()
     ax.grid(alpha=0.3)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    return p
+    return save_figure(fig, path)
 
 
 # -- CLI ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """`sglang-cpp bench`: the subcommand (`ttft` on a real server or simulated, and `compare`). The client
-itself is bench.py; the side-by-side is compare.py; this module only wires them to the command line."""
+itself is bench.py; the side by side is experiment.py; this module only wires them to the command line."""
 from __future__ import annotations
 
 import argparse
@@ -7,10 +7,10 @@ import math
 import sys
 from types import SimpleNamespace
 
-from .args import alias, parse_len, parse_lens
+from . import experiment
+from .args import alias, parse_floats, parse_ints, parse_len, parse_lens
 from .bench import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
                     write_jsonl)
-from .compare import add_compare_args, compare_doc, run_compare
 from .policy import chunks_for
 
 
@@ -91,8 +91,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_cmd", required=True)
     add_ttft_args(sub.add_parser("ttft", help="TTFT per input length (real server or simulated)",
                                  description="TTFT per input length: measured on a running SGLang server, or simulated"))
-    add_compare_args(sub.add_parser("compare", help="side-by-side on the CPU SmolLM2 server (launches servers)",
-                                    description=compare_doc()))
+    add_experiment_args(sub.add_parser("compare", help="side by side on the CPU SmolLM2 server (launches servers)",
+                                       description=experiment.__doc__.strip()), experiment.PRESETS["compare"])
 
 
 def run_ttft_cli(args) -> int:
@@ -127,4 +127,52 @@ def run_ttft_cli(args) -> int:
 
 
 def run(args) -> int:
-    return run_ttft_cli(args) if args.bench_cmd == "ttft" else run_compare(args)  # errors: cli.main
+    return run_ttft_cli(args) if args.bench_cmd == "ttft" else run_experiment(args)  # errors: cli.main
+
+
+def add_experiment_args(p, preset) -> None:
+    """The flags of `bench compare` and `tune sweep`: one set, the preset's defaults."""
+    d, a = preset, p.add_argument
+    a("--model-path", dest="model", default=d.model, help=f"model folder (default {experiment.DEFAULT_MODEL})")
+    a("--pp-size", type=int, default=d.pp_size)
+    a("--input-lens", type=parse_lens, default=d.input_lens, help="prompt lengths, e.g. 8k,16k")
+    a("--fixed-chunks", type=parse_ints, default=d.fixed_chunks, help="the fixed-chunk sweep")
+    a("--sigmas", type=parse_floats, default=d.sigmas, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR values")
+    a("--dynamic-base", type=int, default=d.dynamic_base,
+      help="upstream dynamic chunking's --chunked-prefill-size as a multiple of the best fixed chunk")
+    a("--plan", action=argparse.BooleanOptionalAction, default=d.plan, help="run the sglang-cpp plan server")
+    a("--pp1", action=argparse.BooleanOptionalAction, default=d.pp1, help="run PP=1 on one core")
+    a("--num-requests", type=int, default=d.num_requests, help="measured requests per length and server")
+    a("--warmup", type=int, default=d.warmup, help="unmeasured requests per length and server")
+    a("--warmup-len", type=parse_len, default=d.warmup_len, help="tokens per warmup request (0: the measured length)")
+    a("--seed", type=int, default=d.seed)
+    a("--profile", default=d.profile, help="SGLANG_CPP_PROFILE for the plan server and the simulator check "
+                                            "(default: the plan server calibrates and reports its file)")
+    a("--calib-max-len", type=parse_len, default=d.calib_max_len,
+      help="the plan server's SGLANG_CPP_CALIB_MAX_LEN (0: the longest input)")
+    a("--context-length", type=parse_len, default=d.context_length,
+      help="server --context-length (default: the model's, raised to the longest input + 16 when too short)")
+    a("--device", default=d.device, help="server --device")
+    a("--upstream-profiling", action="store_true",
+      help="upstream dynamic chunking profiles at startup (128 fresh prefills of up to 1.25*C tokens) instead "
+           "of running its algorithm through SGLANG_CPP_POLICY=quadratic on the fit emulated from the calibration")
+    a("--results", default=d.results, help=f"markdown table; state, .jsonl and logs beside it (default {d.results})")
+    a("--plot", default=None, help="bar chart of median TTFT per configuration")
+    a("--timeout-per-server", type=float, default=d.timeout_per_server,
+      help="seconds a server may take to become healthy (the plan server calibrates at its first start)")
+    a("--request-timeout", type=float, default=d.request_timeout, help="seconds per request")
+    a("--fresh", action="store_true", help="ignore the saved state of an earlier, interrupted run")
+    alias(p, "--model-path", "--model")
+    alias(p, "--fixed-chunks", "--fixed")
+    alias(p, "--sigmas", "--sigma")
+    alias(p, "--plot", "--png")
+    alias(p, "--input-lens", "--input-len")
+
+
+def run_experiment(args) -> int:
+    import dataclasses
+    import shlex
+
+    cls = experiment.ExperimentConfig
+    cfg = cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    return experiment.experiment(cfg, command=" ".join(shlex.quote(a) for a in ["sglang-cpp", *sys.argv[1:]]))

@@ -309,12 +309,9 @@ def save_profile(path: str | Path, *, samples: Sequence[dict] = (), meta: dict |
         doc["stages"] = [m.to_dict() for m in stages]
     if extra:
         doc.update(extra)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(p)  # atomic: a crash never leaves a half-written profile
-    return p
+    from .files import save_json
+
+    return save_json(path, doc)  # atomic: a crash never leaves a half-written profile
 
 
 def parse_coeffs(text: str) -> CostModel:

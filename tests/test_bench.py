@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sglang_cpp import bench, compare
+from sglang_cpp import bench, experiment
 from sglang_cpp.cli import main
 from sglang_cpp.client import ServerError
 from sglang_cpp.server import free_port
@@ -258,10 +258,10 @@ def test_compare_table_failures_and_resume(fake, tmp_path):
         yield SimpleNamespace(base_url=f.url, log_path=tmp_path / "log", log=lambda: "")
 
     (tmp_path / "model").mkdir()
-    cfg = compare.CompareConfig(model=str(tmp_path / "model"), input_lens=(256, 512), num_requests=1, warmup=0,
-                              fixed_chunks=(128, 1024), results=str(tmp_path / "res" / "compare.md"),
-                              profile=str(_profile(tmp_path)))
-    assert compare.compare(cfg, launch=launch, log=lambda m: None, command="sglang-cpp bench compare") == 1
+    cfg = experiment.ExperimentConfig(model=str(tmp_path / "model"), input_lens=(256, 512), num_requests=1,
+                                      warmup=0, fixed_chunks=(128, 1024), results=str(tmp_path / "res" / "compare.md"),
+                                      profile=str(_profile(tmp_path)))
+    assert experiment.experiment(cfg, launch=launch, log=lambda m: None, command="sglang-cpp bench compare") == 1
     kinds = [(s.pp_size, s.dynamic, s.env["SGLANG_CPP_POLICY"], s.chunk_size) for s in launches]
     # plan first (its calibration feeds the emulated upstream fit), then upstream's algorithm, then PP=1
     assert kinds == [(2, False, "off", 128), (2, False, "off", 1024), (2, True, "plan", 128),
@@ -285,7 +285,7 @@ def test_compare_table_failures_and_resume(fake, tmp_path):
     assert rows and all(" 1.000 |" in r for r in rows)  # its own ratio vs upstream dynamic
     assert (tmp_path / "res" / "compare.jsonl").exists()
     launches.clear()  # resume: only the failed server is retried
-    assert compare.compare(cfg, launch=launch, log=lambda m: None) == 1
+    assert experiment.experiment(cfg, launch=launch, log=lambda m: None) == 1
     assert [(s.chunk_size, s.dynamic) for s in launches] == [(1024, False)]
 
 
@@ -304,8 +304,8 @@ def test_compare_uses_the_calibration_the_plan_server_reports(fake, tmp_path):
         yield SimpleNamespace(base_url=f.url, log_path=tmp_path / "log", log=lambda: text)
 
     (tmp_path / "model").mkdir(exist_ok=True)
-    cfg = compare.CompareConfig(model=str(tmp_path / "model"), input_lens=(256,), num_requests=1, warmup=0,
-                                fixed_chunks=(128,), results=str(tmp_path / "res" / "compare.md"))
-    assert compare.compare(cfg, launch=launch, log=lambda m: None) == 0
+    cfg = experiment.ExperimentConfig(model=str(tmp_path / "model"), input_lens=(256,), num_requests=1, warmup=0,
+                                      fixed_chunks=(128,), results=str(tmp_path / "res" / "compare.md"))
+    assert experiment.experiment(cfg, launch=launch, log=lambda m: None) == 0
     md = (tmp_path / "res" / "compare.md").read_text()
     assert f"simulator cost model: `{reported}`" in md and "unusable" not in md

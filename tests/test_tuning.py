@@ -183,7 +183,9 @@ FAKE_TTFT = {("fixed", 1024): 70.0, ("fixed", 2048): 50.0, ("fixed", 4096): 31.0
 
 
 def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
-    from sglang_cpp.tuning import sweep
+    """`tune sweep` is the runner's sweep preset: fixed chunks, then the plan at C*, then upstream's algorithm
+    at 2*C* per sigma (one server when 2*C* covers the input), with a failure reported, not raised."""
+    from sglang_cpp import bench, experiment, server
 
     launched_specs = []
 
@@ -201,25 +203,25 @@ def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
             assert kind != "dynamic" or spec.env["SGLANG_CPP_POLICY"] == "quadratic"
             s = table[kind, spec.chunk_size] + float(spec.env.get("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", 0))
             n = cfg.num_requests
-            return [{"median_ttft_ms": s * 1e3, "ttfts": [s] * n, "errors": [""] * n,
-                     "random_input_len": cfg.input_lens[0]}]
+            return [bench.summarize([s] * n, [""] * n, cfg.input_lens[0], s * n)]
         return fake_run_ttft
 
-    monkeypatch.setattr(sweep, "launched", fake_launched)
-    monkeypatch.setattr(sweep, "run_ttft", run_with(FAKE_TTFT))
-    png, out_json = tmp_path / "sweep.png", tmp_path / "sweep.json"
+    monkeypatch.setattr(server, "launched", fake_launched)
+    monkeypatch.setattr(experiment, "run_ttft", run_with(FAKE_TTFT))
+    (tmp_path / "model").mkdir()
+    png, md = tmp_path / "sweep.png", tmp_path / "res" / "sweep.md"
     prof = write_profile(tmp_path / "p.json", models=(STAGE0, STAGE1), meta={**META, "pp": 2})
-    rc, out, err = tune(capsys, "sweep", "--model", tmp_path / "no-model", "--png", png, "--out", out_json,
+    rc, out, err = tune(capsys, "sweep", "--model-path", tmp_path / "model", "--plot", png, "--results", md,
                         "--profile", prof)
     assert rc == 1, err  # one server failed: reported, not fatal
-    assert "FAILED" in out and "fixed C=1024" in out
-    assert "fastest: sglang-cpp plan C=8192" in out
-    for name in ("fixed C=2048", "fixed C=4096", "fixed C=8192", "dynamic C=8000 sigma=0.6",
-                 "dynamic C=8000 sigma=0.85", "sglang-cpp plan C=8192"):
-        assert name in out
+    text = md.read_text()
+    assert text in out and "| fixed C=1024 | 1024 | 8000 | — | — | server failed: RuntimeError" in text
+    rows = {r.split(" | ")[0].lstrip("| "): r for r in text.splitlines() if r.startswith("| ")}
+    for name, ms in (("fixed C=2048", 50000.0), ("fixed C=4096", 31000.0), ("fixed C=8192 **(best)**", 26000.0),
+                     ("sglang-cpp plan (C=8192)", 24000.0), ("upstream dynamic (sigma=0.6, C=8000)", 27600.0)):
+        assert f" | {ms:.1f} | " in rows[name], rows[name]
+    assert "same server as sigma=0.6" in rows["upstream dynamic (sigma=0.85, C=8000)"]
     assert png.read_bytes()[:8] == PNG_MAGIC
-    res = json.loads(out_json.read_text())
-    assert res["best"] == "sglang-cpp plan C=8192"
     # 4 fixed + plan + 1 dynamic (base 2*8192 clamped to the 8000-token input: one chunk, sigma unused)
     assert len(launched_specs) == 6
     assert all(s.env["SGLANG_CPP_POLICY"] == "off" and not s.dynamic for s in launched_specs[:4])
@@ -239,12 +241,12 @@ def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
     # a shorter best fixed chunk: base 2*C* < input, so every sigma gets its own server
     FAKE = {**FAKE_TTFT, ("fixed", 2048): 20.0}
     launched_specs.clear()
-    monkeypatch.setattr(sweep, "run_ttft", run_with(FAKE))
-    rc, out, err = tune(capsys, "sweep", "--model", tmp_path / "no-model", "--fixed", "2048,4096", "--no-plan",
-                        "--profile", prof, "--out", out_json)
+    monkeypatch.setattr(experiment, "run_ttft", run_with(FAKE))
+    rc, out, err = tune(capsys, "sweep", "--model-path", tmp_path / "model", "--fixed-chunks", "2048,4096",
+                        "--no-plan", "--profile", prof, "--results", md, "--fresh")
     assert rc == 0, err
     assert [s.chunk_size for s in launched_specs if s.dynamic] == [4096, 4096]
-    assert "fastest: fixed C=2048" in out
+    assert "| fixed C=2048 **(best)** | 2048 | 8000 | 20000.0 |" in md.read_text()
 
 
 def test_chunk_on_a_whole_pipeline_server_profile_charges_each_stage_half(tmp_path, capsys):

@@ -18,17 +18,4 @@ def config_from_args(cls, args):
     return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-def save_figure(fig, path):
-    """Write a matplotlib figure as PNG (parents created) and close it; returns the Path."""
-    from pathlib import Path
-
-    import matplotlib.pyplot as plt
-
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
-
-
-__all__ = ["config_from_args", "save_figure"]
+__all__ = ["config_from_args"]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..costmodel import COEFS, PipelineCost, cost_from_profile, load_profile, save_profile
 from ..args import alias
-from . import config_from_args, save_figure
+from . import config_from_args
 
 FORMS = ("full", "fa")
 
@@ -175,11 +175,9 @@ def report(models: list) -> str:
 
 def plot_fit(models: list, samples: list[dict], meta: dict, path) -> Path:
     """Measured (markers) vs fitted (lines) chunk time against prefix L; one colour per chunk size."""
-    import matplotlib
+    from sglang_cpp.files import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     P = len(models)
     fig, axes = plt.subplots(1, P, figsize=(6 * P, 4.5), squeeze=False)
     for st, (m, ax) in enumerate(zip(models, axes[0])):
@@ -214,7 +212,6 @@ def plot_fit(models: list, samples: list[dict], meta: dict, path) -> Path:
     model = Path(str(meta.get("model") or "model?").rstrip("/")).name
     fig.suptitle(f"chunk time t(L, x): {model} on {meta.get('device_name') or 'device?'}"
                  + (f" ({meta['dtype']})" if meta.get("dtype") else ""), fontsize=10)
-    fig.tight_layout()
     return save_figure(fig, path)
 
 

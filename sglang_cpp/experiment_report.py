@@ -1,0 +1,153 @@
+"""The experiment's results: a markdown table with ratios and the simulator's prediction beside each
+row, and an optional bar chart. Reads the runner's entries; starts nothing."""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from .machine import provenance_lines
+
+POLICY_OF = {"fixed": "fixed", "dynamic": "quadratic", "plan": "plan", "pp1": "fixed"}  # kind -> simulated policy
+
+
+@dataclass(frozen=True)
+class Row:
+    run: object  # experiment.Run
+    L: int
+    ent: dict | None  # the runner's entry; None: skipped (note says why)
+    pred: float | None  # simulated TTFT (ms)
+    note: str = ""
+
+    def rec(self) -> dict | None:
+        for r in (self.ent or {}).get("records") or []:
+            if r["random_input_len"] == self.L:
+                return r
+        return None
+
+    @property
+    def median(self) -> float | None:
+        r = self.rec()
+        return r["median_ttft_ms"] if r else None
+
+
+def predict_ttft(cfg, run, L: int, stages: list) -> float:
+    """Simulated TTFT (ms) of the same server configuration from the per-stage calibration models."""
+    from .costmodel import COEFS, CostModel, PipelineCost
+    from .policy import chunks_for
+    from .simulator import simulate
+
+    P = cfg.pp_size
+    if len(stages) == 1:
+        stages = stages * P
+    if len(stages) != P:
+        raise ValueError(f"calibration has {len(stages)} stage models; the PP={P} servers need {P}")
+    if run.kind == "pp1":  # the whole model on one core: the stages' work, back to back
+        stages, P = [CostModel(**{k: sum(getattr(m, k) for m in stages) for k in COEFS})], 1
+    cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
+    chunks = chunks_for(POLICY_OF[run.kind], L, cost, P, run.chunk, sigma=run.sigma or 0.75, ctx=cfg.ctx or 8192)
+    return simulate(chunks, stages, P).ttft_ms
+
+
+def _f(v, spec=".1f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def _ratio(a, b) -> str:
+    return "—" if a is None or not b else f"{a / b:.3f}"
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()[:160]
+
+
+def _best_of(rows, kind: str, L: int) -> float | None:
+    meds = [r.median for r in rows if r.run.kind == kind and r.L == L and r.median is not None]
+    return min(meds) if meds else None
+
+
+def render(cfg, rows: list[Row], best: dict, cal: Path | None, cal_err: str, command: str) -> str:
+    P = cfg.pp_size
+    ents = list({id(r.ent): r.ent for r in rows if r.ent}.values())
+    secs = sum(e.get("seconds", 0.0) for e in ents)
+    warm = f" (warmup requests of {cfg.warmup_len} tokens)" if cfg.warmup_len else ""
+    out = [f"# TTFT side by side: fixed chunks vs upstream dynamic chunking vs sglang-cpp plan (PP={P}, {cfg.device})",
+           "", *provenance_lines(command, f" ({platform.node()})"),
+           f"- model: `{cfg.model}`; context length {cfg.ctx or 'model default'}",
+           f"- workload: random token ids, {cfg.num_requests} measured + {cfg.warmup} warmup request(s) per length "
+           f"and server{warm}, max_new_tokens=1, concurrency 1, seed {cfg.seed}",
+           f"- simulator cost model: {f'`{cal}`' if cal else 'none found'}{f' ({cal_err})' if cal_err else ''}",
+           f"- server time: {secs / 60:.1f} min over {len(ents)} servers (start-up, calibration and requests; "
+           "the whole run is this plus a few seconds)", "",
+           "| config | chunk | input len | median TTFT (ms) | p90 TTFT (ms) | ok | vs upstream dynamic | "
+           f"vs best fixed | PP{P} eff. vs PP1-1core | sim predicted (ms) | measured / predicted |",
+           "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        r, med, L = row.rec(), row.median, row.L
+        if row.ent is None:
+            ok = _cell(f"skipped: {row.note}")
+        elif row.ent["status"] != "ok":
+            ok = _cell(f"server failed: {row.ent['reason'].splitlines()[0]}")
+        else:
+            ok = f"{r['completed']}/{r['num_prompts']}" if r else "no result"
+            ok += f" ({_cell(row.note)})" if row.note else ""
+        t_best = next((x.median for x in rows if x.run.kind == "fixed" and x.L == L and x.run.chunk == best.get(L)), None)
+        t_pp1 = _best_of(rows, "pp1", L)
+        name = row.run.label() + (" **(best)**" if row.run.kind == "fixed" and best.get(L) == row.run.chunk else "")
+        eff = "—" if row.run.kind == "pp1" or med is None or t_pp1 is None else f"{t_pp1 / (P * med):.2f}"
+        out.append(f"| {name} | {row.run.chunk or '—'} | {L} | {_f(med)} | {_f(r['p90_ttft_ms'] if r else None)} | "
+                   f"{ok} | {_ratio(med, _best_of(rows, 'dynamic', L))} | {_ratio(med, t_best)} | {eff} | "
+                   f"{_f(row.pred)} | {_ratio(med, row.pred)} |")
+    out += ["", "- vs upstream dynamic / vs best fixed: median TTFT divided by that config's median at the same "
+            "length (< 1 is faster); upstream dynamic is its best sigma.",
+            f"- PP{P} eff. vs PP1-1core: strong-scaling efficiency T_pp1 / ({P} * T_pp{P}); 1.0 = perfect speed-up.",
+            "- sim predicted: `sglang_cpp.simulator` on the chunk sequence each policy produces, with the per-stage "
+            "calibration models (free P2P, no host overhead); PP=1 sums the stage models.",
+            f"- upstream dynamic runs at base {cfg.dynamic_base} x the best fixed chunk, clamped to the input. " +
+            ("SGLang's own profiling and fit at startup (`--upstream-profiling`)." if cfg.upstream_profiling else
+             "Upstream's algorithm run by `SGLANG_CPP_POLICY=quadratic` (chunk-for-chunk equal to SGLang's "
+             "`ChunkSizePredictor`, tests/test_server_e2e.py) on a, b, c fitted, as upstream fits them, to the "
+             "calibration's fresh-prefill times at upstream's 128 profiling lengths (`*-upstream-C=*.json`); "
+             "upstream's own startup profiling is skipped because it alone would exceed this benchmark's time."),
+            f"- raw per-request results: the `.jsonl` next to this file; server logs under `{Path(cfg.results).stem}-logs/`."]
+    fails = [(row.run.label(), row.ent["reason"]) for row in rows if row.ent and row.ent["status"] != "ok"]
+    if fails:
+        out += ["", "## Failed servers", ""]
+        for label, reason in dict.fromkeys(fails):
+            out += [f"- {label}:", "", "```", reason.strip()[-3000:], "```"]
+    return "\n".join(out) + "\n"
+
+
+def plot_bars(cfg, rows: list[Row], path) -> Path:
+    """Median TTFT per configuration and length; the fastest at each length outlined."""
+    from .files import pyplot, save_figure
+
+    plt = pyplot()
+    colors = {"fixed": "tab:gray", "dynamic": "tab:orange", "plan": "tab:blue", "pp1": "tab:green"}
+    fastest = {L: min((r.median for r in rows if r.L == L and r.median is not None), default=None)
+               for L in cfg.input_lens}
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4.5))
+    for i, r in enumerate(rows):
+        if r.median is None:
+            ax.text(i, 0, "failed" if r.ent else "skipped", ha="center", va="bottom", rotation=90, color="red")
+            continue
+        ax.bar(i, r.median, color=colors[r.run.kind], edgecolor="black" if r.median == fastest[r.L] else "none",
+               linewidth=2)
+        ax.text(i, r.median, f"{r.median:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r.run.label()}, {r.L}" for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("median TTFT (ms), lower is better")
+    ax.set_title(f"{Path(cfg.model).name}: PP={cfg.pp_size} (fastest per length outlined)")
+    ax.grid(axis="y", alpha=0.3)
+    return save_figure(fig, path)
+
+
+def write_report(cfg, rows: list[Row], best: dict, cal, cal_err: str, command: str) -> Path:
+    out = Path(cfg.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = render(cfg, rows, best, cal, cal_err, command)
+    out.write_text(text)
+    print(text, flush=True)
+    if cfg.plot:
+        print(f"wrote {plot_bars(cfg, rows, cfg.plot)}")
+    return out

@@ -1,0 +1,51 @@
+"""Writing results: atomic JSON (state, profiles, per-device files) and matplotlib figures.
+
+One home for both, so an interrupted run never leaves a half-written file and every figure is saved
+the same way, headless.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+_MISSING = object()
+
+
+def save_json(path, doc, indent: int = 1) -> Path:
+    """Write `doc` to `path` atomically (temp file, then rename); parents are created."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=indent))
+    tmp.replace(p)
+    return p
+
+
+def load_json(path, default=_MISSING):
+    """The JSON document at `path`; `default` when it is missing or unreadable, if one is given."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        if default is _MISSING:
+            raise
+        return default
+
+
+def pyplot():
+    """matplotlib.pyplot on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path, dpi: int = 110) -> Path:
+    """Write a figure as PNG (parents created) and close it."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(p, dpi=dpi)
+    pyplot().close(fig)
+    return p
