@@ -4,10 +4,11 @@ Two gloo processes shaped like two PP stages (torch.multiprocessing spawn, OMP_N
 Stage 0, per chunk: commit its previous async sends (upstream `_pp_commit_proxy_send_work`), compute
 (a fixed matmul loop calibrated to ~--compute-ms), then send a proxy dict like SGLang's
 (hidden_states and residual [x, hidden] bf16 + "__msg_type__") with upstream's wire protocol
-(async: int64 metadata size, pickled metadata, then each tensor; sglang_cpp.plugin.p2p.send_tensor_dict).
+(async: int64 metadata size, pickled metadata, then each tensor; SGLang's own
+GroupCoordinator.send_tensor_dict on a stand-in, sglang_cpp.plugin.p2p.upstream_coordinator).
 Stage 1, per chunk: receive, then compute the same loop. Receive modes on stage 1:
-  serial       upstream: metadata, then irecv().wait() per tensor (p2p.recv_tensor_dict_serial)
-  batched      metadata, then all irecvs posted, then all waited (p2p.recv_tensor_dict_batched; what
+  serial       upstream: metadata, then irecv().wait() per tensor (GroupCoordinator.recv_tensor_dict)
+  batched      metadata, then all irecvs posted, then all waited (p2p.post_tensor_dict_recvs; what
                SGLANG_CPP_ASYNC_RECV=1 does, before its deferral of proxy waits to the forward)
   posted-early the next chunk's size/metadata/tensor irecvs are posted BEFORE stage 1 computes the
                current chunk and waited after (the layout is known here; not exactly possible in SGLang,
@@ -86,9 +87,11 @@ def _proxy(x: int, hidden: int, seed: int) -> dict:
 
 def _layout(x: int, hidden: int) -> tuple[list, int]:
     """Metadata list of a proxy dict of this shape and its pickled length (known to stage 1 only here)."""
-    meta, _ = p2p.split_tensor_dict({"hidden_states": torch.empty(x, hidden, dtype=torch.bfloat16),
-                                     "residual": torch.empty(x, hidden, dtype=torch.bfloat16),
-                                     "__msg_type__": "proxy"})
+    from sglang.srt.distributed.parallel_state import _split_tensor_dict
+
+    meta, _ = _split_tensor_dict({"hidden_states": torch.empty(x, hidden, dtype=torch.bfloat16),
+                                  "residual": torch.empty(x, hidden, dtype=torch.bfloat16),
+                                  "__msg_type__": "proxy"})
     return meta, len(pickle.dumps(meta))
 
 
@@ -109,21 +112,21 @@ def _finish_early(early, meta: list) -> dict:
 
 
 def _stage0(grp, msgs, chunks, compute) -> None:
-    works = []
+    gc, works = p2p.upstream_coordinator(grp, 0), []
     for i in range(chunks):
-        for w, _payload in works:
-            w.wait()
+        for w in works:
+            w.work.wait()
         works = []
         compute()
-        works = p2p.send_tensor_dict(msgs[i % 2], 1, grp, grp)
-    for w, _payload in works:
-        w.wait()
+        works = gc.send_tensor_dict(msgs[i % 2], dst=1, async_send=True)  # upstream's send
+    for w in works:
+        w.work.wait()
 
 
 def _stage1(grp, shape, chunks, compute, mode) -> tuple[float, float]:
     """Receive+compute chunks+1 chunks; time the last `chunks` (chunk 0 only fills the pipeline)."""
     meta, nbytes = _layout(*shape)
-    blocked = 0.0
+    gc, blocked = p2p.upstream_coordinator(grp, 1), 0.0
     early = _post_early(meta, nbytes, grp) if mode == "posted-early" else None
     chunks += 1
     for i in range(chunks):
@@ -131,9 +134,9 @@ def _stage1(grp, shape, chunks, compute, mode) -> tuple[float, float]:
             t_start, blocked = time.perf_counter(), 0.0
         t = time.perf_counter()
         if mode == "serial":
-            d = p2p.recv_tensor_dict_serial(0, grp, grp)
+            d = gc.recv_tensor_dict(src=0)  # upstream's receive
         elif mode == "batched":
-            d = p2p.recv_tensor_dict_batched(0, grp, grp)
+            d = p2p.post_tensor_dict_recvs(gc.recv_object(0), 0, grp, grp).finish()
         else:
             d = _finish_early(early, meta)
             early = _post_early(meta, nbytes, grp) if i + 1 < chunks else None

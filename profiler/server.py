@@ -9,79 +9,15 @@ Keep the server's --chunked-prefill-size >= the largest chunk, or SGLang splits 
 """
 from __future__ import annotations
 
-import json
-import time
 import warnings
 
 from tqdm import tqdm
 
+from sglang_cpp.client import flush_cache, generate, get_json
+
 from .grid import MAX_LEN_CAP, ProfileConfig, median
 
 TOKEN_RANGE = (1000, 30000)  # inside any modern vocabulary, clear of special tokens
-
-
-class ServerClient:
-    def __init__(self, base_url: str, timeout: float = 600.0):
-        import requests
-
-        self.url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.session = requests.Session()
-        self._requests = requests
-
-    def _call(self, method: str, path: str, **kw):
-        timeout = kw.pop("timeout", self.timeout)
-        try:
-            return self.session.request(method, self.url + path, timeout=timeout, **kw)
-        except self._requests.Timeout:
-            raise ValueError(f"SGLang server at {self.url} did not answer {path} within {timeout} s; "
-                             "raise --timeout, check the server log or fix --base-url") from None
-        except self._requests.ConnectionError as exc:
-            raise ValueError(f"cannot reach the SGLang server at {self.url} ({type(exc).__name__}); start it "
-                             "(python -m sglang.launch_server ...) or fix --base-url") from None
-        except self._requests.RequestException as exc:
-            raise ValueError(f"--base-url {self.url!r}: request to {path} failed ({exc}); "
-                             "use a URL like http://127.0.0.1:30000") from None
-
-    def get_json(self, *paths: str) -> dict:
-        """First of `paths` that answers 200 with JSON ({} if none does: older/newer servers)."""
-        for path in paths:
-            r = self._call("GET", path, timeout=min(self.timeout, 30.0))
-            if r.status_code == 200:
-                try:
-                    return r.json()
-                except ValueError:
-                    pass
-        return {}
-
-    def flush(self) -> None:
-        try:
-            self._call("POST", "/flush_cache", timeout=min(self.timeout, 30.0))
-        except ValueError:
-            pass  # best effort: a busy server refuses to flush
-
-    def generate(self, input_ids: list[int], stream: bool = False) -> tuple[dict, float]:
-        """(meta_info, client seconds to the first response chunk)."""
-        body = {"input_ids": input_ids, "stream": stream,
-                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-        t0 = time.perf_counter()
-        r = self._call("POST", "/generate", json=body, stream=stream)
-        if r.status_code != 200:
-            raise ValueError(f"SGLang server at {self.url} answered /generate with HTTP {r.status_code}: "
-                             f"{r.text[:300]}")
-        if not stream:
-            return r.json().get("meta_info", {}), time.perf_counter() - t0
-        first, meta = None, {}
-        for line in r.iter_lines():
-            if not line or not line.startswith(b"data:"):
-                continue
-            if first is None:
-                first = time.perf_counter() - t0
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            meta = json.loads(data).get("meta_info", meta)
-        return meta, first if first is not None else time.perf_counter() - t0
 
 
 def server_prefill_ms(meta: dict) -> float | None:
@@ -95,11 +31,11 @@ def server_prefill_ms(meta: dict) -> float | None:
 def profile_server(cfg: ProfileConfig, progress: bool = True) -> tuple[list[dict], dict]:
     import random
 
-    client = ServerClient(cfg.base_url, cfg.timeout)
-    info = client.get_json("/server_info", "/get_server_info")
-    minfo = client.get_json("/model_info", "/get_model_info")
+    url = cfg.base_url.rstrip("/")
+    info = get_json(url, "/server_info", "/get_server_info", timeout=min(cfg.timeout, 30.0))
+    minfo = get_json(url, "/model_info", "/get_model_info", timeout=min(cfg.timeout, 30.0))
     if info.get("disable_radix_cache"):
-        raise ValueError(f"SGLang server at {client.url} runs with --disable-radix-cache; the server backend "
+        raise ValueError(f"SGLang server at {url} runs with --disable-radix-cache; the server backend "
                          "needs the radix cache to hold the prefix. Restart it without that flag.")
     ctx = info.get("context_length") or MAX_LEN_CAP
     max_len = cfg.max_len or min(int(ctx), MAX_LEN_CAP)
@@ -114,14 +50,15 @@ def profile_server(cfg: ProfileConfig, progress: bool = True) -> tuple[list[dict
         return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
 
     samples, low_hits, sources = [], [], set()
-    for L, x in tqdm(grid, desc=f"profile server {client.url}", unit="pt", disable=not progress):
-        client.flush()
+    for L, x in tqdm(grid, desc=f"profile server {url}", unit="pt", disable=not progress):
+        flush_cache(url)
         prefix = ids(L)
         if L:
-            client.generate(prefix)  # caches the prefix in the radix tree
+            generate(url, input_ids=prefix, stream=False, timeout=cfg.timeout)  # caches the prefix (radix tree)
         runs, cached = [], []
         for r in range(cfg.warmup + cfg.repeats):
-            meta, ttft = client.generate(prefix + ids(x), stream=True)
+            res = generate(url, input_ids=prefix + ids(x), timeout=cfg.timeout)
+            meta, ttft = res.meta, res.ttft_s
             srv = server_prefill_ms(meta)
             sources.add("server_meta" if srv is not None else "client_ttft")
             if r >= cfg.warmup:
@@ -141,7 +78,7 @@ def profile_server(cfg: ProfileConfig, progress: bool = True) -> tuple[list[dict
         "device_name": info.get("device"), "dtype": info.get("dtype"),
         "tp": info.get("tp_size"), "pp": info.get("pp_size"), "stage": "all",
         "page_size": info.get("page_size"),
-        "base_url": client.url, "attention_backend": info.get("attention_backend"),
+        "base_url": url, "attention_backend": info.get("attention_backend"),
         "chunked_prefill_size": cps, "max_len": max_len, "timing": sorted(sources),
     }
     if info.get("version"):
@@ -149,4 +86,4 @@ def profile_server(cfg: ProfileConfig, progress: bool = True) -> tuple[list[dict
     return samples, meta
 
 
-__all__ = ["profile_server", "ServerClient", "server_prefill_ms"]
+__all__ = ["profile_server", "server_prefill_ms"]

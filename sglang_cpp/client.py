@@ -35,14 +35,34 @@ def _session():
     return s
 
 
+def get_json(base_url: str, *paths: str, timeout: float = 10.0) -> dict:
+    """The first of `paths` that answers 200 with JSON ({} when none does: the routes differ across
+    SGLang versions). ServerError when the server cannot be reached."""
+    s = _session()
+    for path in paths:
+        try:
+            r = s.get(f"{base_url}{path}", timeout=timeout)
+        except Exception as exc:
+            raise ServerError(f"SGLang server at {base_url} is unreachable ({exc.__class__.__name__}: {exc}); "
+                              "start it or fix --base-url") from None
+        if r.status_code == 200:
+            try:
+                return r.json()
+            except ValueError:
+                pass
+    return {}
+
+
 def server_info(base_url: str, timeout: float = 10.0) -> dict:
+    return get_json(base_url, "/get_server_info", "/server_info", timeout=timeout)
+
+
+def flush_cache(base_url: str, timeout: float = 30.0) -> None:
+    """Empty the radix cache; best effort (a busy server refuses)."""
     try:
-        r = _session().get(f"{base_url}/get_server_info", timeout=timeout)
-        r.raise_for_status()
-        return r.json()
-    except Exception as exc:
-        raise ServerError(f"SGLang server at {base_url} is unreachable ({exc.__class__.__name__}: {exc}); "
-                          "start it or fix --base-url") from None
+        _session().post(f"{base_url}/flush_cache", timeout=timeout)
+    except Exception:
+        pass
 
 
 def generate(base_url: str, *, input_ids=None, text=None, max_new_tokens: int = 1, stream: bool = True,

@@ -1,7 +1,8 @@
-"""Batched PP receive (sglang_cpp/plugin/p2p.py) over 2 gloo processes: a sender that speaks upstream's
-send_tensor_dict wire protocol, a receiver using the serial baseline, the batched core, deferred proxy
-waits (interleaved with later messages on the same channel), the send-allgather slicing, and the
-GroupCoordinator hook on a stand-in coordinator. Every received dict must equal what was sent."""
+"""Batched PP receive (sglang_cpp/plugin/p2p.py) over 2 gloo processes: SGLang's own
+GroupCoordinator.send_tensor_dict sends, and the receiver checks upstream's recv_tensor_dict (the
+baseline), the batched core, deferred proxy waits (interleaved with later messages on the same
+channel), the send-allgather slicing, and the GroupCoordinator hook. Every received dict must equal
+what was sent."""
 from __future__ import annotations
 
 import os
@@ -78,30 +79,35 @@ def _worker(rank: int, port: int) -> None:
 
 
 def _sender(grp, msgs) -> None:
-    works = []
+    gc, works = p2p.upstream_coordinator(grp, 0), []
 
-    def send(m, **kw):
-        works.extend(p2p.send_tensor_dict(m, 1, grp, grp, **kw))
+    def send(m, ag=None):
+        works.extend(gc.send_tensor_dict(m, dst=1, all_gather_group=ag, async_send=True))
 
-    for m in msgs:  # serial baseline, then the batched core
+    for m in msgs:  # upstream's receive, then the batched core
         send(m)
     for m in msgs:
         send(m)
     send(msgs[0]); send(msgs[1]); send(msgs[2])  # deferred proxy, output, deferred proxy
-    send(msgs[1]); send(msgs[4])  # send-allgather rows (rank 1 of AG), serial then batched
-    send(msgs[1], all_gather_size=AG, all_gather_rank=1)
-    send(msgs[4], all_gather_size=AG, all_gather_rank=1)
+    send(msgs[1]); send(msgs[4])  # plain sends, received by upstream's and the batched receive
+    rank1_of_ag = SimpleNamespace(world_size=AG, rank_in_group=1)
+    send(msgs[1], rank1_of_ag); send(msgs[4], rank1_of_ag)  # send-allgather rows (rank 1 of AG)
     for m in msgs[:3]:  # through the GroupCoordinator hook
         send(m)
-    for w, _payload in works:  # payloads stay referenced until here (upstream's P2PWork)
-        w.wait()
+    for w in works:  # payloads stay referenced until here (upstream's P2PWork)
+        w.work.wait()
 
 
 def _receiver(grp, msgs) -> None:
+    gc = p2p.upstream_coordinator(grp, 1)
+
+    def batched(**kw):
+        return p2p.post_tensor_dict_recvs(gc.recv_object(0), 0, grp, grp, **kw)
+
     for m in msgs:
-        _assert_same(p2p.recv_tensor_dict_serial(0, grp, grp), m)
+        _assert_same(gc.recv_tensor_dict(src=0), m)
     for m in msgs:
-        got = p2p.recv_tensor_dict_batched(0, grp, grp)
+        got = batched().finish()
         _assert_same(got, m)
         got_ptrs = [v.data_ptr() for v in got.values() if isinstance(v, torch.Tensor)]
         assert len(set(p for p in got_ptrs if p)) == len([p for p in got_ptrs if p])  # distinct buffers
@@ -110,11 +116,11 @@ def _receiver(grp, msgs) -> None:
     # tensors may still be in flight; FIFO matching must keep every buffer in its place.
     p2p._LAUNCH_HOOKED = True
     p2p._PENDING.clear()
-    a = p2p.receive(p2p.post_tensor_dict_recvs(p2p.recv_object(0, grp), 0, grp, grp))
+    a = p2p.receive(batched())
     assert len(p2p._PENDING) == 1 and a["__msg_type__"] == "proxy"
-    _assert_same(p2p.receive(p2p.post_tensor_dict_recvs(p2p.recv_object(0, grp), 0, grp, grp)), msgs[1])
+    _assert_same(p2p.receive(batched()), msgs[1])
     assert len(p2p._PENDING) == 1  # outputs are never deferred
-    c = p2p.receive(p2p.post_tensor_dict_recvs(p2p.recv_object(0, grp), 0, grp, grp))
+    c = p2p.receive(batched())
     assert len(p2p._PENDING) == 2
 
     def launch(_self, *args):
@@ -125,10 +131,9 @@ def _receiver(grp, msgs) -> None:
     assert p2p.Scheduler__pp_launch_batch(launch, None, a) == "ran"
     _assert_same(c, msgs[2])
 
+    _assert_same(gc.recv_tensor_dict(src=0), msgs[1])  # plain sends (AG size 1 path)
+    _assert_same(batched().finish(), msgs[4])
     # send-allgather: this rank receives row 1 of each divisible tensor; all_gather must rebuild it.
-    for recv in (p2p.recv_tensor_dict_serial, p2p.recv_tensor_dict_batched):
-        ag_plain = recv(0, grp, grp)  # first the plain sends (AG size 1 path)
-        _assert_same(ag_plain, msgs[1] if recv is p2p.recv_tensor_dict_serial else msgs[4])
     for want in (msgs[1], msgs[4]):
         def fake_all_gather(piece, dim=0, _want=want):
             full = next(v for v in _want.values() if isinstance(v, torch.Tensor) and v.numel() == 2 * piece.numel()
@@ -136,17 +141,13 @@ def _receiver(grp, msgs) -> None:
             assert piece.data_ptr() != full.data_ptr()
             return torch.cat([full.reshape(AG, -1)[0], piece], dim=dim)
 
-        posted = p2p.post_tensor_dict_recvs(p2p.recv_object(0, grp), 0, grp, grp, all_gather_size=AG,
-                                            all_gather_rank=1)
+        posted = batched(all_gather_size=AG, all_gather_rank=1)
         assert not p2p._should_defer(posted)
         got = p2p.receive(posted, fake_all_gather)
         _assert_same(got, want)
 
-    # GroupCoordinator hook on a stand-in coordinator (no sglang import in the children).
-    p2p._sglang_meta_types = lambda: (p2p.TensorMetadata,)
+    # The GroupCoordinator hook, on upstream's coordinator methods.
     os.environ["SGLANG_CPP_ASYNC_RECV"] = "1"
-    gc = SimpleNamespace(world_size=2, rank_in_group=1, ranks=[0, 1], device_group=grp, cpu_group=grp,
-                         recv_object=lambda src: p2p.recv_object(src, grp))
     tp1 = SimpleNamespace(world_size=1, rank_in_group=0, all_gather=lambda t, dim=0: t)
 
     def never(*a, **k):

@@ -31,6 +31,7 @@ TARGETS = {
 # Every other SGLang internal the plugin calls (tests/test_layout.py keeps this list equal to the
 # plugin's imports): with TARGETS, the whole surface an SGLang upgrade can break, all in this folder.
 INTERNALS = (
+    "sglang.srt.distributed.parallel_state.GroupCoordinator",
     "sglang.srt.distributed.parallel_state.TensorMetadata",
     "sglang.srt.layers.dp_attention.is_dp_attention_enabled",
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch",

@@ -71,16 +71,15 @@ sent tensor (the send-allgather slice is a view that keeps the base storage aliv
 keeps those lists (`send_proxy_work`, `send_output_work`, `send_req_work`) until
 `_pp_commit_comm_work` waits and clears them, so no send buffer is freed or reused while in flight.
 
-The core (`post_tensor_dict_recvs`, `recv_tensor_dict_batched`, `recv_tensor_dict_serial`,
-`send_tensor_dict`, `send_object`, `recv_object`) is pure torch.distributed (plain process groups,
-global ranks) so that tests and benchmarks/p2p_overlap.py can use it without a GroupCoordinator.
+The core (`post_tensor_dict_recvs`, `receive`) is plain torch.distributed (process groups, global
+ranks); tests and benchmarks/p2p_overlap.py send and receive the baseline with SGLang's own
+GroupCoordinator methods on a stand-in (`upstream_coordinator`).
 """
 from __future__ import annotations
 
 import logging
-import pickle
 import time
-from collections import deque, namedtuple
+from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -89,9 +88,6 @@ import torch
 import torch.distributed as dist
 
 logger = logging.getLogger("sglang_cpp")
-
-# Same fields as sglang.srt.distributed.parallel_state.TensorMetadata (the wire format).
-TensorMetadata = namedtuple("TensorMetadata", ["device", "dtype", "size"])
 
 LAUNCH_TARGET = "sglang.srt.managers.scheduler.Scheduler._pp_launch_batch"
 DEFER_PROXY_WAIT = True  # defer proxy waits to the forward when the launch hook is installed
@@ -142,62 +138,16 @@ def _is_meta(value: Any, meta_types: tuple) -> bool:
     return isinstance(value, meta_types)
 
 
-# ---------------------------------------------------------------- wire protocol (pure torch)
-def send_object(obj: Any, dst: int, group, tag: int = 0) -> List[Tuple[Any, torch.Tensor]]:
-    """Like GroupCoordinator.send_object(async_send=True): int64 size, then the pickle bytes."""
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    size = torch.tensor([payload.numel()], dtype=torch.long)
-    return [(dist.isend(size, dst, group=group, tag=tag), size),
-            (dist.isend(payload, dst, group=group, tag=tag), payload)]
-
-
-def recv_object(src: int, group, tag: int = 0) -> Any:
-    """Like GroupCoordinator.recv_object."""
-    size = torch.empty(1, dtype=torch.long)
-    dist.irecv(size, src=src, group=group, tag=tag).wait()
-    payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.irecv(payload, src=src, group=group, tag=tag).wait()
-    return pickle.loads(payload.numpy())
-
-
-def split_tensor_dict(tensor_dict: Dict[str, Any]) -> Tuple[list, List[torch.Tensor]]:
-    """Like parallel_state._split_tensor_dict."""
-    meta, tensors = [], []
-    for key, value in tensor_dict.items():
-        if isinstance(value, torch.Tensor):
-            meta.append((key, TensorMetadata(value.device.type, value.dtype, value.size())))
-            tensors.append(value)
-        else:
-            meta.append((key, value))
-    return meta, tensors
-
-
-def send_tensor_dict(tensor_dict: Dict[str, Any], dst: int, group, metadata_group=None,
-                     all_gather_size: int = 1, all_gather_rank: int = 0) -> List[Tuple[Any, torch.Tensor]]:
-    """Like GroupCoordinator.send_tensor_dict(async_send=True): metadata, then each non-empty tensor
-    (its send-allgather row when all_gather_size divides numel). Returns (work, payload) pairs: the
-    caller keeps them until it has waited the works (upstream's P2PWork list)."""
-    metadata_group = group if metadata_group is None else metadata_group
-    meta, tensors = split_tensor_dict(tensor_dict)
-    works = send_object(meta, dst, metadata_group)
-    for t in tensors:
-        if t.numel() == 0:
-            continue
-        if all_gather_size > 1 and t.numel() % all_gather_size == 0:
-            t = t.reshape(all_gather_size, -1)[all_gather_rank]
-        works.append((dist.isend(t, dst, group=metadata_group if t.is_cpu else group), t))
-    return works
-
-
 # ---------------------------------------------------------------- receive core
 def post_tensor_dict_recvs(metadata_list: Sequence, src: int, group, metadata_group=None,
                            all_gather_size: int = 1, all_gather_rank: int = 0,
-                           meta_types: tuple = (TensorMetadata,)) -> PostedDict:
+                           meta_types: tuple | None = None) -> PostedDict:
     """Allocate the buffers of a received metadata list and post all their irecvs at once.
 
     `src` is a global rank; `group` carries device tensors, `metadata_group` CPU ones (upstream's
     device_group / cpu_group). Nothing is waited: call `.finish()` (or `.pending.wait()`)."""
     metadata_group = group if metadata_group is None else metadata_group
+    meta_types = _sglang_meta_types() if meta_types is None else meta_types
     tensor_dict: Dict[str, Any] = {}
     pending = PendingRecv()
     gathers: List[Tuple[str, torch.Tensor, torch.Size]] = []
@@ -221,40 +171,20 @@ def post_tensor_dict_recvs(metadata_list: Sequence, src: int, group, metadata_gr
     return PostedDict(tensor_dict, pending, gathers)
 
 
-def recv_tensor_dict_batched(src: int, group, metadata_group=None, all_gather_size: int = 1,
-                             all_gather_rank: int = 0, all_gather: Optional[Callable] = None,
-                             meta_types: tuple = (TensorMetadata,)) -> Dict[str, Any]:
-    """Pure-torch batched receive: metadata, all irecvs posted, then all waited."""
-    metadata_group = group if metadata_group is None else metadata_group
-    meta = recv_object(src, metadata_group)
-    posted = post_tensor_dict_recvs(meta, src, group, metadata_group, all_gather_size, all_gather_rank,
-                                    meta_types)
-    return posted.finish(all_gather)
+def upstream_coordinator(group, rank_in_group: int, ranks: Sequence[int] = (0, 1)):
+    """SGLang's own GroupCoordinator P2P methods (send_object, recv_object, send_tensor_dict,
+    recv_tensor_dict) bound to a stand-in over a plain process group: the benchmark and the tests
+    drive upstream's real wire protocol with it, with no SGLang parallel state to initialise."""
+    import functools
+    from types import SimpleNamespace
 
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
 
-def recv_tensor_dict_serial(src: int, group, metadata_group=None, all_gather_size: int = 1,
-                            all_gather_rank: int = 0, all_gather: Optional[Callable] = None,
-                            meta_types: tuple = (TensorMetadata,)) -> Dict[str, Any]:
-    """Pure-torch copy of upstream's receive (per-tensor irecv().wait()): the baseline."""
-    metadata_group = group if metadata_group is None else metadata_group
-    out: Dict[str, Any] = {}
-    for key, value in recv_object(src, metadata_group):
-        if not _is_meta(value, meta_types):
-            out[key] = value
-            continue
-        tensor = torch.empty(value.size, dtype=value.dtype, device=value.device)
-        if tensor.numel() == 0:
-            out[key] = tensor
-            continue
-        use_ag = all_gather is not None and tensor.numel() % all_gather_size == 0
-        if use_ag:
-            shape = tensor.shape
-            tensor = tensor.reshape(all_gather_size, -1)[all_gather_rank]
-        dist.irecv(tensor, src=src, group=metadata_group if tensor.is_cpu else group).wait()
-        if use_ag:
-            tensor = all_gather(tensor, dim=0).reshape(shape)
-        out[key] = tensor
-    return out
+    gc = SimpleNamespace(world_size=len(ranks), rank_in_group=rank_in_group, ranks=list(ranks),
+                         device_group=group, cpu_group=group)
+    for name in ("send_object", "recv_object", "send_tensor_dict", "recv_tensor_dict"):
+        setattr(gc, name, functools.partial(getattr(GroupCoordinator, name), gc))
+    return gc
 
 
 def wait_pending() -> None:
