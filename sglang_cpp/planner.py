@@ -118,13 +118,17 @@ def fixed_candidates(cfg: PlanConfig) -> set[int]:
     return out
 
 
+def fixed_split(n: int, chunk: int) -> list[int]:
+    """n tokens in chunks of `chunk`, the remainder last (SGLang without dynamic chunking)."""
+    if chunk < 1:
+        raise ValueError(f"fixed chunk size {chunk} must be >= 1")
+    return [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
+
+
 def plan_fixed(prompt_len: int, cost, cfg: PlanConfig, chunk: int, prefix_len: int = 0) -> ChunkPlan:
     """Fixed chunks of `chunk` tokens (SGLang without dynamic chunking)."""
     R = _check(prompt_len, prefix_len, cfg)
-    if chunk < 1:
-        raise ValueError(f"fixed chunk size {chunk} must be >= 1")
-    chunks = [chunk] * (R // chunk) + ([R % chunk] if R % chunk else [])
-    return make_plan(chunks, prompt_len, prefix_len, cost, cfg, "fixed")
+    return make_plan(fixed_split(R, chunk), prompt_len, prefix_len, cost, cfg, "fixed")
 
 
 # -- equal-time planner ---------------------------------------------------------------------

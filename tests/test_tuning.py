@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import sglang_cpp
 from sglang_cpp.cli import main
 from sglang_cpp.costmodel import COEFS, CostModel, PipelineCost, load_cost, load_profile, save_profile
 from sglang_cpp.partition import parse_partition
@@ -111,7 +112,7 @@ def test_chunk_writes_a_plugin_loadable_profile_with_recommendations(tmp_path, c
     check_matches(doc, {"hidden_size": 1, "num_layers": 1}, "SGLANG_CPP_PROFILE", 2)
     UpstreamPredictor(**doc["upstream"], chunk_size=4096, context_len=1 << 20)  # the quadratic policy's input
     rec = doc["recommendations"]
-    assert doc["samples"] and doc["residuals"] and doc["versions"]["sglang_cpp"]
+    assert doc["samples"] and doc["residuals"] and doc["versions"]["sglang-cpp"] == sglang_cpp.__version__
     fixed_rows = [r for r in rec["table"] if r["label"].startswith("fixed")]
     worst_fixed = {L: max(r["ttft_ms"][L] for r in fixed_rows) for L in ("8192", "32768")}
     for L in ("8192", "32768"):
@@ -131,12 +132,12 @@ def test_chunk_writes_a_plugin_loadable_profile_with_recommendations(tmp_path, c
 
 
 def test_chunk_when_upstream_fit_fails(tmp_path, capsys, monkeypatch):
-    from sglang_cpp.tuning import recommend
+    from sglang_cpp import upstream
 
     def fail(*_a, **_k):
         raise ValueError("upstream fit: quadratic coefficient a=-1e-09 is not positive")
 
-    monkeypatch.setattr(recommend, "upstream_coeffs", fail)
+    monkeypatch.setattr(upstream, "emulated_fit", fail)
     rc, out, err = tune(capsys, "chunk", write_profile(tmp_path / "p.json"), "--pp-size", 2, "--input-lens", "8k",
                         "--out-dir", tmp_path, "--chunk-sizes", "1k,2k,4k")
     assert rc == 0, err

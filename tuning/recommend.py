@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
 from ..costmodel import save_profile
+from ..planner import fixed_split
 from . import config_from_args
 from .fit import FORMS, as_cost, fit_stages, read_profile, residuals
 
@@ -132,22 +132,6 @@ class Sim:
         return self.cache[key]
 
 
-def fixed_chunks(L: int, C: int) -> list[int]:
-    return [C] * (L // C) + ([L % C] if L % C else [])
-
-
-def upstream_coeffs(stage0, C: int, ctx: int) -> tuple[float, float, float]:
-    """Upstream's startup fit, emulated on the cost model: 128 fresh prefills from 1.25*C down, on stage 0."""
-    from ..upstream import UpstreamPredictor
-
-    M = min(int(1.25 * C), ctx)
-    step = max(1, M // 128)
-    lens = [M - i * step for i in range(128) if M - i * step > 0]
-    lat = np.asarray(stage0.time(0.0, np.asarray(lens, float)), float)
-    p = UpstreamPredictor.fit(lens, lat, chunk_size=C, context_len=ctx)
-    return p.a, p.b, p.c
-
-
 def _score(opts: list[Option], ref: dict) -> None:
     for o in opts:
         o.score = float(np.mean([o.ttft[L] / ref[L] for L in ref]))
@@ -158,19 +142,19 @@ def fixed_options(cfg, sim) -> list[Option]:
     for C in cfg.sizes:
         o = Option("fixed", f"fixed C={C}", {"chunked_prefill_size": C})
         for L in cfg.input_lens:
-            o.chunks[L] = fixed_chunks(L, C)
+            o.chunks[L] = fixed_split(L, C)
             o.ttft[L] = sim(o.chunks[L])
         out.append(o)
     return out
 
 
 def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
-    from ..upstream import UpstreamPredictor
+    from ..upstream import UpstreamPredictor, emulated_fit
 
     out, failed = [], {}
     for C in cfg.sizes:
         try:
-            a, b, c = upstream_coeffs(stages[0], C, cfg.ctx)
+            a, b, c = emulated_fit(stages[0], C, cfg.ctx)  # upstream's startup fit, on stage 0
         except ValueError as exc:
             failed[C] = str(exc)  # upstream would disable dynamic chunking at this C
             continue
@@ -309,9 +293,9 @@ def table(rec: dict, cfg: ChunkTuneConfig) -> str:
 
 
 def versions(meta: dict) -> dict:
-    import scipy
+    from ..machine import versions as installed
 
-    return {"sglang_cpp": __version__, "numpy": np.__version__, "scipy": scipy.__version__,
+    return {**installed("sglang-cpp", "numpy", "scipy"),
             "python": platform.python_version(), "profile_sglang": meta.get("sglang_version"),
             "profile_torch": meta.get("torch_version")}
 
@@ -384,5 +368,5 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["ChunkTuneConfig", "Option", "recommend", "profile_name", "upstream_coeffs", "fixed_chunks",
+__all__ = ["ChunkTuneConfig", "Option", "recommend", "profile_name",
            "load_stages", "add_args", "run", "DEFAULT_SIZES", "SIGMAS"]
