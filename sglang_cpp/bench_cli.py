@@ -17,14 +17,15 @@ from .policy import chunks_for
 def simulate_ttft(args) -> list[dict]:
     """Same records as run_ttft, from the simulator; closed loop at --max-concurrency, FIFO."""
     from .costmodel import PipelineCost
-    from .simulator import SimConfig, _cli_costs, simulate_requests
+    from .simulate_cli import cli_costs
+    from .simulator import SimConfig, simulate_requests
 
     P = args.pp_size
     src = SimpleNamespace(profile=args.simulate, analytic=args.analytic if not args.simulate else None,
                           coeffs=args.coeffs if not (args.simulate or args.analytic) else None,
                           device=args.device, tp=args.tp, dtype=None, efficiency=None, layers_per_stage=None,
                           pp_size=P)
-    stages, hidden = _cli_costs(src)
+    stages, hidden = cli_costs(src)
     cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
                     hidden_size=hidden, cpu_overhead_ms=args.cpu_overhead_ms)

@@ -17,7 +17,7 @@ from .client import ServerError
 # name -> (module, add_args, run, help)
 SUBCOMMANDS = {
     "plan": ("sglang_cpp.cli", "add_plan_args", "run_plan", "print the chunk plan for one prompt"),
-    "simulate": ("sglang_cpp.simulator", "add_simulate_args", "run_simulate",
+    "simulate": ("sglang_cpp.simulate_cli", "add_simulate_args", "run_simulate",
                  "simulate a pipeline running a chunk plan (TTFT, bubbles, Perfetto trace)"),
     "profile": ("sglang_cpp.profiler.cli", "add_args", "run", "measure t(L, x) on this hardware"),
     "tune": ("sglang_cpp.tuning.cli", "add_args", "run", "fit, recommend chunking/sigma/plan, partition layers"),

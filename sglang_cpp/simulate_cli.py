@@ -1,0 +1,136 @@
+"""`sglang-cpp simulate`: the discrete-event simulator (simulator.py) on the command line, with the
+cost source (profile, coefficients or analytic model) and the policy dispatch (policy.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from .args import alias, parse_len
+from .simulator import RECV_MODES, SEND_MODES, SimConfig, _stage_costs, simulate
+
+def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    a = parser.add_argument
+    a("--input-len", dest="prompt_len", type=parse_len, required=True, help="prompt tokens (suffixes k, m: 128k, 1m)")
+    a("--prefix-len", type=parse_len, default=0, help="cached prefix tokens (default 0)")
+    a("--pp-size", type=int, required=True)
+    a("--policy", choices=("fixed", "quadratic", "plan"), default="fixed",
+      help="fixed C; quadratic: upstream's dynamic chunking (its fit emulated from the cost model unless "
+           "--coeffs A,B,C or the profile's 'upstream'); plan: the sglang-cpp planner")
+    a("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    a("--max-prefill-tokens", type=parse_len, default=16384, help="SGLang's --max-prefill-tokens (quadratic)")
+    a("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None,
+      help="the base chunk C: the fixed chunk, or upstream's first chunk (default 8k)")
+    a("--method", default="equal-time", help="planner method for --policy plan (equal-time, dp)")
+    a("--max-chunk", type=parse_len, default=None, help="planner's largest chunk")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--profile", help="profile JSON (sglang-cpp profile)")
+    src.add_argument("--coeffs", help="'a,b,c' (upstream) or 'c0,g,b,d,e,f'")
+    src.add_argument("--analytic", metavar="MODEL", help="analytic model preset, e.g. qwen3-235b-a22b")
+    a("--device", default="H100", help="device preset for --analytic")
+    a("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
+    a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
+    a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
+    a("--layers-per-stage", default=None, help="N or N0,N1,... (--analytic; default an even split)")
+    a("--p2p-latency-ms", type=float, default=0.0)
+    a("--p2p-bandwidth-gbps", type=float, default=math.inf, help="GB/s (default: free)")
+    a("--hidden-size", type=int, default=None, help="bytes per token = hidden * 2 (default: the model's)")
+    a("--send-mode", choices=SEND_MODES, default="deferred")
+    a("--recv-mode", choices=RECV_MODES, default="serial")
+    a("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=0.0,
+      help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_P2P_MS)")
+    a("--trace", metavar="OUT.json", default=None, help="write a Chrome/Perfetto trace")
+    a("--json", action="store_true", help="machine-readable output")
+    alias(parser, "--input-len", "--prompt-len")
+    alias(parser, "--chunked-prefill-size", "--chunk-size")
+    alias(parser, "--tp-size", "--tp")
+    alias(parser, "--chunk-overhead-ms", "--cpu-overhead-ms")
+    return parser
+
+
+def cli_costs(args) -> tuple[list, int]:
+    """(per-stage cost models, hidden size) for the chosen cost source."""
+    from .costmodel import load_cost, parse_coeffs
+
+    P = args.pp_size
+    if args.profile:
+        return _stage_costs(load_cost(args.profile), P), 0
+    if args.coeffs:
+        return [parse_coeffs(args.coeffs)] * P, 0
+    from .analytic import DEVICES, MODELS, analytic_cost_model
+    from .partition import default_partition
+
+    if args.analytic not in MODELS:
+        raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
+    if args.device not in DEVICES:
+        raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
+    model, dev = MODELS[args.analytic], DEVICES[args.device]
+    if args.efficiency is not None:
+        from dataclasses import replace
+        dev = replace(dev, efficiency=args.efficiency)
+    lps = args.layers_per_stage
+    if lps is None:
+        parts = default_partition(model.num_layers, P)
+    elif "," in str(lps):
+        parts = [int(v) for v in str(lps).split(",")]
+    else:
+        parts = [int(lps)] * P
+    if len(parts) != P or any(n < 1 for n in parts):
+        raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
+    models, first = [], 0
+    for s, n in enumerate(parts):
+        models.append(analytic_cost_model(model, dev, layers=n, first_layer=first, tp=args.tp, dtype=args.dtype,
+                                          include_embedding=s == 0, include_lm_head=s == P - 1))
+        first += n
+    return models, model.hidden_size
+
+
+def run_simulate(args) -> int:
+    """`sglang-cpp simulate`: plan (fixed, quadratic or planner) + simulate + report. Bad input raises
+    ValueError (sglang_cpp.cli.main prints it and exits 2)."""
+    costs, hidden = cli_costs(args)
+    P = len(costs)
+    cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
+                    hidden_size=args.hidden_size if args.hidden_size is not None else hidden,
+                    send_mode=args.send_mode, recv_mode=args.recv_mode,
+                    cpu_overhead_ms=args.cpu_overhead_ms)
+    R = args.prompt_len - args.prefix_len
+    if R < 1:
+        raise ValueError(f"--input-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")
+    if args.policy == "fixed":
+        c = args.chunk_size or 8192
+        if c < 1:
+            raise ValueError("--chunked-prefill-size must be >= 1")
+        chunks = [c] * (R // c) + ([R % c] if R % c else [])
+    elif args.policy == "quadratic":  # upstream's algorithm, through the one policy dispatch
+        from .costmodel import PipelineCost
+        from .policy import chunks_for
+
+        cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
+        chunks = chunks_for("quadratic", args.prompt_len, cost, P, args.chunk_size or 8192, sigma=args.sigma,
+                            max_prefill=args.max_prefill_tokens, coeffs=args.coeffs, profile=args.profile,
+                            prefix_len=args.prefix_len)
+    else:
+        from .costmodel import PipelineCost
+        from .planner import plan_chunks
+
+        kw = {"max_chunk": args.max_chunk} if args.max_chunk else {}
+        if args.chunk_size:
+            kw["chunk_size"] = args.chunk_size
+        cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
+        chunks = list(plan_chunks(args.prompt_len, cost, P, prefix_len=args.prefix_len, method=args.method,
+                                  overhead_ms=args.cpu_overhead_ms, **kw).chunks)
+    res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
+    trace = str(res.save_trace(args.trace)) if args.trace else None
+    if args.json:
+        print(json.dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len,
+                          "policy": args.policy, "trace": trace}, indent=1))
+    else:
+        print(f"policy {args.policy}: {len(chunks)} chunks {chunks[:8]}{' ...' if len(chunks) > 8 else ''}")
+        print(res.summary())
+        if trace:
+            print(f"trace: {trace}  (open in https://ui.perfetto.dev)")
+    return 0
+
+
+__all__ = ["add_simulate_args", "run_simulate", "cli_costs"]
