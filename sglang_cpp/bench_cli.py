@@ -82,7 +82,7 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--p2p-latency-ms", type=float, default=0.0)
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
     g.add_argument("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=0.0,
-                   help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_P2P_MS)")
+                   help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
     alias(p, "--tp-size", "--tp")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--chunk-overhead-ms", "--cpu-overhead-ms")

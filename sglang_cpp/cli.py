@@ -56,7 +56,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-chunk", type=int, default=None, help="smallest non-final chunk (default chunk-size//4)")
     p.add_argument("--max-chunk", type=int, default=None, help="largest chunk (default --max-prefill-tokens)")
     p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=0.0,
-                   help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_P2P_MS)")
+                   help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
     p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", help="also write the plan JSON here")

@@ -20,23 +20,32 @@ class EnvVar(Generic[T]):
     help: str
     choices: tuple = ()
     node_local: bool = False  # may differ between nodes (a path on that node); all others must agree
+    old_names: tuple = ()  # earlier spellings, still read for one release
+
+    def lookup(self, environ=None) -> tuple[str, str]:
+        """(the name it was set under, its raw value); ('', '') when unset."""
+        environ = os.environ if environ is None else environ
+        for name in (self.name, *self.old_names):
+            if environ.get(name):
+                return name, environ[name]
+        return "", ""
 
     def get(self) -> T:
-        raw = os.environ.get(self.name)
-        if raw is None or raw == "":
+        name, raw = self.lookup()
+        if not raw:
             return self.default
         try:
             value = self.parse(raw)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{self.name}={raw!r} is invalid: {exc}. {self.help}") from None
+            raise ValueError(f"{name}={raw!r} is invalid: {exc}. {self.help}") from None
         if self.choices and value not in self.choices:
             raise ValueError(
-                f"{self.name}={raw!r} is not one of {', '.join(map(str, self.choices))}. {self.help}"
+                f"{name}={raw!r} is not one of {', '.join(map(str, self.choices))}. {self.help}"
             )
         return value
 
     def is_set(self) -> bool:
-        return bool(os.environ.get(self.name))
+        return bool(self.lookup()[1])
 
 
 def _bool(raw: str) -> bool:
@@ -63,8 +72,10 @@ CALIB_BUDGET_S = EnvVar("SGLANG_CPP_CALIB_BUDGET_S", float, 300.0,
 CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 0,
                        "Timed repeats per calibration point, minimum kept; above 1 every shape is warmed first "
                        "(0: 2 on GPUs, 1 on CPU).")
-P2P_MS = EnvVar("SGLANG_CPP_P2P_MS", float, 0.0,
-                "Per-chunk overhead (ms) the planner adds to each chunk: P2P plus scheduling.")
+CHUNK_OVERHEAD_MS = EnvVar("SGLANG_CPP_CHUNK_OVERHEAD_MS", float, 0.0,
+                           "Per-chunk overhead (ms) the planner adds to each chunk: P2P plus scheduling "
+                           "(the flag --chunk-overhead-ms; old name SGLANG_CPP_P2P_MS).",
+                           old_names=("SGLANG_CPP_P2P_MS",))
 MIN_CHUNK = EnvVar("SGLANG_CPP_MIN_CHUNK", int, 0,
                    "Smallest non-final chunk the planner may use (0: a quarter of --chunked-prefill-size).")
 MAX_CHUNK = EnvVar("SGLANG_CPP_MAX_CHUNK", int, 0,
@@ -80,5 +91,5 @@ FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "torch_native backend: attend only a chunk's new queries over its cached prefix (0: upstream's "
                      "redundant (L+x)^2 query).")
 
-ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, P2P_MS, MIN_CHUNK, MAX_CHUNK, PLANNER,
+ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, MIN_CHUNK, MAX_CHUNK, PLANNER,
        DECISION_LOG, ASYNC_RECV, FAST_EXTEND)

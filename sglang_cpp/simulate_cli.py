@@ -38,7 +38,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--send-mode", choices=SEND_MODES, default="deferred")
     a("--recv-mode", choices=RECV_MODES, default="serial")
     a("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=0.0,
-      help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_P2P_MS)")
+      help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
     a("--trace", metavar="OUT.json", default=None, help="write a Chrome/Perfetto trace")
     a("--json", action="store_true", help="machine-readable output")
     alias(parser, "--input-len", "--prompt-len")

@@ -20,10 +20,24 @@ def snap(**env):
 
 
 def test_snapshot_covers_planning_settings_but_not_per_node_paths():
-    s = snap(SGLANG_CPP_P2P_MS="5", SGLANG_CPP_CACHE_DIR="/node1", SGLANG_CPP_DECISION_LOG="/x")
-    assert s["SGLANG_CPP_P2P_MS"] == "5" and s["SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"] == ""
+    s = snap(SGLANG_CPP_CHUNK_OVERHEAD_MS="5", SGLANG_CPP_CACHE_DIR="/node1", SGLANG_CPP_DECISION_LOG="/x")
+    assert s["SGLANG_CPP_CHUNK_OVERHEAD_MS"] == "5" and s["SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"] == ""
     assert "SGLANG_CPP_CACHE_DIR" not in s and "SGLANG_CPP_DECISION_LOG" not in s
     assert {v.name for v in envs.ALL if not v.node_local} <= set(s)
+
+
+def test_the_old_overhead_name_still_counts(monkeypatch):
+    """SGLANG_CPP_P2P_MS is read for one release as SGLANG_CPP_CHUNK_OVERHEAD_MS: by the sizer's getter, by
+    the rank agreement check, and a bad value is reported under the name the user set."""
+    assert snap(SGLANG_CPP_P2P_MS="7")["SGLANG_CPP_CHUNK_OVERHEAD_MS"] == "7"
+    monkeypatch.setenv("SGLANG_CPP_P2P_MS", "7")
+    assert envs.CHUNK_OVERHEAD_MS.get() == 7.0
+    monkeypatch.setenv("SGLANG_CPP_CHUNK_OVERHEAD_MS", "2")  # the new name wins
+    assert envs.CHUNK_OVERHEAD_MS.get() == 2.0
+    monkeypatch.delenv("SGLANG_CPP_CHUNK_OVERHEAD_MS")
+    monkeypatch.setenv("SGLANG_CPP_P2P_MS", "fast")
+    with pytest.raises(ValueError, match="SGLANG_CPP_P2P_MS='fast' is invalid"):
+        envs.CHUNK_OVERHEAD_MS.get()
 
 
 def test_identical_ranks_agree():
@@ -32,8 +46,8 @@ def test_identical_ranks_agree():
 
 
 def test_an_env_set_on_one_node_only_fails_naming_it():
-    ranks = [{"env": snap(), "config": {}, "error": ""}, {"env": snap(SGLANG_CPP_P2P_MS="5"), "config": {}, "error": ""}]
-    with pytest.raises(ValueError, match=r"SGLANG_CPP_P2P_MS differs.*rank 0 has ''.*rank 1 has '5'"):
+    ranks = [{"env": snap(), "config": {}, "error": ""}, {"env": snap(SGLANG_CPP_CHUNK_OVERHEAD_MS="5"), "config": {}, "error": ""}]
+    with pytest.raises(ValueError, match=r"SGLANG_CPP_CHUNK_OVERHEAD_MS differs.*rank 0 has ''.*rank 1 has '5'"):
         consensus.check_agreement(ranks)
 
 

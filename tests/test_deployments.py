@@ -26,7 +26,7 @@ def deploy(tiny, tmp_path_factory):
     d = tmp_path_factory.mktemp("deploy")
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
            "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": str(CALIB),
-           "SGLANG_CPP_P2P_MS": "1000"}  # a large per-chunk cost: the planner takes the fewest, largest chunks
+           "SGLANG_CPP_CHUNK_OVERHEAD_MS": "1000"}  # a large per-chunk cost: the planner takes the fewest, largest chunks
     spec = ServerSpec(tiny, pp_size=2, chunk_size=512, dynamic=True, env=env,
                       extra_args=("--page-size", str(PAGE), "--max-prefill-tokens", str(MAX_PREFILL),
                                   "--enable-mixed-chunk"))

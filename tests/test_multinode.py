@@ -101,10 +101,10 @@ def test_both_stages_decide_and_run_the_same_chunks(starts, start):
 def test_setting_on_one_node_only_fails_fast_naming_it(starts, tiny):
     logdir = starts["root"] / "start-mismatch"
     logdir.mkdir()
-    with two_nodes(tiny, starts["caches"], logdir, env1={"SGLANG_CPP_P2P_MS": "5"}) as (n0, n1):
+    with two_nodes(tiny, starts["caches"], logdir, env1={"SGLANG_CPP_CHUNK_OVERHEAD_MS": "5"}) as (n0, n1):
         deadline = time.time() + 300
         while time.time() < deadline and (n0.proc.poll() is None or n1.proc.poll() is None):
             time.sleep(1)
         logs = n0.log() + n1.log()
         assert n0.proc.poll() is not None and n1.proc.poll() is not None, "a node kept running: " + logs[-3000:]
-    assert "SGLANG_CPP_P2P_MS differs between ranks: world rank 0 has '', world rank 1 has '5'" in logs
+    assert "SGLANG_CPP_CHUNK_OVERHEAD_MS differs between ranks: world rank 0 has '', world rank 1 has '5'" in logs

@@ -48,7 +48,7 @@ def launch_lines(rec: dict, meta: dict, cfg: ChunkTuneConfig, json_path: Path) -
     p, f, u = rec["plan"].settings, rec["fixed"].settings, rec["upstream"]
     out = {"plan": launch_line({"SGLANG_CPP_PROFILE": json_path.resolve(), "SGLANG_CPP_POLICY": "plan",
                                 "SGLANG_CPP_MIN_CHUNK": p["min_chunk"], "SGLANG_CPP_MAX_CHUNK": p["max_chunk"],
-                                "SGLANG_CPP_P2P_MS": f"{cfg.p2p_ms:g}"}, meta, cfg, p["chunked_prefill_size"], True,
+                                "SGLANG_CPP_CHUNK_OVERHEAD_MS": f"{cfg.p2p_ms:g}"}, meta, cfg, p["chunked_prefill_size"], True,
                                p["max_prefill_tokens"]),
            "fixed": launch_line({"SGLANG_CPP_POLICY": "off"}, meta, cfg, f["chunked_prefill_size"], False,
                                 max(cfg.max_prefill_tokens, f["chunked_prefill_size"]))}
@@ -124,7 +124,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-length", type=parse_len, default=None,
                    help="server --context-length (default: unbounded)")
     p.add_argument("--chunk-overhead-ms", dest="p2p_ms", type=float, default=0.0,
-                   help="fixed cost per chunk the profile misses: P2P, scheduling (SGLANG_CPP_P2P_MS)")
+                   help="fixed cost per chunk the profile misses: P2P, scheduling (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
     alias(p, "--chunk-overhead-ms", "--p2p-ms")
     p.add_argument("--fixed-chunks", dest="chunk_sizes", type=parse_ints, default=DEFAULT_SIZES,
                    help="C grid for fixed and upstream (default 1k..32k)")

@@ -19,8 +19,8 @@ EXTRA_ENV = ("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "SGLANG_PP_LAYER_PARTITION
 def env_snapshot(environ=None) -> dict:
     """Raw values (unparsed, '' when unset) of every variable that must agree across ranks."""
     environ = os.environ if environ is None else environ
-    names = [v.name for v in envs.ALL if not v.node_local] + list(EXTRA_ENV)
-    return {n: environ.get(n, "") for n in names}
+    snap = {v.name: v.lookup(environ)[1] for v in envs.ALL if not v.node_local}  # old spellings included
+    return snap | {n: environ.get(n, "") for n in EXTRA_ENV}
 
 
 def check_agreement(gathered: list[dict]) -> None:

@@ -59,7 +59,7 @@ class SizerConfig:
         sigma = os.environ.get("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75")
         server.setdefault("policy", envs.POLICY.get())
         return cls(sigma=check_sigma(sigma), min_chunk=envs.MIN_CHUNK.get(),
-                   max_chunk=envs.MAX_CHUNK.get(), overhead_ms=envs.P2P_MS.get(),
+                   max_chunk=envs.MAX_CHUNK.get(), overhead_ms=envs.CHUNK_OVERHEAD_MS.get(),
                    method=envs.PLANNER.get(), **server)
 
     def plan_config(self) -> PlanConfig:
