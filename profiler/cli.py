@@ -43,7 +43,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random token ids")
     p.add_argument("--threads", type=int, default=None,
                    help="hf on cpu: torch threads (default: torch's; 1 is steadier on a shared host)")
-    p.add_argument("--timeout", type=float, default=600.0, help="server: seconds per request")
+    p.add_argument("--request-timeout", dest="timeout", type=float, default=600.0, help="server: seconds per request")
+    alias(p, "--request-timeout", "--timeout")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

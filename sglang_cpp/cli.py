@@ -77,9 +77,9 @@ def build_plan(args):
         from .upstream import UpstreamPredictor
 
         if not args.coeffs or len(args.coeffs.split(",")) != 3:
-            raise SystemExit("error: --policy quadratic needs --coeffs A,B,C (upstream's fitted f(l))")
+            raise ValueError("--policy quadratic needs --coeffs A,B,C (upstream's fitted f(l) = A l^2 + B l + C)")
         if not args.chunk_size:
-            raise SystemExit("error: --policy quadratic needs --chunk-size (the base chunk C)")
+            raise ValueError("--policy quadratic needs --chunked-prefill-size (the base chunk C)")
         a, b, c = (float(v) for v in args.coeffs.split(","))
         up = UpstreamPredictor(a=a, b=b, c=c, chunk_size=args.chunk_size, sigma=args.sigma,
                                page_size=args.page_size, context_len=args.context_len or 1 << 62,
@@ -98,7 +98,7 @@ def build_plan(args):
                      chunk_size=args.chunk_size, method=args.method)
     if args.policy == "fixed":
         if not args.chunk_size:
-            raise SystemExit("error: --policy fixed needs --chunk-size")
+            raise ValueError("--policy fixed needs --chunked-prefill-size (the fixed chunk C)")
         return plan_fixed(args.prompt_len, cost, cfg, args.chunk_size, args.prefix_len)
     fn = plan_dp if args.method == "dp" else plan_equal_time
     return fn(args.prompt_len, cost, cfg, args.prefix_len)

@@ -152,7 +152,7 @@ def test_crop_reuse_matches_fresh_prefill():
 
 def test_server_unreachable_names_url(tmp_path, capsys):
     rc = cli_main(["profile", "--backend", "server", "--base-url", "http://127.0.0.1:9", "--max-len", "1024",
-               "--timeout", "5", "--quiet", "--out", str(tmp_path / "s.json")])
+               "--request-timeout", "5", "--quiet", "--out", str(tmp_path / "s.json")])
     err = capsys.readouterr().err
     assert rc == 2 and "http://127.0.0.1:9" in err and "--base-url" in err
     assert not (tmp_path / "s.json").exists()

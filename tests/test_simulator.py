@@ -312,3 +312,13 @@ def test_old_flag_spellings_still_parse_and_are_hidden(capsys):
     helptext = capsys.readouterr().out
     assert "--input-len" in helptext and "--chunked-prefill-size" in helptext and "--tp-size" in helptext
     assert "--prompt-len" not in helptext and "--chunk-size " not in helptext and "--tp " not in helptext
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--policy", "fixed"], "sglang-cpp plan: error: --policy fixed needs --chunked-prefill-size"),
+    (["--policy", "quadratic", "--chunked-prefill-size", "1k"], "sglang-cpp plan: error: --policy quadratic needs --coeffs"),
+    (["--policy", "quadratic", "--coeffs", "1e-9,1e-3,1"], "sglang-cpp plan: error: --policy quadratic needs --chunked-prefill-size"),
+])
+def test_plan_cli_missing_setting_is_one_error_naming_the_flag(argv, msg, capsys):
+    rc = cli_main(["plan", "--input-len", "8k", "--pp-size", "2", "--coeffs", "0,0,0.01,0,0,0", *argv])
+    assert rc == 2 and msg in capsys.readouterr().err

@@ -149,7 +149,7 @@ def test_chunk_when_upstream_fit_fails(tmp_path, capsys, monkeypatch):
 
 # -- partition --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv,layers,pp", [
-    (("--analytic", "qwen3-235b-a22b", "--device", "H20", "--tp", 4, "--prefix-len", "64k", "--chunk", "8k"), 94, 8),
+    (("--analytic", "qwen3-235b-a22b", "--device", "H20", "--tp", 4, "--prefix-len", "64k", "--chunked-prefill-size", "8k"), 94, 8),
     (("--analytic", "smollm2-135m", "--device", "cpu-2core"), 30, 4),
     (("--analytic", "deepseek-v3", "--device", "H20", "--tp", 8, "--mem-limit-gb", 30), 61, 4),
 ])

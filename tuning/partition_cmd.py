@@ -48,7 +48,7 @@ class PartitionConfig:
         if self.prefix_len is not None and self.prefix_len < 0:
             raise ValueError(f"--prefix-len {self.prefix_len} must be >= 0")
         if self.chunk is not None and self.chunk < 1:
-            raise ValueError(f"--chunk {self.chunk} must be >= 1")
+            raise ValueError(f"--chunked-prefill-size {self.chunk} must be >= 1")
         if self.mem_limit_gb is not None and not (math.isfinite(self.mem_limit_gb) and self.mem_limit_gb > 0):
             raise ValueError(f"--mem-limit-gb {self.mem_limit_gb} must be a number > 0")
         if self.mem_limit_gb is not None and self.profile:
@@ -189,9 +189,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-layers", type=int, default=None,
                    help="model layers (default: the model's / the profile's num_hidden_layers)")
     p.add_argument("--prefix-len", type=parse_len, default=None, help="chunk shape: cached prefix L (default 0)")
-    p.add_argument("--chunk", type=parse_len, default=None,
+    p.add_argument("--chunked-prefill-size", dest="chunk", type=parse_len, default=None,
                    help=f"chunk shape: x new tokens (analytic default {DEFAULT_CHUNK}; "
                         "profile default: the largest measured)")
+    alias(p, "--chunked-prefill-size", "--chunk")
     p.add_argument("--mem-limit-gb", type=float, default=None, help="max weight GB per stage (--analytic)")
 
 

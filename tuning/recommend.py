@@ -48,7 +48,7 @@ class ChunkTuneConfig:
         if not self.input_lens or min(self.input_lens) < 1:
             raise ValueError(f"--input-lens {self.input_lens!r}: give prompt lengths >= 1, e.g. 32k,128k")
         if not self.chunk_sizes or min(self.chunk_sizes) < 1:
-            raise ValueError(f"--chunk-sizes {self.chunk_sizes!r}: give chunk sizes >= 1, e.g. 1k,2k,4k")
+            raise ValueError(f"--fixed-chunks {self.chunk_sizes!r}: give chunk sizes >= 1, e.g. 1k,2k,4k")
         if not (math.isfinite(self.p2p_ms) and self.p2p_ms >= 0):
             raise ValueError(f"--p2p-ms={self.p2p_ms!r} must be a finite number >= 0")
         if self.max_prefill_tokens < self.align:
