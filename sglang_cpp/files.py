@@ -6,6 +6,7 @@ the same way, headless.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 _MISSING = object()
@@ -19,6 +20,15 @@ def save_json(path, doc, indent: int = 1) -> Path:
     tmp.write_text(json.dumps(doc, indent=indent))
     tmp.replace(p)
     return p
+
+
+def device_file_name(model, pp: int, tp, device_name, dtype, **extra) -> str:
+    """The per-device file name (a profile from `tune chunk`, a calibration in the cache), key=value pairs
+    joined by commas the way SGLang's fused-MoE tuners name their configs."""
+    parts = {"model": Path(str(model or "model").rstrip("/")).name, "pp": int(pp), "tp": tp or 1,
+             "device_name": device_name or "unknown", "dtype": dtype or "unknown", **extra}
+    return ",".join(f"{k}={re.sub(r'[^A-Za-z0-9_.,=-]+', '_', str(v)).strip('_') or 'unknown'}"
+                    for k, v in parts.items()) + ".json"
 
 
 def load_json(path, default=_MISSING):

@@ -143,3 +143,17 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_CPP_PROFILE", str(bad))
     with pytest.raises(ValueError, match=f"SGLANG_CPP_PROFILE={bad}"):
         resolve_source(meta, cfg)
+
+
+def test_per_device_file_name_is_one_rule():
+    """`tune chunk`'s profile and the calibration cache share the naming (files.device_file_name): the cache
+    adds its layers/key/maxlen fields after the same five."""
+    from sglang_cpp.files import device_file_name
+    from sglang_cpp.plugin.profiles import cache_path
+
+    assert device_file_name("/models/Qwen3-8B/", 4, 2, "NVIDIA H20", "bfloat16") == \
+        "model=Qwen3-8B,pp=4,tp=2,device_name=NVIDIA_H20,dtype=bfloat16.json"
+    name = cache_path(_meta(), 2048).name
+    assert name.startswith(device_file_name(_meta()["model"], 2, _meta()["tp"], _meta()["device_name"],
+                                            _meta()["dtype"])[:-len(".json")] + ",layers=")
+    assert name.endswith(",maxlen=2048.json")

@@ -5,26 +5,19 @@ from __future__ import annotations
 
 import argparse
 import platform
-import re
 import shlex
 from pathlib import Path
 
 from ..costmodel import save_profile
+from ..files import device_file_name
 from . import config_from_args
 from .fit import FORMS, as_cost, residuals
 from .recommend import DEFAULT_SIZES, SGLANG_MAX_PREFILL, ChunkTuneConfig, load_stages, recommend
 
 
-def _clean(v) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(v)).strip("_") or "unknown"
-
-
 def profile_name(meta: dict, pp_size: int, model_name: str | None = None) -> str:
-    """Named the way SGLang's fused-MoE tuner names its configs: key=value pairs joined by commas."""
-    model = model_name or Path(str(meta.get("model") or "model").rstrip("/")).name
-    return (f"model={_clean(model)},pp={int(pp_size)},tp={_clean(meta.get('tp') or 1)},"
-            f"device_name={_clean(meta.get('device_name') or 'unknown')},"
-            f"dtype={_clean(meta.get('dtype') or 'unknown')}.json")
+    return device_file_name(model_name or meta.get("model"), pp_size, meta.get("tp"), meta.get("device_name"),
+                            meta.get("dtype"))
 
 
 def launch_line(env: dict, meta: dict, cfg: ChunkTuneConfig, C: int, dynamic: bool, mpt: int) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from .. import envs
 from ..machine import cpu_model
 from ..costmodel import PipelineCost, cost_from_profile, load_profile, save_profile
+from ..files import device_file_name
 from ..upstream import UpstreamPredictor
 
 logger = logging.getLogger("sglang_cpp")
@@ -63,10 +64,9 @@ KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_s
 def cache_path(meta: dict, max_len: int) -> Path:
     """Per-device file, named the way SGLang's fused-MoE tuners name theirs, plus a digest of every
     field that changes forward time (KEY_FIELDS), so a stale calibration is never reused silently."""
-    keys = ("model", "pp", "tp", "device_name", "dtype")
     digest = hashlib.sha1(json.dumps({k: meta.get(k) for k in KEY_FIELDS}, sort_keys=True).encode()).hexdigest()
-    name = ",".join(f"{k}={meta[k]}" for k in keys) + f",layers={meta['layer_partition'] or 'default'}"
-    name = re.sub(r"[^A-Za-z0-9_.,=-]+", "_", name) + f",key={digest[:12]},maxlen={max_len}.json"
+    name = device_file_name(meta["model"], meta["pp"], meta["tp"], meta["device_name"], meta["dtype"],
+                            layers=meta["layer_partition"] or "default", key=digest[:12], maxlen=max_len)
     return Path(envs.CACHE_DIR.get()) / "calibration" / name
 
 
