@@ -105,12 +105,17 @@ class PipelineCost:
     def __post_init__(self):
         if not self.stages:
             raise ValueError("PipelineCost needs at least one stage model")
+        # (stages, 6) coefficients: every stage evaluated in one matrix product (64 stages are common)
+        object.__setattr__(self, "_coefs", np.array([[getattr(m, k) for k in COEFS] for m in self.stages]))
 
     def time(self, L, x):
-        out = self.stages[0].time(L, x)
-        for m in self.stages[1:]:
-            out = np.maximum(out, m.time(L, x))
-        return out
+        L, x = np.asarray(L, float), np.asarray(x, float)
+        if len(self.stages) <= 2:
+            out = self.stages[0].time(L, x)
+            return out if len(self.stages) == 1 else np.maximum(out, self.stages[1].time(L, x))
+        L, x = np.broadcast_arrays(L, x)
+        feats = np.stack([np.ones_like(L), L, x, L * L, L * x, x * x])  # COEFS order
+        return np.tensordot(self._coefs, feats, axes=1).max(axis=0)
 
     def max_chunk_for(self, L: float, T: float) -> float:
         return min(m.max_chunk_for(L, T) for m in self.stages)

@@ -41,6 +41,24 @@ def load_json(path, default=_MISSING):
         return default
 
 
+def update_section(path, title: str, body: str, head: str = "# Reliability") -> Path:
+    """Replace (or append) the `## title` section of a markdown results file, keeping the others, so
+    several benchmark scripts can each own one section of one file."""
+    p = Path(path)
+    text = p.read_text() if p.exists() else head + "\n"
+    marker = f"## {title}\n"
+    new = f"{marker}\n{body.rstrip()}\n"
+    if marker in text:
+        start = text.index(marker)
+        nxt = text.find("\n## ", start + len(marker))
+        text = text[:start] + new + (text[nxt:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip() + "\n\n" + new
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
 def pyplot():
     """matplotlib.pyplot on the headless Agg backend."""
     import matplotlib

@@ -137,3 +137,46 @@ def test_plan_matches_exact_dp_on_measured_torch_native_model(n):
     eq, dp = plan_equal_time(n, SMOL, cfg), plan_dp(n, SMOL, cfg)
     assert eq.ttft_ms <= dp.ttft_ms * 1.002
     assert len(eq.chunks) >= 2  # PP=2 gains from overlapping two chunks even though each re-pays the prefix
+
+
+# -- defects the fuzz (benchmarks/fuzz_planner.py) found ----------------------------------------------
+def test_fuzz_case_unaligned_chunk_before_the_last():
+    """Issue 13: N=386080 (not a multiple of 64) with near-zero costs gave [..., 16064, 16288, 16384]: the
+    bound 'the rest must fit in the chunks left' was applied unaligned."""
+    cost = CostModel(c0=1e-9, b=1e-12, f=1e-15)
+    cfg = PlanConfig(pp_size=64, align=64, min_chunk=64, max_chunk=16384, overhead_ms=15, chunk_size=512)
+    plan = plan_equal_time(386080, cost, cfg)
+    check_valid(plan, cfg)
+    assert [c for c in plan.chunks[:-1] if c % 64] == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 600_000), st.integers(0, 50_000), st.sampled_from([64, 128, 1024]),
+       st.integers(1, 64), st.integers(0, 8192), st.integers(1024, 32768), st.floats(0, 20),
+       st.sampled_from([1.0, 1e-9, 1e4]))
+def test_long_prompts_give_valid_plans(n, prefix, align, P, min_chunk, max_chunk, o, scale):
+    """Long prompts (the one-pass equal-count path above 48 chunks) and extreme cost scales stay inside
+    the bounds: every chunk but the last aligned and in [min, max], the last in [1, max]."""
+    assume(max_chunk >= align and min_chunk <= max_chunk and -(-min_chunk // align) * align <= max_chunk)
+    cfg = PlanConfig(pp_size=P, align=align, min_chunk=min_chunk, max_chunk=max_chunk, overhead_ms=o)
+    cost = CostModel(c0=20 * scale, b=0.05 * scale, e=2e-6 * scale, f=1e-6 * scale)
+    check_valid(plan_equal_time(prefix + n, cost, cfg, prefix), cfg)
+
+
+def test_more_chunks_than_any_server_runs_is_a_clear_error():
+    cfg = PlanConfig(pp_size=2, align=1, min_chunk=1, max_chunk=4)
+    with pytest.raises(ValueError, match=r"at least 262144 chunks .*raise --max-chunk"):
+        plan_equal_time(1 << 20, GPU, cfg)
+    plan = plan_equal_time(20_000, GPU, cfg)  # 5000 chunks: past the search limit, max-size chunks
+    assert plan.chunks == (4,) * 5000
+
+
+def test_a_stage_that_never_paces_does_not_change_the_plan():
+    """A stage whose every coefficient is below another stage's is dropped before planning; the plan and
+    its predicted times are those of the pipeline without it."""
+    slow = CostModel.fa(a=2e-6, b=0.06, c0=25.0)
+    fast = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
+    cfg = PlanConfig(pp_size=3, align=64, max_chunk=8192, overhead_ms=2)
+    with_fast = plan_equal_time(100_000, PipelineCost((fast, slow, fast)), cfg)
+    alone = plan_equal_time(100_000, PipelineCost((slow, slow, slow)), cfg)
+    assert with_fast.chunks == alone.chunks and with_fast.pred_ms == pytest.approx(alone.pred_ms)
