@@ -87,9 +87,11 @@ DECISION_LOG = EnvVar("SGLANG_CPP_DECISION_LOG", str, "",
 ASYNC_RECV = EnvVar("SGLANG_CPP_ASYNC_RECV", _bool, False,
                     "Post all PP proxy irecvs of a message at once and wait only before the forward.")
 
+CALIB_FAULT_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_RANK", int, -1,
+                          "Fault injection for tests: the startup calibration raises on this PP rank (-1: never).")
 FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "torch_native backend: attend only a chunk's new queries over its cached prefix (0: upstream's "
                      "redundant (L+x)^2 query).")
 
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, MIN_CHUNK, MAX_CHUNK, PLANNER,
-       DECISION_LOG, ASYNC_RECV, FAST_EXTEND)
+       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, CALIB_FAULT_RANK)

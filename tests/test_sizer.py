@@ -133,3 +133,43 @@ def test_bf16_on_a_cpu_without_native_bf16_is_warned():
     assert cpu_dtype_warning("cpu", "torch.bfloat16", native=True) is None
     assert cpu_dtype_warning("cpu", "torch.float32", native=False) is None
     assert cpu_dtype_warning("cuda", "torch.bfloat16", native=False) is None
+
+
+# -- bad configurations fail at startup with the variable and the fix (issue 13's matrix, unit level) ---
+def test_min_chunk_above_max_chunk_is_an_error_not_a_clamp():
+    with pytest.raises(ValueError, match="SGLANG_CPP_MIN_CHUNK=8192 exceeds SGLANG_CPP_MAX_CHUNK=4096"):
+        cfg(min_chunk=8192, max_chunk=4096)
+    assert cfg(min_chunk=2048, max_chunk=4096).plan_config().lo == 2048
+
+
+def test_dynamic_chunking_without_a_chunk_size():
+    with pytest.raises(ValueError, match="--enable-dynamic-chunking needs --chunked-prefill-size > 0.*got -1"):
+        cfg(chunk_size=-1)
+    cfg(chunk_size=-1, dynamic=False)  # plain PP without chunking: nothing to plan, nothing to refuse
+
+
+@pytest.mark.parametrize("pmeta,needle", [
+    ({"model": "/models/Qwen3-8B"}, "measured on model Qwen3-8B but this server serves smollm2-135m"),
+    ({"tp": 2}, "measured with tp=2 but this server runs --tp-size 1"),
+    ({"dtype": "bfloat16"}, "measured with dtype=bfloat16 but this server runs --dtype float32"),
+    ({"num_layers": 24}, "measured with num_layers=24 but this server's model has num_layers=30"),
+])
+def test_a_profile_from_another_model_tp_or_dtype_is_refused(pmeta, needle):
+    from sglang_cpp.plugin.profiles import check_matches
+
+    meta = {"model": "smollm2-135m", "tp": 1, "dtype": "float32", "num_layers": 30, "hidden_size": 576}
+    with pytest.raises(ValueError, match=needle):
+        check_matches({"meta": pmeta, "samples": []}, meta, "SGLANG_CPP_PROFILE=/p.json", 2)
+    check_matches({"meta": {"model": "/elsewhere/smollm2-135m/", "tp": 1, "dtype": "torch.float32"}, "samples": []},
+                  meta, "SGLANG_CPP_PROFILE=/p.json", 2)  # the same model in another folder is fine
+
+
+def test_an_unwritable_cache_dir_fails_before_calibrating(tmp_path, monkeypatch):
+    from sglang_cpp.plugin.profiles import check_writable
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a folder cannot be created below a file (root can write anywhere else)
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(ValueError, match=r"SGLANG_CPP_CACHE_DIR=.*cannot write the calibration.*writable folder"):
+        check_writable(blocker / "cache" / "calibration")
+    check_writable(tmp_path / "ok" / "calibration")

@@ -16,6 +16,8 @@ from array import array
 
 import numpy as np
 
+from .. import envs
+
 logger = logging.getLogger("sglang_cpp")
 
 
@@ -195,6 +197,8 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
     for i, level in enumerate(levels):
         t_level = time.time()
         try:
+            if envs.CALIB_FAULT_RANK.get() == pp_rank:
+                raise RuntimeError("fault injected by SGLANG_CPP_CALIB_FAULT_RANK")
             local = {"ok": True, "t": 0.0, "samples": [dict(s, stage=pp_rank) for s in
                                                         measure_stage(sched, level, repeats, warmup=i == 0,
                                                                       max_chunk=max_chunk, warm_shapes=warm_shapes)]}

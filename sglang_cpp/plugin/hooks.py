@@ -54,7 +54,8 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     try:
         cfg = SizerConfig.from_env(pp_size=par.pp_size, pp_rank=par.pp_rank, chunk_size=self.chunked_prefill_size,
                                    max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
-                                   context_len=self.model_config.context_len, align=_align(self))
+                                   context_len=self.model_config.context_len, align=_align(self),
+                                   dynamic=bool(sch.enable_dynamic_chunking))
     except ValueError as exc:  # every rank fails, below, with every rank's reason
         error = str(exc)
     mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}

@@ -70,13 +70,35 @@ def cache_path(meta: dict, max_len: int) -> Path:
     return Path(envs.CACHE_DIR.get()) / "calibration" / name
 
 
+def check_writable(folder: Path) -> None:
+    """The calibration cache folder can take a file (world rank 0 saves there)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"SGLANG_CPP_CACHE_DIR={envs.CACHE_DIR.get()}: cannot write the calibration to {folder} "
+                         f"({exc.strerror or exc}); point SGLANG_CPP_CACHE_DIR at a writable folder, or pass "
+                         "SGLANG_CPP_PROFILE") from None
+
+
 def check_matches(doc: dict, meta: dict, where: str, pp_size: int) -> None:
     """A profile measured on another model or split is wrong, not approximately right."""
     pm = doc.get("meta", {})
+    fix = "profile this server (`sglang-cpp profile`, `sglang-cpp tune chunk`) or unset SGLANG_CPP_PROFILE"
     for key in ("hidden_size", "num_layers"):
-        if key in pm and int(pm[key]) != int(meta[key]):
+        if key in pm and key in meta and int(pm[key]) != int(meta[key]):
             raise ValueError(f"{where} was measured with {key}={pm[key]} but this server's model has "
-                             f"{key}={meta[key]}; profile this model (`sglang-cpp profile`) or unset SGLANG_CPP_PROFILE")
+                             f"{key}={meta[key]}; {fix}")
+    name = lambda v: Path(str(v).rstrip("/")).name  # noqa: E731  (a path or a folder name)
+    if pm.get("model") and meta.get("model") and name(pm["model"]) != name(meta["model"]):
+        raise ValueError(f"{where} was measured on model {name(pm['model'])} but this server serves "
+                         f"{name(meta['model'])}; {fix}")
+    for key, flag in (("tp", "--tp-size"), ("dtype", "--dtype")):
+        if pm.get(key) not in (None, "") and key in meta and str(pm[key]).replace("torch.", "") != str(meta[key]):
+            raise ValueError(f"{where} was measured with {key}={pm[key]} but this server runs {flag} "
+                             f"{meta[key]}; {fix}")
     stages = {s.get("stage", 0) for s in doc.get("samples", [])} or set(range(len(doc.get("stages", []))))
     if len(stages) > 1 and len(stages) != pp_size:
         raise ValueError(f"{where} has {len(stages)} per-stage models but --pp-size is {pp_size}; "
@@ -127,6 +149,7 @@ def resolve_source(meta: dict, cfg) -> dict:
     if cached is not None:  # a corrupt cache is an error too: delete the file to recalibrate
         return {"kind": "cache", "where": str(cached), "doc": load_profile(cached), "max_len": max_len,
                 "budget_s": budget_s}
+    check_writable(cache_path(meta, max_len).parent)  # before minutes of calibration, not after
     return {"kind": "calibrate", "max_len": max_len, "budget_s": budget_s, "repeats": envs.CALIB_REPEATS.get()}
 
 

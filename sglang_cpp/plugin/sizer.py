@@ -41,13 +41,18 @@ class SizerConfig:
     overhead_ms: float = 0.0
     method: str = "equal-time"
     align: int = 64  # SGLang's chunk grid (hooks._align): lcm of page, 64, truncation and mamba grids
+    dynamic: bool = True  # --enable-dynamic-chunking (without it nothing is planned)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise ValueError(f"SGLANG_CPP_POLICY={self.policy!r}: choose one of {', '.join(POLICIES)}")
         check_sigma(self.sigma)
-        if self.chunk_size is None or self.chunk_size <= 0:
-            raise ValueError("--enable-dynamic-chunking needs --chunked-prefill-size > 0 (the base chunk)")
+        if self.dynamic and (self.chunk_size is None or self.chunk_size <= 0):
+            raise ValueError(f"--enable-dynamic-chunking needs --chunked-prefill-size > 0 (the base chunk), got "
+                             f"{self.chunk_size}: set --chunked-prefill-size, or drop --enable-dynamic-chunking")
+        if self.min_chunk and self.max_chunk and self.min_chunk > self.max_chunk:
+            raise ValueError(f"SGLANG_CPP_MIN_CHUNK={self.min_chunk} exceeds SGLANG_CPP_MAX_CHUNK={self.max_chunk}: "
+                             "lower the first or raise the second")
         if self.max_chunk > self.max_prefill_tokens:
             raise ValueError(f"SGLANG_CPP_MAX_CHUNK={self.max_chunk} exceeds --max-prefill-tokens="
                              f"{self.max_prefill_tokens}: SGLang never runs a longer prefill forward. Lower it, "
