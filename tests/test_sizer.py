@@ -173,3 +173,19 @@ def test_an_unwritable_cache_dir_fails_before_calibrating(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r"SGLANG_CPP_CACHE_DIR=.*cannot write the calibration.*writable folder"):
         check_writable(blocker / "cache" / "calibration")
     check_writable(tmp_path / "ok" / "calibration")
+
+
+def test_a_bad_layer_partition_is_named_with_a_value_that_works(monkeypatch):
+    """The get_pp_indices hook: SGLang's own check says 'sum(partitions)=2 does not match
+    num_hidden_layers=4.'; ours names the variable and a partition that works, before SGLang's runs."""
+    from sglang_cpp.plugin.hooks import get_pp_indices
+
+    calls = []
+    original = lambda n, r, p: calls.append((n, r, p)) or (0, 2)  # noqa: E731
+    monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "1,1")
+    with pytest.raises(ValueError, match=r"SGLANG_PP_LAYER_PARTITION='1,1' sums to 2 but the model has 4 layers.*"
+                                         r"e\.g\. SGLANG_PP_LAYER_PARTITION=2,2"):
+        get_pp_indices(original, 4, 0, 2)
+    assert calls == []
+    monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "1,3")
+    assert get_pp_indices(original, 4, 1, 2) == (0, 2) and calls == [(4, 1, 2)]

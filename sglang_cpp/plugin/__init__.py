@@ -1,7 +1,7 @@
 """sglang-cpp's SGLang plugin (entry point group `sglang.srt.plugins`).
 
 SGLang calls `register()` in every process before it builds a Scheduler. The hooks are AROUND/AFTER
-hooks on ten SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
+hooks on eleven SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
 through unless SGLANG_CPP_ASYNC_RECV=1).
 """
 from __future__ import annotations
@@ -12,6 +12,8 @@ TARGETS = {
     "sglang.srt.managers.schedule_policy.PrefillAdder.__init__": ("PrefillAdder_init", "AFTER"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("PrefillAdder_add_one_req", "AROUND"),
     f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
+    # a bad SGLANG_PP_LAYER_PARTITION named with its fix, at model build
+    "sglang.srt.distributed.get_pp_indices": ("get_pp_indices", "AROUND"),
     "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit":
         ("DynamicChunkSizer_profile_and_fit", "AFTER"),
     # SGLANG_CPP_ASYNC_RECV: batched PP receives; proxy waits deferred to the forward (plugin/p2p.py)

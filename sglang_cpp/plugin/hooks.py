@@ -85,6 +85,20 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     return None
 
 
+def get_pp_indices(original, num_hidden_layers, pp_rank, pp_size, *args, **kwargs):
+    """AROUND sglang.srt.distributed.get_pp_indices (each stage's layer range, at model build): a bad
+    SGLANG_PP_LAYER_PARTITION fails naming the variable, the model's layer count and a value that works
+    (SGLang's own error names neither the variable nor the fix)."""
+    import os
+
+    from ..partition import parse_partition
+
+    raw = os.environ.get("SGLANG_PP_LAYER_PARTITION")
+    if raw is not None and pp_size > 1:
+        parse_partition(raw, int(num_hidden_layers), int(pp_size))
+    return original(num_hidden_layers, pp_rank, pp_size, *args, **kwargs)
+
+
 def PrefillAdder_init(result, self, *args, **kwargs):
     """Remember the decode tokens a mixed-chunk batch deducted from the chunk budget (upstream's
     __init__ subtracts them from rem_chunk_tokens; add_one_req below must keep that deduction)."""
