@@ -148,7 +148,7 @@ def _stage_coefs(cost) -> list[tuple]:
 
 
 def _as_coefs(rows: list[tuple]):
-    return np.array(rows) if len(rows) > 4 else rows  # many stages: one numpy root per call
+    return np.array(rows) if len(rows) > 32 else rows  # very many stages: one numpy root per call
 
 
 def _x_of(coefs, L: float, T: float) -> float:
