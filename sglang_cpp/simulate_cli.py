@@ -57,8 +57,8 @@ def cli_costs(args) -> tuple[list, int]:
         return _stage_costs(load_cost(args.profile), P), 0
     if args.coeffs:
         return [parse_coeffs(args.coeffs)] * P, 0
-    from .analytic import DEVICES, MODELS, analytic_cost_model
-    from .partition import default_partition
+    from .analytic import DEVICES, MODELS
+    from .analytic_fit import stage_models
 
     if args.analytic not in MODELS:
         raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
@@ -69,19 +69,13 @@ def cli_costs(args) -> tuple[list, int]:
         from dataclasses import replace
         dev = replace(dev, efficiency=args.efficiency)
     lps = args.layers_per_stage
-    if lps is None:
-        parts = default_partition(model.num_layers, P)
-    elif "," in str(lps):
-        parts = [int(v) for v in str(lps).split(",")]
-    else:
-        parts = [int(lps)] * P
-    if len(parts) != P or any(n < 1 for n in parts):
+    try:
+        parts = None if lps is None else ([int(v) for v in str(lps).split(",")] if "," in str(lps) else [int(lps)] * P)
+    except ValueError:
+        parts = [0]
+    if parts is not None and (len(parts) != P or any(n < 1 for n in parts)):
         raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
-    models, first = [], 0
-    for s, n in enumerate(parts):
-        models.append(analytic_cost_model(model, dev, layers=n, first_layer=first, tp=args.tp, dtype=args.dtype,
-                                          include_embedding=s == 0, include_lm_head=s == P - 1))
-        first += n
+    models = stage_models(model, dev, args.tp, P, parts, dtype=args.dtype)
     return models, model.hidden_size
 
 

@@ -193,3 +193,58 @@ def test_what_if_qwen3_235b_pp8_tp4_32xh20():
     # anchors.md 2.5's calibrated model (c = 15 ms, 88.9% efficiency) puts fixed 4K / 8K at 10.37 / 12.89 s
     for c, ref in ((4096, 10.37e3), (8192, 12.89e3)):
         assert simulate([c] * (128 * 1024 // c), costs, 8).ttft_ms == pytest.approx(ref, rel=0.05)
+
+
+# -- calibration on measured TTFTs (issue 14) ----------------------------------------------------------
+# Seed 004 (shared/seeds/004_26665f2ba558731c.txt): Qwen3-235B-A22B-FP8 on H20, "the baseline TTFT of
+# ~55.5s (PP1 TP4)" and Table 1, PP8 TP4 with dynamic chunking (--chunked-prefill-size 18432, sigma 0.8).
+BLOG_PP1_128K_S = 55.5
+BLOG_TABLE1_S = {128 * 1024: 10.54, 256 * 1024: 32.68, 512 * 1024: 114.33, 1024 * 1024: 420.91}
+
+
+def test_fit_on_the_pp1_point_predicts_the_blogs_table1_within_15_percent():
+    """One published point without pipeline effects fixes the efficiency; the PP8 predictions come from the
+    simulator running upstream's dynamic chunking, with no further fitting."""
+    from sglang_cpp.analytic_fit import Measured, fit, predict_ms
+
+    q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
+    f = fit(q, h20, 4, [Measured(1, 128 * 1024, BLOG_PP1_128K_S * 1e3)])
+    assert f.rows[0][1] == pytest.approx(BLOG_PP1_128K_S * 1e3, rel=1e-3)
+    assert 0.5 < f.efficiency < 1.0
+    dev = replace(h20, efficiency=f.efficiency)
+    for S, published in BLOG_TABLE1_S.items():
+        pred = predict_ms(q, dev, 4, Measured(8, S, 1.0, "quadratic", 18432, 0.8)) / 1e3
+        assert pred == pytest.approx(published, rel=0.15), (S, pred, published)
+
+
+def test_measured_point_parsing_and_fit_errors():
+    from sglang_cpp.analytic_fit import Measured, fit
+
+    m = Measured.parse("8, 128k, 10.54, quadratic, 18k, 0.8")
+    assert (m.pp_size, m.input_len, m.ttft_ms, m.policy, m.chunk, m.sigma) == (8, 131072, 10540.0, "quadratic",
+                                                                              18432, 0.8)
+    for bad in ("8,128k", "x,128k,10", "8,128k,-1", "8,128k,10,greedy"):
+        with pytest.raises(ValueError, match="--measured"):
+            Measured.parse(bad)
+    with pytest.raises(ValueError, match="needs two or more --measured points"):
+        fit(MODELS["llama3-8b"], DEVICES["H100"], 1, [m], fit_overhead=True)
+    with pytest.raises(ValueError, match="sits at a bound"):  # 1 ms for 128K tokens: faster than any peak
+        fit(MODELS["llama3-8b"], DEVICES["H100"], 1, [Measured(1, 131072, 1.0)])
+
+
+def test_tune_analytic_writes_a_json_that_simulate_loads(tmp_path, capsys):
+    import json
+
+    from sglang_cpp.cli import main
+
+    rc = main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--tp-size", "4",
+               "--measured", "1,128k,55.5", "--pp-size", "8", "--input-lens", "128k", "--chunked-prefill-size",
+               "18k", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    said = float(out.split("predicted PP8 131072 tokens, quadratic C=18432: ")[1].split(" s")[0])
+    (path,) = tmp_path.glob("model=qwen3-235b-a22b-fp8,pp=8,tp=4,device_name=H20,*.json")
+    rc = main(["simulate", "--profile", str(path), "--pp-size", "8", "--input-len", "128k", "--policy", "quadratic",
+               "--chunked-prefill-size", "18k", "--sigma", "0.8", "--json"])
+    sim = json.loads(capsys.readouterr().out)
+    assert rc == 0 and sim["ttft_ms"] / 1e3 == pytest.approx(said, abs=0.01)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import argparse
 
-from . import chunk_cmd, fit, partition_cmd, sweep
+from . import analytic_cmd, chunk_cmd, fit, partition_cmd, sweep
 
 COMMANDS = {
     "fit": (fit, "refit t(L, x) per stage from a profile or a decision log; coefficients, R^2, plot"),
     "chunk": (chunk_cmd, "recommend plan / upstream (C, sigma) / fixed chunk settings and write the "
                          "per-device SGLANG_CPP_PROFILE JSON"),
     "partition": (partition_cmd, "cost-balanced SGLANG_PP_LAYER_PARTITION vs SGLang's default split"),
+    "analytic": (analytic_cmd, "calibrate the analytic model's efficiency (and per-chunk overhead) on measured "
+                               "TTFTs; write its per-device JSON"),
     "sweep": (sweep, "measure fixed chunks, upstream sigma values and the plan policy on live servers"),
 }
 

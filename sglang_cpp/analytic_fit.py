@@ -1,0 +1,124 @@
+"""The analytic model calibrated on measured TTFTs: the efficiency (and optionally the per-chunk
+overhead) that makes the simulated TTFT of each measured configuration match its measurement.
+
+Why: the device presets give peaks, not what a real stack reaches; a guessed efficiency of 0.5 makes
+every what-if about 2x too slow. One measured point without pipeline effects (PP=1) pins the
+efficiency; pipeline behaviour then comes from the simulator and the chunk policy, not from fitting.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .analytic import DeviceSpec, ModelSpec, analytic_cost_model
+from .partition import default_partition
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured TTFT and the configuration it was measured on."""
+
+    pp_size: int
+    input_len: int
+    ttft_ms: float
+    policy: str = "fixed"  # fixed | quadratic (upstream dynamic chunking) | plan
+    chunk: int = 16384  # --chunked-prefill-size
+    sigma: float = 0.8
+
+    @classmethod
+    def parse(cls, text: str) -> "Measured":
+        """'PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]]', e.g. '1,128k,55.5' or '8,128k,10.54,quadratic,18k,0.8'."""
+        from .args import parse_len
+
+        parts = [p.strip() for p in str(text).split(",")]
+        try:
+            if not 3 <= len(parts) <= 6:
+                raise ValueError("expected 3 to 6 fields")
+            kw = dict(pp_size=int(parts[0]), input_len=parse_len(parts[1]), ttft_ms=float(parts[2]) * 1e3)
+            if len(parts) > 3:
+                kw["policy"] = parts[3]
+            if len(parts) > 4:
+                kw["chunk"] = parse_len(parts[4])
+            if len(parts) > 5:
+                kw["sigma"] = float(parts[5])
+            m = cls(**kw)
+        except ValueError as exc:
+            raise ValueError(f"--measured {text!r}: {exc}; give PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]], "
+                             "e.g. 1,128k,55.5 or 8,128k,10.54,quadratic,18k,0.8") from None
+        if m.pp_size < 1 or m.input_len < 1 or not (m.ttft_ms > 0 and math.isfinite(m.ttft_ms)) or m.chunk < 1:
+            raise ValueError(f"--measured {text!r}: PP, INPUT_LEN, TTFT_S and CHUNK must be > 0")
+        if m.policy not in ("fixed", "quadratic", "plan"):
+            raise ValueError(f"--measured {text!r}: policy {m.policy!r} is not fixed, quadratic or plan")
+        return m
+
+
+def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=None, dtype: str | None = None):
+    """Per-stage analytic cost models: SGLang's default layer split (or `parts`), the embedding on the
+    first stage and the last token's LM head on the last."""
+    parts = list(parts) if parts is not None else default_partition(model.num_layers, pp)
+    if len(parts) != pp or any(n < 1 for n in parts) or sum(parts) > model.num_layers:
+        raise ValueError(f"--layers-per-stage {parts}: give {pp} counts >= 1 summing to at most the model's "
+                         f"{model.num_layers} layers")
+    out, first = [], 0
+    for s, n in enumerate(parts):
+        out.append(analytic_cost_model(model, device, layers=n, first_layer=first, tp=tp, dtype=dtype,
+                                       include_embedding=s == 0, include_lm_head=s == pp - 1))
+        first += n
+    return out
+
+
+def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, overhead_ms: float = 0.0,
+               max_prefill: int = 16384, dtype: str | None = None) -> float:
+    """Simulated TTFT of `point`'s configuration: its chunk policy on the per-stage models, replayed by
+    the pipeline simulator with `overhead_ms` per chunk and stage."""
+    from .costmodel import PipelineCost
+    from .policy import chunks_for
+    from .simulator import SimConfig, simulate
+
+    stages = stage_models(model, device, tp, point.pp_size, dtype=dtype)
+    cost = stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
+    chunks = chunks_for(point.policy, point.input_len, cost, point.pp_size, point.chunk, sigma=point.sigma,
+                        max_prefill=max(max_prefill, point.chunk), overhead_ms=overhead_ms)
+    return simulate(chunks, stages, point.pp_size, SimConfig(cpu_overhead_ms=overhead_ms)).ttft_ms
+
+
+@dataclass(frozen=True)
+class Fit:
+    efficiency: float
+    overhead_ms: float
+    rows: tuple  # (point, predicted ms)
+
+
+def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list[Measured], *, overhead_ms: float = 0.0,
+        fit_overhead: bool = False, max_prefill: int = 16384, dtype: str | None = None) -> Fit:
+    """Least squares on log(predicted / measured) over the points: one efficiency for GEMMs and attention
+    (device.efficiency; attention kernels follow it), and the per-chunk overhead when `fit_overhead`."""
+    from scipy.optimize import minimize, minimize_scalar
+
+    if not points:
+        raise ValueError("give at least one --measured point")
+    if fit_overhead and len(points) < 2:
+        raise ValueError("fitting the per-chunk overhead needs two or more --measured points (one fixes the "
+                         "efficiency only); drop --fit-overhead or add a point")
+
+    def loss(eff: float, o: float) -> float:
+        dev = replace(device, efficiency=float(min(max(eff, 1e-3), 1.0)), attn_efficiency=None)
+        return sum(math.log(predict_ms(model, dev, tp, p, o, max_prefill, dtype) / p.ttft_ms) ** 2 for p in points)
+
+    if fit_overhead:
+        res = minimize(lambda v: loss(v[0], max(v[1], 0.0)), x0=np.array([0.5, 10.0]), method="Nelder-Mead",
+                       options={"xatol": 1e-4, "fatol": 1e-10, "maxiter": 400})
+        eff, o = float(res.x[0]), max(float(res.x[1]), 0.0)
+    else:
+        eff, o = float(minimize_scalar(lambda e: loss(e, overhead_ms), bounds=(1e-3, 1.0), method="bounded",
+                                       options={"xatol": 1e-5}).x), overhead_ms
+    if not 1e-3 < eff < 1.0 - 1e-4:
+        raise ValueError(f"the fitted efficiency {eff:.3f} sits at a bound of (0, 1]: the measurements cannot be "
+                         f"reached by this model on {device.name} (check --device, --tp-size and the TTFTs)")
+    dev = replace(device, efficiency=eff, attn_efficiency=None)
+    return Fit(eff, o, tuple((p, predict_ms(model, dev, tp, p, o, max_prefill, dtype)) for p in points))
+
+
+__all__ = ["Measured", "Fit", "fit", "predict_ms", "stage_models"]

@@ -1,0 +1,79 @@
+"""`sglang-cpp tune analytic`: calibrate the analytic model on measured TTFTs.
+
+Fits the fraction of peak the stack reaches (one efficiency for GEMMs and attention) and, with
+--fit-overhead and two or more points, the per-chunk overhead, so that the simulated TTFT of each
+--measured configuration matches it (least squares on the log ratio). Prints predicted vs measured,
+optionally predicts --input-lens at --pp-size, and writes the per-device JSON (the --pp-size stage
+models, overhead folded into each chunk's constant) that `simulate --profile`, `bench ttft --simulate`
+and `plan --profile` load.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from ..args import alias, parse_len, parse_lens
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--analytic", metavar="MODEL", required=True, help="model preset, e.g. qwen3-235b-a22b-fp8")
+    p.add_argument("--device", required=True, help="device preset, e.g. H20")
+    p.add_argument("--tp-size", dest="tp", type=int, default=1)
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (default: the model's)")
+    p.add_argument("--measured", action="append", required=True, metavar="PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]]",
+                   help="a measured TTFT, e.g. 1,128k,55.5 (repeat the flag for more points)")
+    p.add_argument("--fit-overhead", action="store_true", help="also fit the per-chunk overhead (>= 2 points)")
+    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=0.0,
+                   help="per-chunk overhead when it is not fitted (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
+    p.add_argument("--max-prefill-tokens", type=parse_len, default=16384)
+    p.add_argument("--pp-size", type=int, default=None, help="pipeline of the JSON and the predictions "
+                                                            "(default: the largest measured)")
+    p.add_argument("--input-lens", type=parse_lens, default=(), help="predict these lengths at --pp-size")
+    p.add_argument("--policy", choices=("fixed", "quadratic", "plan"), default="quadratic",
+                   help="chunk policy of the predictions")
+    p.add_argument("--chunked-prefill-size", dest="chunk", type=parse_len, default=16384)
+    p.add_argument("--sigma", type=float, default=0.8, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
+    alias(p, "--tp-size", "--tp")
+
+
+def run(args) -> int:
+    from ..analytic import DEVICES, MODELS
+    from ..analytic_fit import Measured, fit, predict_ms, stage_models
+    from ..costmodel import CostModel, PipelineCost, save_profile
+    from ..files import device_file_name
+
+    if args.analytic not in MODELS:
+        raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
+    if args.device not in DEVICES:
+        raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
+    model, device = MODELS[args.analytic], DEVICES[args.device]
+    points = [Measured.parse(m) for m in args.measured]
+    f = fit(model, device, args.tp, points, overhead_ms=args.overhead_ms, fit_overhead=args.fit_overhead,
+            max_prefill=args.max_prefill_tokens, dtype=args.dtype)
+    print(f"{model.name} on {device.name}, TP{args.tp}: efficiency {f.efficiency:.4f} of peak, per-chunk overhead "
+          f"{f.overhead_ms:.2f} ms ({'fitted' if args.fit_overhead else 'given'})")
+    print(f"{'measured configuration':<44} {'measured (s)':>12} {'predicted (s)':>13} {'ratio':>7}")
+    for p, ms in f.rows:
+        name = f"PP{p.pp_size} {p.input_len} tokens {p.policy} C={p.chunk}" + (f" sigma={p.sigma:g}"
+                                                                                if p.policy == "quadratic" else "")
+        print(f"{name:<44} {p.ttft_ms / 1e3:>12.2f} {ms / 1e3:>13.2f} {ms / p.ttft_ms:>7.3f}")
+    P = args.pp_size or max(p.pp_size for p in points)
+    dev = replace(device, efficiency=f.efficiency, attn_efficiency=None)
+    for L in args.input_lens:
+        q = Measured(P, L, 1.0, args.policy, args.chunk, args.sigma)
+        print(f"predicted PP{P} {L} tokens, {args.policy} C={args.chunk}: "
+              f"{predict_ms(model, dev, args.tp, q, f.overhead_ms, args.max_prefill_tokens, args.dtype) / 1e3:.2f} s")
+    stages = [CostModel(**{**m.coeffs, "c0": m.c0 + f.overhead_ms}, meta=m.meta)
+              for m in stage_models(model, dev, args.tp, P, dtype=args.dtype)]
+    meta = {"model": model.name, "device_name": device.name, "dtype": stages[0].meta.get("dtype"), "tp": args.tp,
+            "pp": P, "backend": "analytic-fit", "efficiency": f.efficiency, "overhead_ms": f.overhead_ms,
+            "measured": [vars(p) for p in points]}
+    path = Path(args.out_dir) / device_file_name(model.name, P, args.tp, device.name, meta["dtype"])
+    save_profile(path, meta=meta, cost=PipelineCost(tuple(stages)) if P > 1 else stages[0])
+    print(f"wrote {path} (load it with simulate --profile, bench ttft --simulate or plan --profile)")
+    return 0
+
+
+__all__ = ["add_args", "run"]
