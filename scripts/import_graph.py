@@ -14,8 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp", "sglang_cpp.profiler": ROOT / "profiler",
             "sglang_cpp.tuning": ROOT / "tuning"}
-CORE = ("sglang_cpp.costmodel", "sglang_cpp.planner", "sglang_cpp.plan", "sglang_cpp.partition",
-        "sglang_cpp.simulator", "sglang_cpp.analytic", "sglang_cpp.analytic_fit", "sglang_cpp.upstream")
+CORE = ("sglang_cpp.costmodel", "sglang_cpp.planner", "sglang_cpp.planner_base", "sglang_cpp.equal_time",
+        "sglang_cpp.plan", "sglang_cpp.partition", "sglang_cpp.simulator", "sglang_cpp.analytic",
+        "sglang_cpp.analytic_fit", "sglang_cpp.upstream")
 FORBIDDEN_FOR_CORE = ("sglang_cpp.plugin", "sglang_cpp.cli", "sglang_cpp.bench", "sglang_cpp.experiment",
                       "sglang_cpp.experiment_report", "sglang_cpp.simulate_cli", "sglang_cpp.profiler",
                       "sglang_cpp.tuning", "torch", "sglang")

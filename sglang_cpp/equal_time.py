@@ -1,0 +1,326 @@
+"""The equal-time planner: chunks of (nearly) equal predicted time over the whole prompt, then an exact
+boundary refinement; bounded planning time (it runs inside every stage's scheduler loop).
+
+Short plans (<= 48 chunks) search K and solve each K's equal-time target exactly; long plans split the
+continuous chunk count evenly in one pass. Every stage derives the same plan from the same inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import brentq  # imported with the module: never a first-plan stall in the scheduler
+
+from .costmodel import CostModel, PipelineCost
+from .plan import ChunkPlan
+from .planner_base import PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, plan_fixed, ttft
+
+
+def _stage_coefs(cost) -> list[tuple]:
+    """The stage models that can pace the pipeline: a stage whose every coefficient is <= another's is
+    never the slowest (all terms are >= 0), so it is dropped (a PP64 pipeline rarely keeps many)."""
+    stages = getattr(cost, "stages", None) or (cost,)
+    rows = list(dict.fromkeys((m.c0, m.g, m.b, m.d, m.e, m.f) for m in stages))
+    if len(rows) == 1:
+        return rows
+    A = np.array(rows)
+    ge = (A[None, :, :] >= A[:, None, :]).all(axis=2)  # ge[i, j]: stage j >= stage i everywhere
+    np.fill_diagonal(ge, False)  # rows are distinct, so j >= i (j != i) means i never paces alone
+    return [r for r, dominated in zip(rows, ge.any(axis=1)) if not dominated]
+
+
+def _as_coefs(rows: list[tuple]):
+    return np.array(rows) if len(rows) > 32 else rows  # very many stages: one numpy root per call
+
+
+def _x_of(coefs, L: float, T: float) -> float:
+    """Largest x with t(L, x) <= T on every stage (inlined closed-form root: this is the hot loop)."""
+    if isinstance(coefs, np.ndarray):
+        c0, g, b, d, e, f = coefs.T
+        qc = c0 + g * L + d * L * L - T
+        if (qc >= 0).any():
+            return 0.0
+        qb = b + e * L
+        return float(np.min((-2.0 * qc) / (qb + np.sqrt(qb * qb - 4.0 * f * qc))))
+    best = math.inf
+    for c0, g, b, d, e, f in coefs:
+        qc = c0 + g * L + d * L * L - T
+        if qc >= 0:
+            return 0.0
+        qb = b + e * L
+        x = -qc / qb if f == 0.0 else (-2.0 * qc) / (qb + math.sqrt(qb * qb - 4.0 * f * qc))
+        best = min(best, x)
+    return best
+
+
+def _n_cont(coefs, L0: int, R: int, T: float, lo: int, hi: int, cap: int = 1 << 62) -> float:
+    """Fractional number of equal-time chunks (each clamped to [lo, hi]) that cover R tokens.
+
+    Stops early past `cap` chunks: callers only need to know the count exceeds it."""
+    L, end, k = float(L0), float(L0 + R), 0
+    while k <= cap:
+        x = min(max(_x_of(coefs, L, T), lo), hi)
+        if L + x >= end:
+            return k + (end - L) / x
+        L += x
+        k += 1
+    return float(k + 1)
+
+
+def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
+    """Continuous optimum (n, T) of sum(t) + (P-1) max(t) + n o over equal-time targets T, with the
+    grid L, the chunk size x(L, T) at that T, and the stages (indices into `rows`) that bind anywhere
+    on the grid: the exact per-chunk search needs only those.
+
+    n(T) = integral dL / x(L, T) and sum(t) = integral t(L, x) / x dL (x clamped to [lo, hi], so a
+    clamped chunk is charged its real time). Vectorised over a grid of T and L: a few numpy calls
+    whatever the prompt length."""
+    lo, hi, P, o = cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
+    L = np.linspace(L0, L0 + R, 129)
+    t_min = float(np.min(_times(cost, L0, lo, 0.0)))
+    t_max = float(np.max(_times(cost, L0 + R, hi, 0.0)))
+    trap = getattr(np, "trapezoid", None) or np.trapz
+
+    def on(T):  # J, n, x and the binding stage over the (T, L) grid
+        x = np.full((T.shape[0], L.size), np.inf)
+        arg = np.zeros(x.shape, dtype=np.int64)
+        for s, (c0, g, b, d, e, f) in enumerate(rows):
+            qc = c0 + g * L + d * L * L - T
+            qb = b + e * L
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.where(qc >= 0, 0.0, (-2.0 * qc) / (qb + np.sqrt(np.maximum(qb * qb - 4 * f * qc, 0))))
+            arg = np.where(r < x, s, arg)
+            x = np.minimum(x, r)
+        x = np.clip(x, lo, hi)
+        tt = _times(cost, L[None, :], x, 0.0)
+        n = np.maximum(trap(1.0 / x, L, axis=1), 1.0)
+        return trap(tt / x, L, axis=1) + (P - 1) * tt.max(axis=1) + n * o, n, x, arg
+
+    # coarse over the whole range of T, then fine around its best point
+    T = np.geomspace(max(t_min, 1e-9), max(t_max, t_min * 1.0001, 1e-9), 32)[:, None]
+    i = int(np.argmin(on(T)[0]))
+    T = np.geomspace(T[max(i - 1, 0), 0], T[min(i + 1, len(T) - 1), 0], 32)[:, None]
+    J, n, x, arg = on(T)
+    i = int(np.argmin(J))
+    return float(n[i]), float(T[i, 0]), L, x[i], sorted(set(np.unique(arg).tolist()))
+
+
+def _equal_count_chunks(Lg: np.ndarray, xg: np.ndarray, L0: int, R: int, K: int, cfg: PlanConfig) -> list[int] | None:
+    """K chunks whose boundaries split the continuous chunk count  integral dL / x(L)  evenly: for long
+    plans x(L) changes little within a chunk, so these are equal-time to the grid's accuracy, found in
+    one pass (no root search over T, whose every step walks all K chunks). Aligned, no runt tail."""
+    lo, hi, al = cfg.lo, cfg.hi, cfg.align
+    if K * hi < R or (K - 1) * lo >= R:
+        return None
+    inv = 1.0 / xg
+    c = np.concatenate([[0.0], np.cumsum((inv[1:] + inv[:-1]) * 0.5 * np.diff(Lg))])
+    pos = np.interp(np.arange(1, K) * (c[-1] / K), c, Lg) - L0
+    chunks, L = [], 0
+    for k, p in enumerate(np.rint(pos / al).astype(np.int64).tolist()):
+        b = _boundary(p * al, L, K - 1 - k, R, cfg)
+        if b is None:
+            return None
+        chunks.append(b - L)
+        L = b
+    return chunks + [R - L] if 1 <= R - L <= hi else None
+
+
+def _boundary(b: int, L: int, left: int, R: int, cfg: PlanConfig) -> int | None:
+    """The aligned boundary nearest `b` after a chunk starting at L that keeps the chunk in [lo, hi] and lets
+    the rest fit in `left` more chunks (None when it cannot)."""
+    lo, hi, al = cfg.lo, cfg.hi, cfg.align
+    need = -(-(R - left * hi) // al) * al  # the rest must fit in `left` chunks: aligned, rounded up
+    b = min(max(b, L + lo, need), L + hi)
+    if R - b < 1 or (left > 1 and R - b <= (left - 1) * lo):
+        return None
+    return b
+
+
+def _target_for(coefs, L0: int, R: int, K: int, lo: int, hi: int, T0: float) -> float | None:
+    """T with exactly K equal-time chunks: secant on log n(T) = log K from the estimate T0."""
+    u0, u1 = math.log(T0), math.log(T0) + 0.05
+    f0 = math.log(_n_cont(coefs, L0, R, T0, lo, hi, 4 * K)) - math.log(K)
+    for _ in range(10):
+        f1 = math.log(_n_cont(coefs, L0, R, math.exp(u1), lo, hi, 4 * K)) - math.log(K)
+        if abs(f1) < 2e-3:
+            return math.exp(u1)
+        if f1 == f0:
+            return None
+        u0, u1, f0 = u1, u1 - f1 * (u1 - u0) / (f1 - f0), f1
+    return None
+
+
+def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
+                       T0: float | None = None, guess: float | None = None) -> list[int] | None:
+    """K chunks of (nearly) equal predicted time covering R tokens, boundaries aligned, no runt tail."""
+    lo, hi, al = cfg.lo, cfg.hi, cfg.align
+    if K * hi < R or (K - 1) * lo >= R:
+        return None
+    if K == 1:
+        return [R]
+    # K * lo >= R: even all-minimum chunks give no more than K, so every chunk sits at the floor
+    T = 1e-12 if K * lo >= R else (_target_for(coefs, L0, R, K, lo, hi, T0) if T0 else None)
+    if T is None:
+        t_max = float(np.max(_times(cost, L0 + R, hi, 0.0))) + 1e-9
+        fn = lambda T: _n_cont(coefs, L0, R, T, lo, hi, K + 1) - K  # noqa: E731  (decreasing in T)
+        if fn(t_max) > 0:
+            return None
+        # bracket the root near the guess (few evaluations), widening geometrically
+        t_hi = min(t_max, guess * 1.25) if guess else t_max
+        while fn(t_hi) > 0:
+            t_hi = min(t_max, t_hi * 2.0)
+        t_lo = t_hi * 0.8 if guess else t_hi
+        while fn(t_lo) <= 0 and t_lo > 1e-12:
+            t_lo *= 0.5 if guess else 0.25
+        T = t_hi if fn(t_lo) <= 0 else brentq(fn, t_lo, t_hi, rtol=1e-5, xtol=1e-12)
+    chunks, L = [], 0
+    for k in range(K - 1):  # continuous boundary for T, rounded to the aligned grid (relative to L0)
+        x = min(max(_x_of(coefs, L0 + L, T), lo), hi)
+        b = _boundary(int(round((L + x) / al)) * al, L, K - 1 - k, R, cfg)
+        if b is None:
+            return None
+        chunks.append(b - L)
+        L = b
+    return chunks + [R - L] if 1 <= R - L <= hi else None
+
+
+def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0) -> ChunkPlan:
+    R = _check(prompt_len, prefix_len, cfg)
+    P, o = cfg.pp_size, cfg.overhead_ms
+    rows = _stage_coefs(cost)
+    if len(rows) < len(getattr(cost, "stages", ())):  # the same times from the stages that can pace
+        cost = PipelineCost(tuple(CostModel(*r) for r in rows)) if len(rows) > 1 else CostModel(*rows[0])
+    if R <= cfg.lo:  # no room for a second chunk: a non-final chunk needs >= lo tokens
+        return make_plan([R], prompt_len, prefix_len, cost, cfg, "plan:equal-time")
+    k_min = max(1, -(-R // cfg.hi))
+    if k_min > MAX_PLAN_CHUNKS:
+        raise ValueError(f"{R} tokens need at least {k_min} chunks of at most {cfg.hi} tokens (--max-chunk "
+                         f"{cfg.max_chunk}, --align {cfg.align}); more than {MAX_PLAN_CHUNKS} chunks is no plan "
+                         "a server can run: raise --max-chunk (SGLANG_CPP_MAX_CHUNK)")
+    if k_min > MAX_SEARCH_CHUNKS:  # degenerate bounds (e.g. --align 1 with a few-token max chunk)
+        return make_plan(fixed_split(R, cfg.hi), prompt_len, prefix_len, cost, cfg, "plan:fixed-max")
+    k_max = min(max(k_min, 1 + (R - 1) // cfg.lo), MAX_SEARCH_CHUNKS)
+    seen: dict[int, tuple[float, list[int] | None]] = {}
+
+    def try_k(K: int) -> float:
+        if K not in seen:
+            if not k_min <= K <= k_max:
+                ch = None
+            else:
+                ch = _equal_time_chunks(cost, coefs, prefix_len, R, K, cfg, guess=t_est * n_est / K)
+            seen[K] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
+        return seen[K][0]
+
+    n_est, t_est, Lg, xg, binding = _estimate(cost, rows, prefix_len, R, cfg)
+    coefs = _as_coefs([rows[i] for i in binding])
+    k0 = min(k_max, max(k_min, int(round(n_est))))
+    if k0 > 48:  # long plans: the continuous optimum is accurate; split its chunk count evenly
+        for k in (k0 - 1, k0, k0 + 1):
+            ch = _equal_count_chunks(Lg, xg, prefix_len, R, k, cfg) if k_min <= k <= k_max else None
+            seen[k] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
+    for k in ((k_min, k0 - 1, k0, k0 + 1) if k0 <= 48 or seen[k0][1] is None else ()):
+        try_k(k)
+    # short plans: hill-climb from the best candidate while a neighbour improves
+    while k0 <= 48:
+        k = min(seen, key=lambda q: seen[q][0])
+        improved = False
+        for nb in (k - 1, k + 1):
+            if nb not in seen and try_k(nb) < seen[k][0]:
+                improved = True
+        if not improved:
+            break
+    cands = [(j, ch) for j, ch in seen.values() if ch is not None]
+    for c in fixed_candidates(cfg):  # never predicted worse than the feasible fixed chunks
+        fx = list(plan_fixed(prompt_len, cost, cfg, c, prefix_len).chunks)
+        cands.append((ttft(fx, prefix_len, cost, P, o), fx))
+    # refine the few best starting points with the exact objective (short plans only)
+    top = sorted({tuple(ch): j for j, ch in cands}.items(), key=lambda kv: kv[1])[:REFINE_STARTS]
+    budget = REFINE_MAX_MOVES  # shared by the starting points, best first: bounded planning time
+    for ch, j in top:
+        if len(ch) <= REFINE_MAX_CHUNKS and budget > 0:
+            jr, chr_, used = _refine(list(ch), j, prefix_len, R, cost, cfg, budget)
+            cands.append((jr, chr_))
+            budget -= used
+    best = min(cands, key=lambda jc: jc[0])
+    return make_plan(best[1], prompt_len, prefix_len, cost, cfg, "plan:equal-time")
+
+
+REFINE_MAX_CHUNKS = 64
+REFINE_STARTS = 3
+REFINE_MAX_MOVES = 64  # boundary moves, all starting points together
+# Above this many chunks the planner takes max-size chunks (or searches no further): the pipeline-fill
+# term (P-1)*max(t) is then a small share of sum(t), and the search would cost more than it can save.
+MAX_SEARCH_CHUNKS = 4096
+MAX_PLAN_CHUNKS = 65536  # 1M tokens in 16-token chunks; a server aligns to >= 64 tokens, so never hits it
+REFINE_MIN_STEP = 64  # tokens: finer boundary moves (align < 64) gain nothing measurable
+
+
+def _refine(chunks: list[int], j: float, L0: int, R: int, cost, cfg: PlanConfig,
+            max_moves: int) -> tuple[float, list[int], int]:
+    """Coordinate descent on the aligned boundaries, on the exact sum + (P-1)*max, step halving.
+
+    Equal time is near optimal when a chunk's cost does not depend on how its prefix was cut (the FA
+    form). With a prefix-squared term (torch_native recomputes attention over the whole prefix) every
+    extra boundary re-pays the prefix, so the optimum is uneven (measured on SmolLM2: equal-time 7%
+    above the exact DP at 6K tokens). Takes the best move or drop of one boundary while TTFT falls.
+    A move changes only the two chunks beside the boundary, so every candidate is scored at once from
+    the current chunk times (prefix/suffix maxima): O(K) numpy per step, not O(K^2) Python."""
+    al, lo, hi, P, o = cfg.align, cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
+    edges = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+    best_j = j
+    step = al * max(1, 2 ** int(math.log2(max(max(chunks) // (2 * al), 1))))
+    min_step, moves = min(max(al, REFINE_MIN_STEP), step), 0
+    while step >= min_step and len(edges) > 2:
+        while len(edges) > 2 and moves < max_moves:
+            moves += 1
+            ch = np.diff(edges)
+            t = _times(cost, L0 + edges[:-1], ch, o)
+            K, S = len(ch), float(t.sum())
+            pre, suf = np.maximum.accumulate(t), np.maximum.accumulate(t[::-1])[::-1]
+            rest = np.full(K - 1, -np.inf)  # max time over the chunks other than i and i+1
+            rest[1:] = np.maximum(rest[1:], pre[:K - 2])
+            rest[:-1] = np.maximum(rest[:-1], suf[2:])
+            last = np.arange(K - 1) == K - 2  # the right-hand chunk is the final one
+            a, c = edges[:-2], edges[2:]
+            best_move, best_val = None, best_j * (1 - 1e-9)
+            nbr, nbl, merged = edges[1:-1] + step, edges[1:-1] - step, c - a
+            # one cost call for every candidate: left chunk after a move right / left / the drop, right chunks
+            tt = _times(cost, L0 + np.stack([a, a, a, nbr, nbl]), np.stack([nbr - a, nbl - a, merged, c - nbr, c - nbl]), o)
+            right_min = np.where(last, 1, lo)
+            for m, (nl, nr, tl, tr) in enumerate(((nbr - a, c - nbr, tt[0], tt[3]), (nbl - a, c - nbl, tt[1], tt[4]),
+                                                  (merged, None, tt[2], 0.0))):
+                ok = (nl <= hi) if nr is None else (nl >= lo) & (nl <= hi) & (nr <= hi) & (nr >= right_min)
+                J = S - t[:-1] - t[1:] + tl + tr + (P - 1) * np.maximum(rest, np.maximum(tl, tr))
+                J = np.where(ok, J, np.inf)
+                k = int(np.argmin(J))
+                if J[k] < best_val:
+                    best_move, best_val = (k, (step, -step, None)[m]), float(J[k])
+            if best_move is None:
+                break
+            k, s = best_move
+            if s is None:
+                edges = np.delete(edges, k + 1)
+            else:  # line search: keep moving this boundary the same way while TTFT falls (one numpy call)
+                a0, c0_, nb = int(edges[k]), int(edges[k + 2]), int(edges[k + 1]) + s
+                right_min = 1 if k == K - 2 else lo
+                steps = max(0, (hi // abs(s)) + 1)
+                q = nb + s * np.arange(1, steps + 1)
+                nl, nr = q - a0, c0_ - q
+                q = q[(nl >= lo) & (nl <= hi) & (nr >= right_min) & (nr <= hi)]
+                if q.size:
+                    tl, tr = _times(cost, L0 + a0, q - a0, o), _times(cost, L0 + q, c0_ - q, o)
+                    jq = S - t[k] - t[k + 1] + tl + tr + (P - 1) * np.maximum(rest[k], np.maximum(tl, tr))
+                    prev = np.concatenate([[best_val], jq[:-1]])
+                    stop = np.flatnonzero(~(jq < prev * (1 - 1e-12)))
+                    n_ok = int(stop[0]) if stop.size else q.size  # positions improving one after another
+                    if n_ok:
+                        nb, best_val = int(q[n_ok - 1]), float(jq[n_ok - 1])
+                edges = edges.copy()
+                edges[k + 1] = nb
+            best_j = best_val
+        step //= 2
+    out = [int(x) for x in np.diff(edges)]
+    return ttft(out, L0, cost, P, o), out, moves
+
+
+__all__ = ["plan_equal_time", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS"]
