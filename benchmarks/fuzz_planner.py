@@ -177,12 +177,19 @@ def main() -> int:
     ap.add_argument("--num", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default="results/reliability.md")
+    ap.add_argument("--sequential", action="store_true", help="run the determinism process after the timed one")
     ap.add_argument("--digests-only", action="store_true", help=argparse.SUPPRESS)  # the second process
     args = ap.parse_args()
     t0 = time.time()
     if args.digests_only:
         print(json.dumps([digest(r["chunks"]) for r in run(args.num, args.seed)]))
         return 0
+    argv = [sys.executable, __file__, "--num", str(args.num), "--seed", str(args.seed), "--digests-only"]
+    env = {**os.environ, "PYTHONHASHSEED": "1", "OMP_NUM_THREADS": "1"}
+    if args.sequential:  # one core: the second process after the first, so it never slows the timed one
+        recs = run(args.num, args.seed)
+        other = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout)
+        return report(args, recs, other, time.time() - t0)
     # the second process replans every input on the other core, at the same time
     second = subprocess.Popen([sys.executable, __file__, "--num", str(args.num), "--seed", str(args.seed),
                                "--digests-only"], stdout=subprocess.PIPE, text=True,
@@ -211,7 +218,8 @@ def report(args, recs: list[dict], other: list[str], wall_s: float) -> int:
     def pct(a, q):
         return f"{np.percentile(a, q):.2f}" if a.size else "-"
 
-    cmd = f"OMP_NUM_THREADS=1 python benchmarks/fuzz_planner.py --num {args.num} --seed {args.seed}"
+    cmd = (f"OMP_NUM_THREADS=1 python benchmarks/fuzz_planner.py --num {args.num} --seed {args.seed}"
+           + (" --sequential" if args.sequential else ""))
     lines = [*provenance_lines(cmd), f"- wall time: {wall_s:.0f} s (both processes)", "",
              "| inputs | valid | invalid (injected) | ok plans | invalid plans | crashes | invalid input not named "
              "| valid input rejected | nondeterministic |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
