@@ -5,7 +5,7 @@ Each input is a markdown file written by `sglang-cpp bench compare --results FIL
 since a run at 16K or 32K takes about an hour on the 2-core CPU).
 
 Usage: python benchmarks/compare_summary.py results/compare-8k.md results/compare-16k.md [...] \
-           [--out results/compare.md]
+           [--notes results/compare-notes.md] [--out results/compare.md]
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def read(path: Path) -> tuple[list[dict], list[str]]:
     return rows, head
 
 
-def summary(files: list[Path]) -> str:
+def summary(files: list[Path], notes: Path | None = None) -> str:
     per = {p: read(p) for p in files}
     rows = [r for rs, _ in per.values() for r in rs]
     lens = sorted({r["L"] for r in rows})
@@ -78,6 +78,8 @@ def summary(files: list[Path]) -> str:
         got = [x for x in ratios if x is not None]
         out.append(f"| {C} | " + " | ".join("—" if x is None else f"{x:.3f}" for x in ratios) +
                    f" | {max(got):.3f} |" if got else f"| {C} | " + " | ".join("—" for _ in lens) + " | — |")
+    if notes is not None:
+        out += ["", notes.read_text().strip()]
     for p, (_, head) in per.items():
         out += ["", f"## {p.name}", "", *head, "", *[ln for ln in p.read_text().splitlines() if ln.startswith("|")]]
     return "\n".join(out) + "\n"
@@ -91,8 +93,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, default=Path("results/compare.md"))
+    ap.add_argument("--notes", type=Path, default=None, help="markdown included after the targets (what was "
+                                                              "measured about the misses)")
     args = ap.parse_args()
-    text = summary(args.files)
+    text = summary(args.files, args.notes)
     args.out.write_text(text)
     print(text)
     return 0
