@@ -57,7 +57,7 @@ def _abort(url: str, ids: list[int], after_s: float) -> str:
         with requests.post(f"{url}/generate", json=body, stream=True, timeout=(5, after_s)) as r:
             for _ in r.iter_lines():
                 return "finished before the abort"
-    except requests.exceptions.ReadTimeout:
+    except requests.exceptions.RequestException:  # the read timeout: the client hangs up mid-prefill
         return "aborted"
     return "aborted"
 
