@@ -106,8 +106,7 @@ def main() -> int:
                "SGLANG_CPP_CALIB_MAX_LEN": "8192"}
         spec = ServerSpec(args.model_path, pp_size=2, chunk_size=1024, dynamic=True, env=env, context_length=16384)
         with launched(spec, timeout=1800, log_dir=tmp) as srv:
-            first = generate(srv.base_url, input_ids=random_ids(64, seed=99), max_new_tokens=1)
-            del first
+            generate(srv.base_url, input_ids=random_ids(64, seed=99), max_new_tokens=1)
             idle_before = _usage(srv.log())[-1:]
             pp2 = run(srv.base_url, jobs, args.concurrency, args.abort_after_s)
             time.sleep(2)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .bench import BenchConfig, _log, any_failed, run_ttft, write_jsonl
 from .files import load_json, save_json
+from .experiment_report import median
 from .server import ServerSpec, reported_calibration
 
 DEFAULT_MODEL = "~/.cache/sglang-cpp/models/smollm2-135m"
@@ -186,13 +187,6 @@ class Runner:
             write_jsonl(ent["records"], Path(cfg.results).with_suffix(".jsonl"))
             log(f"{run.key}: finished in {ent['seconds']:.0f} s")
         return ent
-
-
-def median(ent: dict | None, L: int) -> float | None:
-    for r in (ent or {}).get("records") or []:
-        if r["random_input_len"] == L:
-            return r["median_ttft_ms"]
-    return None
 
 
 def calibration_stages(cfg: ExperimentConfig, runner: Runner, plan_ents: list) -> tuple[Path | None, list | None, str]:

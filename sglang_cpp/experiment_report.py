@@ -11,6 +11,16 @@ from .machine import provenance_lines
 POLICY_OF = {"fixed": "fixed", "dynamic": "quadratic", "plan": "plan", "pp1": "fixed"}  # kind -> simulated policy
 
 
+def record(ent: dict | None, L: int) -> dict | None:
+    """A runner entry's bench record for input length L (None: no such record)."""
+    return next((r for r in (ent or {}).get("records") or [] if r["random_input_len"] == L), None)
+
+
+def median(ent: dict | None, L: int) -> float | None:
+    r = record(ent, L)
+    return r["median_ttft_ms"] if r else None
+
+
 @dataclass(frozen=True)
 class Row:
     run: object  # experiment.Run
@@ -20,15 +30,11 @@ class Row:
     note: str = ""
 
     def rec(self) -> dict | None:
-        for r in (self.ent or {}).get("records") or []:
-            if r["random_input_len"] == self.L:
-                return r
-        return None
+        return record(self.ent, self.L)
 
     @property
     def median(self) -> float | None:
-        r = self.rec()
-        return r["median_ttft_ms"] if r else None
+        return median(self.ent, self.L)
 
 
 def predict_ttft(cfg, run, L: int, stages: list) -> float:
