@@ -167,11 +167,15 @@ class DeviceSpec:
     mem_bw_gbps: float
     efficiency: float = 0.5  # fraction of peak reached by GEMMs
     attn_efficiency: float | None = None  # attention kernels; None: same as efficiency
+    mem_efficiency: float = 0.8  # fraction of the HBM bandwidth reached by streaming reads (roofline.py)
+    chunk_overhead_ms: float = 0.0  # fixed cost per chunk and stage: launch, scheduler, P2P sync
 
     def __post_init__(self):
         if not (self.peak_bf16_tflops > 0 and self.mem_bw_gbps > 0 and self.peak_fp8_tflops >= 0):
             raise ValueError(f"DeviceSpec {self.name}: peaks and bandwidth must be > 0 (fp8 peak may be 0)")
-        for k in ("efficiency", "attn_efficiency"):
+        if not (self.chunk_overhead_ms >= 0 and math.isfinite(self.chunk_overhead_ms)):
+            raise ValueError(f"DeviceSpec.chunk_overhead_ms={self.chunk_overhead_ms!r} must be a finite number >= 0")
+        for k in ("efficiency", "attn_efficiency", "mem_efficiency"):
             v = getattr(self, k)
             if v is not None and not 0 < v <= 1:
                 raise ValueError(f"DeviceSpec.{k}={v!r} must be in (0, 1]")
@@ -198,11 +202,13 @@ MODELS = {
 }
 MODELS["qwen3-235b-a22b-fp8"] = replace(MODELS["qwen3-235b-a22b"], weight_bytes=1, name="qwen3-235b-a22b-fp8")
 
+# GPUs: 2 ms per chunk and stage, the inter-stage sync SiPipe measures (1.4-2.6 ms, seeds digest section 7)
+_GPU_CHUNK_MS = 2.0
 DEVICES = {
-    "H20": DeviceSpec("H20", 148.0, 296.0, 4000.0),
-    "H100": DeviceSpec("H100", 989.0, 1979.0, 3350.0),
-    "H200": DeviceSpec("H200", 989.0, 1979.0, 4800.0),
-    "A100": DeviceSpec("A100", 312.0, 0.0, 2039.0),
+    "H20": DeviceSpec("H20", 148.0, 296.0, 4000.0, chunk_overhead_ms=_GPU_CHUNK_MS),
+    "H100": DeviceSpec("H100", 989.0, 1979.0, 3350.0, chunk_overhead_ms=_GPU_CHUNK_MS),
+    "H200": DeviceSpec("H200", 989.0, 1979.0, 4800.0, chunk_overhead_ms=_GPU_CHUNK_MS),
+    "A100": DeviceSpec("A100", 312.0, 0.0, 2039.0, chunk_overhead_ms=_GPU_CHUNK_MS),
     "cpu-2core": DeviceSpec("cpu-2core", 0.2, 0.0, 20.0),
 }
 

@@ -54,25 +54,31 @@ class Measured:
         return m
 
 
-def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=None, dtype: str | None = None):
+def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=None, dtype: str | None = None,
+                 roofline: bool = True):
     """Per-stage analytic cost models: SGLang's default layer split (or `parts`), the embedding on the
-    first stage and the last token's LM head on the last."""
+    first stage and the last token's LM head on the last; each the roofline maximum of its FLOP and byte
+    times (`roofline.py`), or FLOPs alone with roofline=False."""
+    from .roofline import roofline_stage
+
     parts = list(parts) if parts is not None else default_partition(model.num_layers, pp)
     if len(parts) != pp or any(n < 1 for n in parts) or sum(parts) > model.num_layers:
         raise ValueError(f"--layers-per-stage {parts}: give {pp} counts >= 1 summing to at most the model's "
                          f"{model.num_layers} layers")
     out, first = [], 0
     for s, n in enumerate(parts):
-        out.append(analytic_cost_model(model, device, layers=n, first_layer=first, tp=tp, dtype=dtype,
-                                       include_embedding=s == 0, include_lm_head=s == pp - 1))
+        build = roofline_stage if roofline else analytic_cost_model
+        out.append(build(model, device, layers=n, first_layer=first, tp=tp, dtype=dtype,
+                         include_embedding=s == 0, include_lm_head=s == pp - 1))
         first += n
     return out
 
 
-def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, overhead_ms: float = 0.0,
+def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, overhead_ms: float | None = None,
                max_prefill: int = 16384, dtype: str | None = None) -> float:
     """Simulated TTFT of `point`'s configuration: its chunk policy on the per-stage models, replayed by
-    the pipeline simulator with `overhead_ms` per chunk and stage."""
+    the pipeline simulator with `overhead_ms` per chunk and stage (None: the device preset's)."""
+    overhead_ms = device.chunk_overhead_ms if overhead_ms is None else overhead_ms
     from .costmodel import PipelineCost
     from .policy import chunks_for
     from .simulator import SimConfig, simulate
@@ -91,7 +97,7 @@ class Fit:
     rows: tuple  # (point, predicted ms)
 
 
-def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list[Measured], *, overhead_ms: float = 0.0,
+def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list[Measured], *, overhead_ms: float | None = None,
         fit_overhead: bool = False, max_prefill: int = 16384, dtype: str | None = None) -> Fit:
     """Least squares on log(predicted / measured) over the points: one efficiency for GEMMs and attention
     (device.efficiency; attention kernels follow it), and the per-chunk overhead when `fit_overhead`."""
@@ -99,6 +105,7 @@ def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list[Measured], *
 
     if not points:
         raise ValueError("give at least one --measured point")
+    overhead_ms = device.chunk_overhead_ms if overhead_ms is None else overhead_ms
     if fit_overhead and len(points) < 2:
         raise ValueError("fitting the per-chunk overhead needs two or more --measured points (one fixes the "
                          "efficiency only); drop --fit-overhead or add a point")

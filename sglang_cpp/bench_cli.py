@@ -11,46 +11,95 @@ from . import experiment
 from .args import alias, parse_floats, parse_ints, parse_len, parse_lens
 from .bench import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
                     write_jsonl)
-from .policy import chunks_for
+from .policy import POLICIES, chunks_for
+
+
+def parse_policies(text: str) -> list[tuple[str, int | None]]:
+    """'plan' or 'fixed:6k,fixed:18k,quadratic:18k,plan:18k': chunk policies, each with its own
+    --chunked-prefill-size (default: the flag's)."""
+    out = []
+    for item in str(text).split(","):
+        name, _, chunk = item.strip().partition(":")
+        if name not in POLICIES:
+            raise argparse.ArgumentTypeError(f"--policy {text!r}: {name!r} is not one of {', '.join(POLICIES)}; "
+                                             "give e.g. plan or fixed:6k,quadratic:18k,plan:18k")
+        try:
+            out.append((name, parse_len(chunk) if chunk else None))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(f"--policy {text!r}: chunk {chunk!r} is not a length (e.g. 18k)") from None
+    return out
 
 
 def simulate_ttft(args) -> list[dict]:
-    """Same records as run_ttft, from the simulator; closed loop at --max-concurrency, FIFO."""
+    """Same records as run_ttft, from the simulator, for every --policy; closed loop at
+    --max-concurrency, FIFO."""
     from .costmodel import PipelineCost
-    from .simulate_cli import cli_costs
+    from .simulate_cli import chunk_overhead_ms, cli_costs
     from .simulator import SimConfig, simulate_requests
 
     P = args.pp_size
     src = SimpleNamespace(profile=args.simulate, analytic=args.analytic if not args.simulate else None,
                           coeffs=args.coeffs if not (args.simulate or args.analytic) else None,
-                          device=args.device, tp=args.tp, dtype=None, efficiency=None, layers_per_stage=None,
-                          pp_size=P)
+                          device=args.device, tp=args.tp, dtype=None, efficiency=args.efficiency,
+                          layers_per_stage=None, pp_size=P)
     stages, hidden = cli_costs(src)
+    args.cpu_overhead_ms = chunk_overhead_ms(SimpleNamespace(**{**vars(src), "cpu_overhead_ms": args.cpu_overhead_ms}))
     cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
                     hidden_size=hidden, cpu_overhead_ms=args.cpu_overhead_ms)
-    chunk = args.chunk_size or 8192
-    label = args.policy_label or f"{args.policy} (simulated)"
-    meta = run_meta(label, True)
-    hw = {"source": args.simulate and f"profile {args.simulate}" or args.analytic and
-          f"analytic {args.analytic} on {args.device}" or f"coeffs {args.coeffs}", "pp_size": P, "tp": args.tp,
-          "chunk_size": chunk, "sim_policy": args.policy}
     records, n, C = [], args.num_requests, args.max_concurrency
-    for L in args.input_lens:
-        chunks = chunks_for(args.policy, L, cost, P, chunk, sigma=args.sigma, max_prefill=args.max_prefill_tokens,
-                            overhead_ms=args.cpu_overhead_ms, coeffs=args.coeffs, profile=args.simulate)
-        arrivals = [0.0] * min(C, n)
-        res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
-        while len(arrivals) < n:  # the next request starts when the one C places earlier finished
-            j = len(arrivals) - C
-            arrivals.append(arrivals[j] + res.ttfts_ms[j])
+    for policy, pchunk in args.policy:
+        chunk = pchunk or args.chunk_size or 8192
+        label = args.policy_label if args.policy_label and len(args.policy) == 1 else \
+            f"{policy} C={chunk}" + (f" sigma={args.sigma:g}" if policy == "quadratic" else "") + " (simulated)"
+        meta = run_meta(label, True)
+        hw = {"source": args.simulate and f"profile {args.simulate}" or args.analytic and
+              f"analytic {args.analytic} on {args.device}" or f"coeffs {args.coeffs}", "pp_size": P, "tp": args.tp,
+              "chunk_size": chunk, "sim_policy": policy, "chunk_overhead_ms": args.cpu_overhead_ms}
+        for L in args.input_lens:
+            chunks = chunks_for(policy, L, cost, P, chunk, sigma=args.sigma,
+                                max_prefill=max(args.max_prefill_tokens, chunk), overhead_ms=args.cpu_overhead_ms,
+                                coeffs=args.coeffs, profile=args.simulate)
+            arrivals = [0.0] * min(C, n)
             res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
-        ttfts = [t / 1e3 for t in res.ttfts_ms]
-        rec = summarize(ttfts, [""] * n, L, res.makespan_ms / 1e3, ttfts)
-        records.append({"backend": "sglang-cpp-simulator", "dataset_name": "random-ids", "max_concurrency": C,
-                        "warmup": 0, **rec, "warmup_errors": [],
-                        "chunk_plan": {"policy": args.policy, "chunks": chunks}, "simulated_setup": hw, **meta})
+            while len(arrivals) < n:  # the next request starts when the one C places earlier finished
+                j = len(arrivals) - C
+                arrivals.append(arrivals[j] + res.ttfts_ms[j])
+                res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
+            ttfts = [t / 1e3 for t in res.ttfts_ms]
+            rec = summarize(ttfts, [""] * n, L, res.makespan_ms / 1e3, ttfts)
+            records.append({"backend": "sglang-cpp-simulator", "dataset_name": "random-ids", "max_concurrency": C,
+                            "warmup": 0, **rec, "warmup_errors": [],
+                            "chunk_plan": {"policy": policy, "chunks": chunks}, "simulated_setup": hw, **meta})
     return records
+
+
+def side_by_side(records: list[dict], args) -> str:
+    """One row per input length, one column per policy (median TTFT in s), the plan against upstream
+    dynamic chunking, and each policy's percent of the physical limit (analytic models only)."""
+    labels = list(dict.fromkeys(r["policy"] for r in records))
+    med = {(r["policy"], r["random_input_len"]): r["median_ttft_ms"] for r in records}
+    kinds = {r["policy"]: r["chunk_plan"]["policy"] for r in records}
+    plan = next((lb for lb in labels if kinds[lb] == "plan"), None)
+    dck = next((lb for lb in labels if kinds[lb] == "quadratic"), None)
+    limit = None
+    if args.analytic and not args.simulate:
+        from .analytic import DEVICES, MODELS, percent_of_limit
+
+        limit = lambda ms, L: percent_of_limit(ms, MODELS[args.analytic], DEVICES[args.device], L,  # noqa: E731
+                                               tp=args.tp, pp=args.pp_size)
+    head = ["input"] + [f"{lb} (s)" for lb in labels] + (["plan / upstream dynamic"] if plan and dck else [])
+    head += [f"{lb} % of limit" for lb in labels] if limit else []
+    out = ["SIMULATED side by side: median TTFT", "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for L in dict.fromkeys(r["random_input_len"] for r in records):
+        row = [str(L)] + [f"{med[(lb, L)] / 1e3:.2f}" for lb in labels]
+        if plan and dck:
+            row.append(f"{med[(plan, L)] / med[(dck, L)]:.3f}")
+        row += [f"{limit(med[(lb, L)], L):.1f}%" for lb in labels] if limit else []
+        out.append("| " + " | ".join(row) + " |")
+    if limit:
+        out.append("% of limit: the causal prefill FLOPs on tp*pp GPUs at dense peak / the predicted TTFT")
+    return "\n".join(out)
 
 
 # -- outputs --------------------------------------------------------------------------------------
@@ -77,13 +126,18 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp-size", type=int, default=2)
     g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None,
                    help="the base chunk C (default 8192)")
-    g.add_argument("--policy", choices=("plan", "fixed", "quadratic"), default="plan")
+    g.add_argument("--policy", type=parse_policies, default=[("plan", None)],
+                   help="chunk policy, or several side by side: NAME[:CHUNK],... with NAME plan, quadratic "
+                        "(upstream dynamic chunking) or fixed, e.g. fixed:6k,fixed:18k,quadratic:18k,plan:18k")
+    g.add_argument("--efficiency", type=float, default=None,
+                   help="fraction of peak reached (--analytic; e.g. what `tune analytic` fitted)")
     g.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     g.add_argument("--max-prefill-tokens", type=int, default=16384)
     g.add_argument("--p2p-latency-ms", type=float, default=0.0)
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
-    g.add_argument("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=0.0,
-                   help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
+    g.add_argument("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=None,
+                   help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
+                        "default: the --device preset's with --analytic, else 0)")
     alias(p, "--tp-size", "--tp")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--chunk-overhead-ms", "--cpu-overhead-ms")
@@ -117,6 +171,8 @@ def run_ttft_cli(args) -> int:
         records = run_ttft(args.base_url, cfg)
     for r in records:
         print(format_block(r))
+    if simulated and len(args.policy) > 1:
+        print(side_by_side(records, args))
     if args.output_jsonl:
         _log(f"wrote {write_jsonl(records, args.output_jsonl)}")
     if args.plot:

@@ -1,4 +1,4 @@
-"""`sglang-cpp` command line: plan, simulate, profile, tune, bench.
+"""`sglang-cpp` command line: plan, simulate, simulate-serve, profile, tune, bench.
 
 Each subcommand lives in its own module and is imported lazily, so `sglang-cpp plan` never pays
 for matplotlib, transformers or sglang imports.
@@ -19,6 +19,8 @@ SUBCOMMANDS = {
     "plan": ("sglang_cpp.cli", "add_plan_args", "run_plan", "print the chunk plan for one prompt"),
     "simulate": ("sglang_cpp.simulate_cli", "add_simulate_args", "run_simulate",
                  "simulate a pipeline running a chunk plan (TTFT, bubbles, Perfetto trace)"),
+    "simulate-serve": ("sglang_cpp.serving_cli", "add_args", "run",
+                       "simulate PP serving of a request stream under each batch policy (gLLM, TD-Pipe, SiPipe, ours)"),
     "profile": ("sglang_cpp.profiler.cli", "add_args", "run", "measure t(L, x) on this hardware"),
     "tune": ("sglang_cpp.tuning.cli", "add_args", "run", "fit, recommend chunking/sigma/plan, partition layers"),
     "bench": ("sglang_cpp.bench_cli", "add_args", "run", "TTFT benchmark client and side-by-side comparison"),

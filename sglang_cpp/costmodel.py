@@ -98,19 +98,26 @@ class CostModel:
 
 @dataclass(frozen=True)
 class PipelineCost:
-    """Per-stage models; the pipeline runs at the pace of its slowest stage for every (L, x)."""
+    """The slowest of several models for every (L, x): a pipeline runs at the pace of its slowest stage,
+    and a roofline stage at the slower of its compute and memory bounds (`roofline.py`), so a stage may
+    itself be a PipelineCost. The planner sees the flat list of polynomial `rows`."""
 
     stages: tuple
 
     def __post_init__(self):
         if not self.stages:
             raise ValueError("PipelineCost needs at least one stage model")
-        # (stages, 6) coefficients: every stage evaluated in one matrix product (64 stages are common)
-        object.__setattr__(self, "_coefs", np.array([[getattr(m, k) for k in COEFS] for m in self.stages]))
+        # (rows, 6) coefficients: every row evaluated in one matrix product (64 stages are common)
+        object.__setattr__(self, "_coefs", np.array([[getattr(m, k) for k in COEFS] for m in self.rows]))
+
+    @property
+    def rows(self) -> tuple:
+        """Every polynomial model inside, nested maxima flattened (the time is their maximum)."""
+        return tuple(r for m in self.stages for r in (m.rows if isinstance(m, PipelineCost) else (m,)))
 
     def time(self, L, x):
         L, x = np.asarray(L, float), np.asarray(x, float)
-        if len(self.stages) <= 2:
+        if len(self.stages) <= 2 and all(isinstance(m, CostModel) for m in self.stages):
             out = self.stages[0].time(L, x)
             return out if len(self.stages) == 1 else np.maximum(out, self.stages[1].time(L, x))
         L, x = np.broadcast_arrays(L, x)
@@ -128,7 +135,22 @@ class PipelineCost:
         return {"stages": [m.to_dict() for m in self.stages]}
 
 
-# -- fitting -----------------------------------------------------------------------------
+def model_from_dict(d: dict, where: str = "cost model"):
+    """A CostModel ({'coeffs': ...}) or a maximum of models ({'stages': [...]}, e.g. a roofline stage)."""
+    if isinstance(d, dict) and "stages" in d and "coeffs" not in d:
+        if not isinstance(d["stages"], list) or not d["stages"]:
+            raise ValueError(f"{where}: 'stages' must be a non-empty list of cost models")
+        return PipelineCost(tuple(model_from_dict(s, f"{where} row {i}") for i, s in enumerate(d["stages"])))
+    return CostModel.from_dict(d, where)
+
+
+def add_constant(cost, ms: float):
+    """The same model with `ms` more per chunk (every row): a per-chunk overhead folded into c0."""
+    if isinstance(cost, PipelineCost):
+        return PipelineCost(tuple(add_constant(m, ms) for m in cost.stages))
+    return CostModel(**{**cost.coeffs, "c0": cost.c0 + ms}, meta=cost.meta, fit=cost.fit)
+
+
 def _design(L: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:
     Ls, xs = L / _SCALE, x / _SCALE
     if form == "full":
@@ -269,7 +291,7 @@ def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
     if "coeffs" in doc:
         return CostModel.from_dict(doc, where)
     if doc.get("stages"):
-        models = [CostModel.from_dict(s, f"{where} stage {i}") for i, s in enumerate(doc["stages"])]
+        models = [model_from_dict(s, f"{where} stage {i}") for i, s in enumerate(doc["stages"])]
         return models[0] if len(models) == 1 else PipelineCost(tuple(models))
     if not doc.get("samples"):
         raise ValueError(f"{where} holds only upstream's a, b, c: use it with SGLANG_CPP_POLICY=quadratic, or "
@@ -332,5 +354,5 @@ def parse_coeffs(text: str) -> CostModel:
     raise ValueError(f"--coeffs {text!r}: give 3 values (upstream a,b,c) or 6 (c0,g,b,d,e,f)")
 
 
-__all__ = ["CostModel", "PipelineCost", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
+__all__ = ["CostModel", "PipelineCost", "model_from_dict", "add_constant", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
            "save_profile", "parse_coeffs", "COEFS", "META_KEYS", "asdict"]

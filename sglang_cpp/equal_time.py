@@ -19,7 +19,7 @@ from .planner_base import PlanConfig, _check, _times, fixed_candidates, fixed_sp
 def _stage_coefs(cost) -> list[tuple]:
     """The stage models that can pace the pipeline: a stage whose every coefficient is <= another's is
     never the slowest (all terms are >= 0), so it is dropped (a PP64 pipeline rarely keeps many)."""
-    stages = getattr(cost, "stages", None) or (cost,)
+    stages = getattr(cost, "rows", None) or (cost,)  # roofline stages: their compute and memory rows
     rows = list(dict.fromkeys((m.c0, m.g, m.b, m.d, m.e, m.f) for m in stages))
     if len(rows) == 1:
         return rows
@@ -126,14 +126,14 @@ def _equal_count_chunks(Lg: np.ndarray, xg: np.ndarray, L0: int, R: int, K: int,
 
 
 def _boundary(b: int, L: int, left: int, R: int, cfg: PlanConfig) -> int | None:
-    """The aligned boundary nearest `b` after a chunk starting at L that keeps the chunk in [lo, hi] and lets
-    the rest fit in `left` more chunks (None when it cannot)."""
+    """The aligned boundary nearest `b` after a chunk starting at L, clamped to where this chunk stays in
+    [lo, hi] and the rest R - b fits in `left` more chunks (non-final ones in [lo, hi], the last in
+    [1, hi]). Those bounds always hold an aligned point when the chunk count is feasible, so a long plan
+    never falls back to the per-K root search (None only when no boundary can work)."""
     lo, hi, al = cfg.lo, cfg.hi, cfg.align
-    need = -(-(R - left * hi) // al) * al  # the rest must fit in `left` chunks: aligned, rounded up
-    b = min(max(b, L + lo, need), L + hi)
-    if R - b < 1 or (left > 1 and R - b <= (left - 1) * lo):
-        return None
-    return b
+    low = max(L + lo, -(-(R - left * hi) // al) * al)
+    high = min(L + hi, (R - (left - 1) * lo - 1) // al * al)
+    return None if low > high else min(max(b, low), high)
 
 
 def _target_for(coefs, L0: int, R: int, K: int, lo: int, hi: int, T0: float) -> float | None:
@@ -188,7 +188,7 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
     R = _check(prompt_len, prefix_len, cfg)
     P, o = cfg.pp_size, cfg.overhead_ms
     rows = _stage_coefs(cost)
-    if len(rows) < len(getattr(cost, "stages", ())):  # the same times from the stages that can pace
+    if len(rows) < len(getattr(cost, "rows", ())):  # the same times from the stages that can pace
         cost = PipelineCost(tuple(CostModel(*r) for r in rows)) if len(rows) > 1 else CostModel(*rows[0])
     if R <= cfg.lo:  # no room for a second chunk: a non-final chunk needs >= lo tokens
         return make_plan([R], prompt_len, prefix_len, cost, cfg, "plan:equal-time")

@@ -9,6 +9,7 @@ import math
 from .args import alias, parse_len
 from .simulator import RECV_MODES, SEND_MODES, SimConfig, _stage_costs, simulate
 
+
 def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a = parser.add_argument
     a("--input-len", dest="prompt_len", type=parse_len, required=True, help="prompt tokens (suffixes k, m: 128k, 1m)")
@@ -37,8 +38,9 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--hidden-size", type=int, default=None, help="bytes per token = hidden * 2 (default: the model's)")
     a("--send-mode", choices=SEND_MODES, default="deferred")
     a("--recv-mode", choices=RECV_MODES, default="serial")
-    a("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=0.0,
-      help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
+    a("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=None,
+      help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
+           "default: the --device preset's with --analytic, else 0)")
     a("--trace", metavar="OUT.json", default=None, help="write a Chrome/Perfetto trace")
     a("--json", action="store_true", help="machine-readable output")
     alias(parser, "--input-len", "--prompt-len")
@@ -46,6 +48,21 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     alias(parser, "--tp-size", "--tp")
     alias(parser, "--chunk-overhead-ms", "--cpu-overhead-ms")
     return parser
+
+
+def chunk_overhead_ms(args) -> float:
+    """--chunk-overhead-ms, or its default: the device preset's fixed per-chunk cost for an analytic
+    model (a profile measured it already, so 0 there)."""
+    if args.cpu_overhead_ms is not None:
+        if not (args.cpu_overhead_ms >= 0 and math.isfinite(args.cpu_overhead_ms)):
+            raise ValueError(f"--chunk-overhead-ms={args.cpu_overhead_ms} must be a finite number >= 0")
+        return args.cpu_overhead_ms
+    if getattr(args, "analytic", None) and not getattr(args, "profile", None) and not getattr(args, "coeffs", None):
+        from .analytic import DEVICES
+
+        if args.device in DEVICES:
+            return DEVICES[args.device].chunk_overhead_ms
+    return 0.0
 
 
 def cli_costs(args) -> tuple[list, int]:
@@ -83,6 +100,7 @@ def run_simulate(args) -> int:
     """`sglang-cpp simulate`: plan (fixed, quadratic or planner) + simulate + report. Bad input raises
     ValueError (sglang_cpp.cli.main prints it and exits 2)."""
     costs, hidden = cli_costs(args)
+    args.cpu_overhead_ms = chunk_overhead_ms(args)
     P = len(costs)
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
                     hidden_size=args.hidden_size if args.hidden_size is not None else hidden,

@@ -248,3 +248,118 @@ def test_tune_analytic_writes_a_json_that_simulate_loads(tmp_path, capsys):
                "--chunked-prefill-size", "18k", "--sigma", "0.8", "--json"])
     sim = json.loads(capsys.readouterr().out)
     assert rc == 0 and sim["ttft_ms"] / 1e3 == pytest.approx(said, abs=0.01)
+
+
+# -- roofline ----------------------------------------------------------------------------------------
+def test_roofline_rows_by_hand():
+    """TINY on a device of 1000 FLOP/ms and 1 byte/ms: every term counted by hand (bf16 weights, 2 layers).
+    Linear: 2*576 FLOP per token and layer vs 1152 weight bytes per layer + 64 activation and 16 KV-write
+    bytes per token and layer. Attention: 16 x (2L + x) FLOP per layer vs a 16-byte KV read per prefix
+    token and layer, once plus once per 128-query tile."""
+    from sglang_cpp.roofline import roofline_stage
+
+    dev = DeviceSpec("toy-mem", 1e-6, 2e-6, 1e-6, efficiency=1.0, mem_efficiency=1.0)
+    st = roofline_stage(TINY, dev)
+
+    def hand(L, x):
+        lin = max(2 * 2 * 576 * x / 1000, 2 * 1152 + 2 * (64 + 16) * x)
+        att = max(2 * 16 * x * (2 * L + x) / 1000, 2 * 16 * L + 2 * 16 * L * x / 128)
+        return lin + att
+
+    for L, x in [(0, 1), (0, 50_000), (10_000, 1), (10_000, 4096), (123, 77), (200_000, 300_000)]:
+        assert float(st.time(L, x)) == pytest.approx(hand(L, x), rel=1e-12), (L, x)
+    # the FLOP-only model is below it on this slow-memory device, and equal to it where the bytes are fast
+    assert float(analytic_cost_model(TINY, dev).time(10_000, 4096)) < float(st.time(10_000, 4096))
+    fast = DeviceSpec("toy-fast-mem", 1e-6, 2e-6, 1.0, efficiency=1.0, mem_efficiency=1.0)  # 1e6 bytes/ms
+    assert float(roofline_stage(TINY, fast).time(10_000, 4096)) == pytest.approx(
+        float(analytic_cost_model(TINY, fast).time(10_000, 4096)), rel=1e-12)
+
+
+def test_expected_experts_matches_random_routing():
+    """E(1 - (1 - k/E)^x) against top-k routing drawn at random (k distinct experts per token)."""
+    from sglang_cpp.roofline import expected_experts
+
+    rng = np.random.default_rng(0)
+    for E, k, x in [(128, 8, 16), (128, 8, 64), (256, 8, 4), (64, 6, 40)]:
+        seen = [len({int(e) for _ in range(x) for e in rng.choice(E, size=k, replace=False)}) for _ in range(400)]
+        assert expected_experts(E, k, x) == pytest.approx(np.mean(seen), rel=0.02), (E, k, x)
+    assert expected_experts(128, 8, 1) == pytest.approx(8) and expected_experts(128, 8, 10_000) == pytest.approx(128)
+    assert expected_experts(0, 0, 100) == 0.0
+
+
+def test_roofline_charges_small_moe_chunks_their_expert_reads():
+    """Qwen3-235B-A22B-FP8, 12 layers on TP4 H20: a 128-token chunk reads ~98% of every layer's experts
+    (fp8, a quarter per GPU), which takes longer than its FLOPs; a 16K chunk is compute-bound."""
+    from sglang_cpp.roofline import roofline_stage
+
+    q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
+    H, I = 4096, 1536
+    attn = 4096 * 64 * 128 * 2 + 2 * 4096 * 4 * 128
+    experts = 128 * (1 - (1 - 8 / 128) ** 64)  # charged at a 64-token chunk's count
+    layer = attn + 4096 * 128 + experts * 3 * H * I  # fp8: one byte per weight
+    weights_ms = 12 * layer / 4 / (4000e9 * 0.8) * 1e3
+    st, flops = roofline_stage(q, h20, layers=12, tp=4), analytic_cost_model(q, h20, layers=12, tp=4)
+    assert weights_ms == pytest.approx(2.30, abs=0.01)
+    assert float(st.time(0, 128)) > weights_ms > 1.5 * float(flops.time(0, 128))
+    assert float(st.time(0, 16384)) == pytest.approx(float(flops.time(0, 16384)), rel=1e-12)
+
+
+def test_roofline_json_round_trip(tmp_path):
+    """A roofline stage (a maximum of rows) saves and loads as the same function of (L, x)."""
+    from sglang_cpp.analytic_fit import stage_models
+    from sglang_cpp.costmodel import PipelineCost, load_cost, save_profile
+
+    stages = stage_models(MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"], 4, 2)
+    path = save_profile(tmp_path / "p.json", cost=PipelineCost(tuple(stages)))
+    back = load_cost(path)
+    L, x = np.meshgrid([0, 1000, 500_000], [64, 128, 4096, 16384])
+    np.testing.assert_allclose(back.time(L, x), PipelineCost(tuple(stages)).time(L, x), rtol=1e-12)
+    assert len(back.rows) == 8 and all(len(s.rows) == 4 for s in back.stages)
+
+
+def test_bench_ttft_analytic_side_by_side(tmp_path, capsys):
+    """One call: fixed 6K and 18K, upstream DCK 18K sigma 0.8 and the plan, at 128K and 1M, with the plan
+    against DCK and each policy's percent of the physical limit; the JSONL and the PNG hold every row."""
+    import json
+
+    from sglang_cpp.cli import main
+
+    out, png = tmp_path / "s.jsonl", tmp_path / "s.png"
+    rc = main(["bench", "ttft", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--tp-size", "4",
+               "--pp-size", "8", "--efficiency", "0.3", "--input-lens", "128k,1m", "--num-requests", "1",
+               "--policy", "fixed:6k,fixed:18k,quadratic:18k,plan:18k", "--sigma", "0.8",
+               "--output-jsonl", str(out), "--plot", str(png)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 8 and png.read_bytes()[:4] == b"\x89PNG"
+    table = text.split("SIMULATED side by side: median TTFT\n")[1].splitlines()
+    assert table[0].count("% of limit") == 4 and "plan / upstream dynamic" in table[0]
+    for line, S in zip(table[2:4], (131072, 1048576)):
+        cells = [c.strip() for c in line.strip("| ").split("|")]
+        med = {r["chunk_plan"]["policy"] + str(r["simulated_setup"]["chunk_size"]): r["median_ttft_ms"]
+               for r in recs if r["random_input_len"] == S}
+        assert cells[0] == str(S)
+        assert float(cells[5]) == pytest.approx(med["plan18432"] / med["quadratic18432"], abs=1e-3)
+        # percent of the limit: T_min = FLOPs / (32 GPUs at dense peak), hand-checked at 128K in anchors.md
+        lin, att = prefill_flops(MODELS["qwen3-235b-a22b-fp8"], S)
+        t_min = (lin / (32e12 * 296) + att / (32e12 * 148)) * 1e3
+        assert float(cells[9].rstrip("%")) == pytest.approx(100 * t_min / med["plan18432"], abs=0.06)
+        assert all(r["simulated_setup"]["chunk_overhead_ms"] == 2.0 for r in recs)  # the H20 preset's
+
+
+def test_plan_on_the_roofline_stops_cutting_memory_bound_chunks():
+    """Qwen3-235B-A22B-FP8 PP8 TP4 on H20, 128K, no per-chunk overhead. FLOPs alone make a 64-token chunk
+    nearly free, so the plan cuts >1000 of them; charged their expert reads, the plan keeps chunks above
+    64 tokens, and on the roofline model it is faster than the FLOP-only plan."""
+    from sglang_cpp.analytic_fit import stage_models
+    from sglang_cpp.costmodel import PipelineCost
+    from sglang_cpp.planner import plan_chunks
+
+    q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
+    flops, roof = stage_models(q, h20, 4, 8, roofline=False), stage_models(q, h20, 4, 8)
+    ch_f = list(plan_chunks(131072, PipelineCost(tuple(flops)), 8).chunks)
+    ch_r = list(plan_chunks(131072, PipelineCost(tuple(roof)), 8).chunks)
+    assert len(ch_f) > 1000 and min(ch_f) == 64
+    assert len(ch_r) < len(ch_f) / 2 and min(ch_r[:-1]) > 64
+    assert simulate(ch_r, roof, 8, SimConfig()).ttft_ms < simulate(ch_f, roof, 8, SimConfig()).ttft_ms

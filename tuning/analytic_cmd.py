@@ -24,8 +24,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measured", action="append", required=True, metavar="PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]]",
                    help="a measured TTFT, e.g. 1,128k,55.5 (repeat the flag for more points)")
     p.add_argument("--fit-overhead", action="store_true", help="also fit the per-chunk overhead (>= 2 points)")
-    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=0.0,
-                   help="per-chunk overhead when it is not fitted (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
+    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=None,
+                   help="per-chunk overhead when it is not fitted (SGLANG_CPP_CHUNK_OVERHEAD_MS; default: the "
+                        "device preset's)")
     p.add_argument("--max-prefill-tokens", type=parse_len, default=16384)
     p.add_argument("--pp-size", type=int, default=None, help="pipeline of the JSON and the predictions "
                                                             "(default: the largest measured)")
@@ -41,7 +42,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from ..analytic import DEVICES, MODELS
     from ..analytic_fit import Measured, fit, predict_ms, stage_models
-    from ..costmodel import CostModel, PipelineCost, save_profile
+    from ..costmodel import PipelineCost, add_constant, save_profile
     from ..files import device_file_name
 
     if args.analytic not in MODELS:
@@ -65,8 +66,7 @@ def run(args) -> int:
         q = Measured(P, L, 1.0, args.policy, args.chunk, args.sigma)
         print(f"predicted PP{P} {L} tokens, {args.policy} C={args.chunk}: "
               f"{predict_ms(model, dev, args.tp, q, f.overhead_ms, args.max_prefill_tokens, args.dtype) / 1e3:.2f} s")
-    stages = [CostModel(**{**m.coeffs, "c0": m.c0 + f.overhead_ms}, meta=m.meta)
-              for m in stage_models(model, dev, args.tp, P, dtype=args.dtype)]
+    stages = [add_constant(m, f.overhead_ms) for m in stage_models(model, dev, args.tp, P, dtype=args.dtype)]
     meta = {"model": model.name, "device_name": device.name, "dtype": stages[0].meta.get("dtype"), "tp": args.tp,
             "pp": P, "backend": "analytic-fit", "efficiency": f.efficiency, "overhead_ms": f.overhead_ms,
             "measured": [vars(p) for p in points]}

@@ -1,0 +1,124 @@
+"""`sglang-cpp simulate-serve`: the serving simulator (serving_sim.py) on a workload, every batch policy
+side by side: throughput, TTFT / TPOT / E2E / ITL percentiles, bubbles, KV occupancy, Perfetto traces."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+from .args import alias, parse_len
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--profile", help="per-stage cost-model JSON (calibration, `tune chunk`, `tune analytic`)")
+    src.add_argument("--coeffs", help="one stage model for every stage: c0,g,b,d,e,f or upstream's A,B,C")
+    src.add_argument("--analytic", metavar="MODEL", help="analytic model preset, e.g. qwen3-235b-a22b-fp8")
+    a("--device", default="H100", help="device preset for --analytic")
+    a("--tp-size", dest="tp", type=int, default=1)
+    a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
+    a("--pp-size", type=int, required=True)
+    w = p.add_argument_group("workload: a trace, or Poisson arrivals")
+    w.add_argument("--workload", help="JSON lines / CSV with arrival_ms, input_len, output_len")
+    w.add_argument("--num-requests", type=int, default=64)
+    w.add_argument("--request-rate", type=float, default=math.inf, help="requests per second (inf: all at once)")
+    w.add_argument("--input-lens", default="0.9:200-2k,0.1:6k-8k", help="[WEIGHT:]LO-HI,... uniform mixture")
+    w.add_argument("--output-lens", default="32-128", help="[WEIGHT:]LO-HI,...")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--save-workload", help="write the generated requests as JSON lines (a --workload file)")
+    a("--policies", default="sglang,gllm,time,tdpipe,sipipe",
+      help="batch policies: sglang (SGLang's default), sarathi (--enable-mixed-chunk), gllm (Token "
+           "Throttling), time (ours: throttling by predicted time), tdpipe, sipipe (SGLang's default with "
+           "SiPipe's CPU sampling)")
+    a("--chunked-prefill-size", dest="chunk", type=parse_len, default=2048,
+      help="prefill token budget of sglang/sarathi/tdpipe; #MaxP of gllm/time")
+    a("--kv-capacity", type=parse_len, default=parse_len("256k"), help="KV pool in tokens")
+    a("--batch-overhead-ms", type=float, default=0.0, help="CPU prep per micro-batch and stage")
+    a("--p2p-ms", type=float, default=0.0, help="transfer per micro-batch and hop")
+    a("--sample-ms", type=float, default=0.0, help="sampling per sequence on the last stage")
+    a("--json", action="store_true", help="machine-readable output")
+    a("--trace-dir", help="write one Perfetto trace per policy here")
+    a("--plot", help="PNG of the KV occupancy over time, one line per policy")
+    alias(p, "--chunked-prefill-size", "--chunk-size")
+    alias(p, "--tp-size", "--tp")
+
+
+def stage_costs(args) -> list:
+    from .simulate_cli import cli_costs
+
+    src = SimpleNamespace(profile=args.profile, coeffs=args.coeffs, analytic=args.analytic, device=args.device,
+                          tp=args.tp, dtype=None, efficiency=args.efficiency, layers_per_stage=None,
+                          pp_size=args.pp_size)
+    return cli_costs(src)[0]
+
+
+def run_policies(requests, prefill, args) -> dict:
+    """{policy name: ServeResult} for every --policies entry, each on a fresh policy object."""
+    from .batch_policy import make_policy
+    from .serving_sim import DecodeCost, ServeConfig, simulate_serving
+
+    decode = [DecodeCost.from_prefill(m) for m in prefill]
+    out = {}
+    for name in [n.strip() for n in args.policies.split(",") if n.strip()]:
+        base = "sglang" if name == "sipipe" else name
+        kw = {"max_p": args.chunk} if base in ("gllm", "time") else {"chunk": args.chunk}
+        pol = make_policy(base, **kw)
+        pol.name = name
+        cfg = ServeConfig(kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
+                          p2p_ms=args.p2p_ms, sample_ms=args.sample_ms, cpu_sampling=name == "sipipe")
+        out[name] = simulate_serving(requests, prefill, decode, pol, cfg)
+    return out
+
+
+def format_table(results: dict) -> str:
+    head = ("policy", "tok/s", "out tok/s", "TTFT mean", "TTFT p99", "TPOT mean", "TPOT p99", "E2E p50",
+            "E2E p99", "ITL p99", "bubble")
+    lines = ["SIMULATED serving (ms unless noted)", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name, r in results.items():
+        th, lat = r.throughput(), r.latencies()
+        f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        lines.append(f"| {name} | {th['total_tok_s']:.1f} | {th['output_tok_s']:.1f} | {f(lat['ttft']['mean'])} | "
+                     f"{f(lat['ttft']['p99'])} | {f(lat['tpot']['mean'])} | {f(lat['tpot']['p99'])} | "
+                     f"{f(lat['e2e']['p50'])} | {f(lat['e2e']['p99'])} | {f(lat['itl']['p99'])} | "
+                     f"{r.bubble_ratio:.3f} |")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from .files import pyplot, save_figure, save_json
+    from .workload import LengthMix, load_trace, poisson, save_trace
+
+    if args.pp_size < 1:
+        raise ValueError(f"--pp-size={args.pp_size} must be >= 1")
+    if args.workload:
+        requests = load_trace(args.workload)
+    else:
+        requests = poisson(args.num_requests, args.request_rate, LengthMix.parse(args.input_lens),
+                           LengthMix.parse(args.output_lens, "--output-lens"), args.seed)
+    if args.save_workload:
+        save_trace(requests, args.save_workload)
+    results = run_policies(requests, stage_costs(args), args)
+    if args.trace_dir:
+        for name, r in results.items():
+            save_json(Path(args.trace_dir) / f"serving-{name}.json", r.to_chrome_trace())
+    if args.plot:
+        fig, ax = pyplot().subplots(figsize=(7, 4))
+        for name, r in results.items():
+            t, k = zip(*r.kv_timeline)
+            ax.step([v / 1e3 for v in t], k, where="post", label=name)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("KV tokens reserved")
+        ax.set_title("KV occupancy (SIMULATED)")
+        ax.legend()
+        save_figure(fig, args.plot)
+    if args.json:
+        print(json.dumps({n: r.summary() for n, r in results.items()}, indent=1))
+    else:
+        print(format_table(results))
+    return 0
+
+
+__all__ = ["add_args", "run", "run_policies", "format_table"]

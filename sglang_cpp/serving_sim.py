@@ -1,0 +1,306 @@
+"""Discrete-event simulator of PP serving under mixed load: a stream of requests, micro-batches that mix
+prefill chunks and decodes, up to `depth` of them in flight, a KV capacity, and a batch policy
+(batch_policy.py) deciding every micro-batch.
+
+Why: simulator.py replays one prompt's chunks; the seed papers (gLLM, TD-Pipe, SiPipe) are about many
+requests at once, where the pipeline runs at the pace of its heaviest in-flight micro-batch. This
+answers "which policy, what throughput, TTFT and TPOT" before any GPU is booked.
+
+Model. A micro-batch is formed when stage 0 is free and fewer than `depth` are in flight. It runs on
+stage s after stage s finished the previous micro-batch and stage s-1 sent this one (+ p2p_ms), for
+    base + sum over chunks (t_s(L, x) - t_s(0, 0)) + b_s * decodes + e_s * decode context
+    (+ batch_overhead_ms, + sample_ms per sampled sequence on the last stage)
+with base the larger fixed cost of the parts present. A request reserves input + output KV tokens
+when its first chunk is scheduled (so decodes never wait for KV, SGLang's conservative admission)
+and frees them when it finishes. A decode needs its previous token: a request is in at most one
+micro-batch while decoding; its prefill chunks may overlap in the pipeline (chunked PP).
+SiPipe's CPU sampling (`cpu_sampling`) takes the sampling off the last stage: the stage is free at
+once and the token is ready sample_ms later.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .batch_policy import View, WaitingReq
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """ms of a decode micro-batch on one stage: c0 + b * sequences + e * their total context; or, with
+    `model` (a prefill t(L, x)), the linear part as a B-token chunk, model.time(0, B), which keeps a
+    roofline's weight-read floor (a small decode batch is memory-bound)."""
+
+    c0: float = 0.0
+    b: float = 0.0
+    e: float = 0.0
+    model: object = None
+
+    @classmethod
+    def from_prefill(cls, model, ref_ctx: float = 8192.0) -> "DecodeCost":
+        """A decode step is a 1-token extend: its attention grows with the context as t(L, 1) does."""
+        per_ctx = (float(model.time(ref_ctx, 1.0)) - float(model.time(0.0, 1.0))) / ref_ctx
+        return cls(e=max(per_ctx, 0.0), model=model)
+
+    @property
+    def fixed(self) -> float:
+        return float(self.model.time(0.0, 0.0)) if self.model is not None else self.c0
+
+    def time(self, B, ctx):
+        lin = self.model.time(0.0, np.asarray(B, float)) if self.model is not None else self.c0 + self.b * np.asarray(B, float)
+        return lin + self.e * np.asarray(ctx, float)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    kv_capacity: int = 1 << 20  # tokens of KV the pool holds (every stage holds its layers' share)
+    depth: int = 0  # micro-batches in flight; 0: the PP size
+    batch_overhead_ms: float = 0.0  # CPU prep per micro-batch and stage (seeds digest 7: 12-19%)
+    p2p_ms: float = 0.0  # per micro-batch and hop
+    sample_ms: float = 0.0  # per sampled sequence, on the last stage
+    cpu_sampling: bool = False  # SiPipe: sampling overlapped on the CPU, off the last stage
+
+    def __post_init__(self):
+        if not isinstance(self.kv_capacity, (int, np.integer)) or self.kv_capacity < 1:
+            raise ValueError(f"ServeConfig.kv_capacity={self.kv_capacity!r} must be an integer >= 1 (tokens)")
+        if not isinstance(self.depth, (int, np.integer)) or self.depth < 0:
+            raise ValueError(f"ServeConfig.depth={self.depth!r} must be an integer >= 0 (0: the PP size)")
+        for k in ("batch_overhead_ms", "p2p_ms", "sample_ms"):
+            v = getattr(self, k)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"ServeConfig.{k}={v!r} must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class Request:
+    rid: int
+    arrival_ms: float
+    input_len: int
+    output_len: int
+
+
+@dataclass
+class _State:
+    req: Request
+    sched: int = 0  # prefill tokens scheduled
+    generated: int = 0
+    admitted: bool = False
+    first_ms: float = math.nan
+    finish_ms: float = math.nan
+    token_ms: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    index: int
+    prefill: tuple  # (rid, L, x)
+    decodes: tuple  # (rid, context)
+    spans: tuple  # per stage (start, end) ms
+    done_ms: float
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    requests: tuple
+    first_ms: tuple
+    finish_ms: tuple
+    token_ms: tuple  # per request: the time of every output token
+    batches: tuple
+    busy_ms: tuple
+    kv_timeline: tuple  # (ms, tokens reserved)
+    pp_size: int
+    policy: str
+
+    @property
+    def makespan_ms(self) -> float:
+        return max(self.finish_ms) - min(r.arrival_ms for r in self.requests)
+
+    def throughput(self) -> dict:
+        """Tokens per second over the makespan: input + output (gLLM's figure) and output only."""
+        s = self.makespan_ms / 1e3
+        inp, out = sum(r.input_len for r in self.requests), sum(r.output_len for r in self.requests)
+        return {"total_tok_s": (inp + out) / s, "output_tok_s": out / s, "request_s": len(self.requests) / s}
+
+    def latencies(self) -> dict:
+        """TTFT, TPOT, E2E latency and inter-token latency (ms): mean, p50, p90, p99."""
+        arr = np.array([r.arrival_ms for r in self.requests])
+        first, fin = np.array(self.first_ms), np.array(self.finish_ms)
+        n_out = np.array([r.output_len for r in self.requests])
+        many = n_out > 1
+        itl = np.concatenate([np.diff(t) for t in self.token_ms if len(t) > 1] or [np.zeros(0)])
+        series = {"ttft": first - arr, "e2e": fin - arr, "tpot": (fin - first)[many] / (n_out[many] - 1), "itl": itl}
+        return {k: _stats(v) for k, v in series.items()}
+
+    @property
+    def bubble_ratio(self) -> float:
+        return 1.0 - sum(self.busy_ms) / (self.pp_size * self.makespan_ms)
+
+    def summary(self) -> dict:
+        return {"policy": self.policy, "requests": len(self.requests), "makespan_ms": self.makespan_ms,
+                **self.throughput(), "latency_ms": self.latencies(), "bubble_ratio": self.bubble_ratio,
+                "busy_ms": list(self.busy_ms), "micro_batches": len(self.batches),
+                "peak_kv_tokens": max(k for _, k in self.kv_timeline)}
+
+    def to_chrome_trace(self) -> dict:
+        """Perfetto: one thread per stage, a slice per micro-batch, and a KV counter."""
+        ev = [{"name": "process_name", "ph": "M", "pid": "serving", "args": {"name": f"serving ({self.policy})"}}]
+        for s in range(self.pp_size):
+            ev.append({"name": "thread_name", "ph": "M", "pid": "serving", "tid": s, "args": {"name": f"stage {s}"}})
+        for mb in self.batches:
+            tokens = sum(x for _, _, x in mb.prefill)
+            for s, (a, b) in enumerate(mb.spans):
+                ev.append({"name": f"mb{mb.index} P{tokens} D{len(mb.decodes)}", "ph": "X", "pid": "serving",
+                           "tid": s, "ts": a * 1e3, "dur": (b - a) * 1e3,
+                           "args": {"prefill": [list(p) for p in mb.prefill], "decodes": len(mb.decodes)}})
+        ev += [{"name": "KV reserved (tokens)", "ph": "C", "pid": "serving", "ts": t * 1e3, "args": {"tokens": k}}
+               for t, k in self.kv_timeline]
+        return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def _stats(v) -> dict:
+    v = np.asarray(v, float)
+    if v.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    return {"mean": float(v.mean()), **{f"p{q}": float(np.percentile(v, q)) for q in (50, 90, 99)}}
+
+
+def _slowest(models):
+    return lambda L, x: np.max([np.asarray(m.time(L, x), float) for m in models], axis=0)
+
+
+def simulate_serving(requests, prefill_costs: list, decode_costs: list, policy, config: ServeConfig | None = None,
+                     ) -> ServeResult:
+    """Run `policy` (a batch_policy object) over `requests` on len(prefill_costs) stages."""
+    cfg = config or ServeConfig()
+    P = len(prefill_costs)
+    if P < 1 or len(decode_costs) != P:
+        raise ValueError(f"give one prefill and one decode cost model per stage (got {len(prefill_costs)} and "
+                         f"{len(decode_costs)})")
+    reqs = sorted(requests, key=lambda r: (r.arrival_ms, r.rid))
+    if not reqs:
+        raise ValueError("simulate_serving: no requests")
+    for r in reqs:
+        if r.input_len < 1 or r.output_len < 1:
+            raise ValueError(f"request {r.rid}: input_len and output_len must be >= 1")
+        if r.input_len + r.output_len > cfg.kv_capacity:
+            raise ValueError(f"request {r.rid} needs {r.input_len + r.output_len} KV tokens, more than "
+                             f"kv_capacity={cfg.kv_capacity}; raise the capacity or shorten the request")
+    depth = cfg.depth or P
+    st = {r.rid: _State(r) for r in reqs}
+    fixed = [float(m.time(0.0, 0.0)) for m in prefill_costs]
+    predict, dec_pred = _slowest(prefill_costs), _slowest(decode_costs)
+    free, busy = [0.0] * P, [0.0] * P
+    waiting, ready, done = [], [], 0  # rids
+    reserved, kv_log, batches, heap = 0, [(0.0, 0)], [], []
+    nxt, now, inflight = 0, 0.0, 0
+    while done < len(reqs):
+        while nxt < len(reqs) and reqs[nxt].arrival_ms <= now:
+            waiting.append(reqs[nxt].rid)
+            nxt += 1
+        while heap and heap[0][0] <= now:
+            t, _, mb = heapq.heappop(heap)
+            inflight -= 1
+            for rid, _, _ in mb.prefill:
+                s = st[rid]
+                if s.sched == s.req.input_len and math.isnan(s.first_ms) and _last_chunk(mb, rid, s):
+                    s.first_ms, s.generated = t, 1
+                    s.token_ms.append(t)
+                    done, reserved = _after_token(s, ready, done, reserved, t)
+            for rid, _ in mb.decodes:
+                s = st[rid]
+                s.generated += 1
+                s.token_ms.append(t)
+                done, reserved = _after_token(s, ready, done, reserved, t)
+            kv_log.append((t, reserved))
+        if done == len(reqs):
+            break
+        if free[0] <= now and inflight < depth:
+            view = View(waiting=tuple(WaitingReq(r, st[r].sched, st[r].req.input_len - st[r].sched,
+                                                 st[r].req.output_len, st[r].admitted) for r in waiting),
+                        decodes=tuple((r, st[r].req.input_len + st[r].generated) for r in ready),
+                        kv_free=cfg.kv_capacity - reserved, kv_capacity=cfg.kv_capacity,
+                        running=sum(1 for s in st.values() if s.admitted and math.isnan(s.finish_ms)),
+                        decoding=sum(1 for s in st.values() if s.generated and math.isnan(s.finish_ms)),
+                        depth=depth, predict_ms=predict, decode_ms=dec_pred)
+            batch = policy.schedule(view)
+            if batch:
+                mb, reserved = _launch(batch, st, waiting, ready, reserved, cfg, now, free, busy, fixed,
+                                       prefill_costs, decode_costs, len(batches))
+                batches.append(mb)
+                kv_log.append((now, reserved))
+                heapq.heappush(heap, (mb.done_ms, mb.index, mb))
+                inflight += 1
+                continue
+        times = [reqs[nxt].arrival_ms] if nxt < len(reqs) else []
+        times += [heap[0][0]] if heap else []
+        if free[0] > now and inflight < depth:
+            times.append(free[0])
+        if not times:
+            raise RuntimeError(f"serving simulation stalled at {now:.1f} ms with {len(waiting)} waiting and "
+                               f"{len(ready)} decode-ready requests: the policy {policy.name!r} schedules nothing")
+        now = max(now, min(times))
+    return ServeResult(tuple(reqs), tuple(st[r.rid].first_ms for r in reqs), tuple(st[r.rid].finish_ms for r in reqs),
+                       tuple(tuple(st[r.rid].token_ms) for r in reqs), tuple(batches), tuple(busy), tuple(kv_log), P,
+                       policy.name)
+
+
+def _last_chunk(mb: MicroBatch, rid: int, s: _State) -> bool:
+    """True when this micro-batch carries the chunk that ends the request's prefill."""
+    return any(r == rid and L + x == s.req.input_len for r, L, x in mb.prefill)
+
+
+def _after_token(s: _State, ready: list, done: int, reserved: int, t: float) -> tuple[int, int]:
+    if s.generated >= s.req.output_len:
+        s.finish_ms = t
+        return done + 1, reserved - (s.req.input_len + s.req.output_len)
+    ready.append(s.req.rid)
+    return done, reserved
+
+
+def _launch(batch, st, waiting, ready, reserved, cfg, now, free, busy, fixed, pre_costs, dec_costs, index):
+    P = len(pre_costs)
+    pre = []
+    for rid, x in batch.prefill:
+        s = st[rid]
+        if rid not in waiting or not 1 <= x <= s.req.input_len - s.sched:
+            raise ValueError(f"batch policy scheduled {x} prefill tokens of request {rid}, which has "
+                             f"{s.req.input_len - s.sched} waiting")
+        if not s.admitted:
+            reserved += s.req.input_len + s.req.output_len
+            s.admitted = True
+        pre.append((rid, s.sched, x))
+        s.sched += x
+        if s.sched == s.req.input_len:
+            waiting.remove(rid)
+    if reserved > cfg.kv_capacity:
+        raise ValueError(f"batch policy over-admitted: {reserved} KV tokens reserved of {cfg.kv_capacity}")
+    dec = []
+    for rid in batch.decodes:
+        if rid not in ready:
+            raise ValueError(f"batch policy scheduled a decode of request {rid}, which is not decode-ready")
+        ready.remove(rid)
+        dec.append((rid, st[rid].req.input_len + st[rid].generated))
+    L = np.array([p[1] for p in pre], float)
+    x = np.array([p[2] for p in pre], float)
+    B, ctx = len(dec), float(sum(c for _, c in dec))
+    samples = B + sum(1 for r, l0, xx in pre if l0 + xx == st[r].req.input_len)
+    spans, prev = [], now
+    for s in range(P):
+        t = max(fixed[s] if pre else 0.0, dec_costs[s].fixed if B else 0.0)
+        if pre:
+            t += float(np.sum(np.asarray(pre_costs[s].time(L, x), float) - fixed[s]))
+        if B:
+            t += float(dec_costs[s].time(B, ctx)) - dec_costs[s].fixed
+        t += cfg.batch_overhead_ms + (cfg.sample_ms * samples if s == P - 1 and not cfg.cpu_sampling else 0.0)
+        start = max(free[s], prev + (cfg.p2p_ms if s else 0.0))
+        free[s] = prev = start + t
+        busy[s] += t
+        spans.append((start, prev))
+    done_ms = prev + (cfg.sample_ms * samples if cfg.cpu_sampling else 0.0)
+    return MicroBatch(index, tuple(pre), tuple(dec), tuple(spans), done_ms), reserved
+
+
+__all__ = ["DecodeCost", "ServeConfig", "Request", "ServeResult", "MicroBatch", "simulate_serving"]
