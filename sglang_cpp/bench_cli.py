@@ -82,12 +82,17 @@ def side_by_side(records: list[dict], args) -> str:
     kinds = {r["policy"]: r["chunk_plan"]["policy"] for r in records}
     plan = next((lb for lb in labels if kinds[lb] == "plan"), None)
     dck = next((lb for lb in labels if kinds[lb] == "quadratic"), None)
-    limit = None
-    if args.analytic and not args.simulate:
-        from .analytic import DEVICES, MODELS, percent_of_limit
+    from .analytic import DEVICES, MODELS, percent_of_limit
 
-        limit = lambda ms, L: percent_of_limit(ms, MODELS[args.analytic], DEVICES[args.device], L,  # noqa: E731
-                                               tp=args.tp, pp=args.pp_size)
+    limit, model, device, tp = None, args.analytic, args.device, args.tp
+    if args.simulate:  # a `tune analytic` JSON names its model and device
+        from .costmodel import load_profile
+
+        meta = load_profile(args.simulate)["meta"]
+        model, device, tp = meta.get("model"), meta.get("device_name"), int(meta.get("tp") or 1)
+    if model in MODELS and device in DEVICES:
+        limit = lambda ms, L: percent_of_limit(ms, MODELS[model], DEVICES[device], L,  # noqa: E731
+                                               tp=tp, pp=args.pp_size)
     head = ["input"] + [f"{lb} (s)" for lb in labels] + (["plan / upstream dynamic"] if plan and dck else [])
     head += [f"{lb} % of limit" for lb in labels] if limit else []
     out = ["SIMULATED side by side: median TTFT", "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]

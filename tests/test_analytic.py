@@ -363,3 +363,24 @@ def test_plan_on_the_roofline_stops_cutting_memory_bound_chunks():
     assert len(ch_f) > 1000 and min(ch_f) == 64
     assert len(ch_r) < len(ch_f) / 2 and min(ch_r[:-1]) > 64
     assert simulate(ch_r, roof, 8, SimConfig()).ttft_ms < simulate(ch_f, roof, 8, SimConfig()).ttft_ms
+
+
+def test_bench_side_by_side_from_the_tune_analytic_json(tmp_path, capsys):
+    """`tune analytic` on the blog's PP1 point, then `bench ttft --simulate` on its JSON: the same table,
+    with the percent of the physical limit (the JSON names its model and device)."""
+    from sglang_cpp.cli import main
+
+    assert main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--tp-size", "4",
+                 "--measured", "1,128k,55.5", "--pp-size", "8", "--out-dir", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*.json")
+    capsys.readouterr()
+    assert main(["bench", "ttft", "--simulate", str(path), "--pp-size", "8", "--input-lens", "128k",
+                 "--num-requests", "1", "--policy", "quadratic:18k,plan:18k", "--sigma", "0.8"]) == 0
+    table = capsys.readouterr().out.split("SIMULATED side by side: median TTFT\n")[1].splitlines()
+    cells = [c.strip() for c in table[2].strip("| ").split("|")]
+    assert table[0].count("% of limit") == 2 and cells[0] == "131072"
+    # the published DCK point is 10.54 s; the fitted model predicts it within 15% (the fidelity target)
+    assert float(cells[1]) == pytest.approx(10.54, rel=0.15)
+    lin, att = prefill_flops(MODELS["qwen3-235b-a22b-fp8"], 131072)
+    t_min = (lin / (32e12 * 296) + att / (32e12 * 148))
+    assert float(cells[4].rstrip("%")) == pytest.approx(100 * t_min / float(cells[1]), abs=0.1)
