@@ -198,6 +198,8 @@ MODELS = {
                              kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128,
                              v_head_dim=128, weight_bytes=1, name="deepseek-v3"),
     "llama3-8b": ModelSpec(32, 4096, 32, 8, 128, 14336, 128256, name="llama3-8b"),
+    "llama3-70b": ModelSpec(80, 8192, 64, 8, 128, 28672, 128256, name="llama3-70b"),
+    "qwen2.5-32b": ModelSpec(64, 5120, 40, 8, 128, 27648, 152064, name="qwen2.5-32b"),
     "smollm2-135m": ModelSpec(30, 576, 9, 3, 64, 1536, 49152, tie_word_embeddings=True, name="smollm2-135m"),
 }
 MODELS["qwen3-235b-a22b-fp8"] = replace(MODELS["qwen3-235b-a22b"], weight_bytes=1, name="qwen3-235b-a22b-fp8")
@@ -209,6 +211,7 @@ DEVICES = {
     "H100": DeviceSpec("H100", 989.0, 1979.0, 3350.0, chunk_overhead_ms=_GPU_CHUNK_MS),
     "H200": DeviceSpec("H200", 989.0, 1979.0, 4800.0, chunk_overhead_ms=_GPU_CHUNK_MS),
     "A100": DeviceSpec("A100", 312.0, 0.0, 2039.0, chunk_overhead_ms=_GPU_CHUNK_MS),
+    "L20": DeviceSpec("L20", 119.5, 239.0, 864.0, chunk_overhead_ms=_GPU_CHUNK_MS),  # TD-Pipe's Table 1
     "cpu-2core": DeviceSpec("cpu-2core", 0.2, 0.0, 20.0),
 }
 

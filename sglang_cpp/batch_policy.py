@@ -37,8 +37,8 @@ class WaitingReq:
 class View:
     """What a policy may look at when it forms a micro-batch."""
 
-    waiting: tuple  # WaitingReq, arrival order
-    decodes: tuple  # (rid, context length) of decode-ready requests, arrival order
+    waiting: object  # WaitingReq in arrival order (a sequence; the simulator builds it lazily)
+    decodes: object  # (rid, context length) of decode-ready requests, arrival order; sliceable
     kv_free: int  # tokens not reserved
     kv_capacity: int
     running: int  # requests admitted and not finished (decoding, in flight or mid-prefill)
@@ -46,6 +46,11 @@ class View:
     depth: int  # micro-batches the pipeline holds (PP size)
     predict_ms: object = None  # (L array, x array) -> ms per chunk of the slowest stage
     decode_ms: object = None  # (batch size, total context) -> ms of a decode micro-batch, slowest stage
+    waiting_tokens: int = -1  # prefill tokens waiting in all requests (gLLM's #WP); -1: sum `waiting`
+
+    @property
+    def wp(self) -> int:
+        return self.waiting_tokens if self.waiting_tokens >= 0 else sum(w.remaining for w in self.waiting)
 
     @property
     def kv_free_frac(self) -> float:
@@ -110,7 +115,7 @@ class GLLMThrottle:
     def prefill_tokens(self, view: View) -> int:
         """Eq. 3: max(min(#WP/#T, #MaxP (KV_free - thresh)/(1 - thresh)), #MinP), 0 below the threshold,
         never more than is waiting."""
-        wp = sum(w.remaining for w in view.waiting)
+        wp = view.wp
         if wp == 0 or view.kv_free_frac < self.kv_thresh:
             return 0
         kv = self.max_p * (view.kv_free_frac - self.kv_thresh) / (1.0 - self.kv_thresh)
@@ -186,7 +191,7 @@ class TDPipe:
     def schedule(self, view: View) -> Batch:
         if self.phase == "decode":
             self.peak = max(self.peak, view.decoding)
-            if view.waiting and view.decoding < self.switch_frac * self.peak:
+            if view.wp and view.decoding < self.switch_frac * self.peak:
                 self.phase = "prefill"
         if self.phase == "prefill":
             pre = _fill_tokens(view, self.chunk)

@@ -81,17 +81,15 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
     t_max = float(np.max(_times(cost, L0 + R, hi, 0.0)))
     trap = getattr(np, "trapezoid", None) or np.trapz
 
-    def on(T):  # J, n, x and the binding stage over the (T, L) grid
-        x = np.full((T.shape[0], L.size), np.inf)
-        arg = np.zeros(x.shape, dtype=np.int64)
-        for s, (c0, g, b, d, e, f) in enumerate(rows):
-            qc = c0 + g * L + d * L * L - T
-            qb = b + e * L
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r = np.where(qc >= 0, 0.0, (-2.0 * qc) / (qb + np.sqrt(np.maximum(qb * qb - 4 * f * qc, 0))))
-            arg = np.where(r < x, s, arg)
-            x = np.minimum(x, r)
-        x = np.clip(x, lo, hi)
+    c0, g, b, d, e, f = (col[:, None, None] for col in np.array(rows, float).T)  # (stages, 1, 1) each
+
+    def on(T):  # J, n, x and the binding stage over the (T, L) grid, every stage at once
+        qc = c0 + g * L + d * L * L - T[None]
+        qb = b + e * L
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(qc >= 0, 0.0, (-2.0 * qc) / (qb + np.sqrt(np.maximum(qb * qb - 4 * f * qc, 0))))
+        arg = np.argmin(r, axis=0)  # the first stage with the smallest chunk binds
+        x = np.clip(r.min(axis=0), lo, hi)
         tt = _times(cost, L[None, :], x, 0.0)
         n = np.maximum(trap(1.0 / x, L, axis=1), 1.0)
         return trap(tt / x, L, axis=1) + (P - 1) * tt.max(axis=1) + n * o, n, x, arg
@@ -220,12 +218,14 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
             seen[k] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
     for k in ((k_min, k0 - 1, k0, k0 + 1) if k0 <= 48 or seen[k0][1] is None else ()):
         try_k(k)
-    # short plans: hill-climb from the best candidate while a neighbour improves
-    while k0 <= 48:
+    # short plans: hill-climb from the best candidate while a neighbour improves by more than rounding
+    # noise (near-flat objectives, e.g. PP=1 or near-zero costs, would otherwise random-walk over K),
+    # and within MAX_K_TRIED chunk counts: bounded planning time
+    while k0 <= 48 and len(seen) < MAX_K_TRIED:
         k = min(seen, key=lambda q: seen[q][0])
         improved = False
         for nb in (k - 1, k + 1):
-            if nb not in seen and try_k(nb) < seen[k][0]:
+            if nb not in seen and try_k(nb) < seen[k][0] * (1 - 1e-9):
                 improved = True
         if not improved:
             break
@@ -246,6 +246,7 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
 
 
 REFINE_MAX_CHUNKS = 64
+MAX_K_TRIED = 16  # chunk counts a short plan's hill-climb may evaluate (each is a root search over T)
 REFINE_STARTS = 3
 REFINE_MAX_MOVES = 64  # boundary moves, all starting points together
 # Above this many chunks the planner takes max-size chunks (or searches no further): the pipeline-fill

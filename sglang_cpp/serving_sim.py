@@ -20,6 +20,7 @@ once and the token is ready sample_ms later.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -171,6 +172,22 @@ def _slowest(models):
     return lambda L, x: np.max([np.asarray(m.time(L, x), float) for m in models], axis=0)
 
 
+class _Lazy:
+    """A read-only queue view built on demand: a policy reads only the head of a long queue."""
+
+    def __init__(self, keys, make):
+        self._keys, self._make = keys, make
+
+    def __iter__(self):
+        return (self._make(k) for k in self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, sl: slice) -> tuple:
+        return tuple(itertools.islice(self, sl.start or 0, sl.stop))
+
+
 def simulate_serving(requests, prefill_costs: list, decode_costs: list, policy, config: ServeConfig | None = None,
                      ) -> ServeResult:
     """Run `policy` (a batch_policy object) over `requests` on len(prefill_costs) stages."""
@@ -188,101 +205,123 @@ def simulate_serving(requests, prefill_costs: list, decode_costs: list, policy, 
         if r.input_len + r.output_len > cfg.kv_capacity:
             raise ValueError(f"request {r.rid} needs {r.input_len + r.output_len} KV tokens, more than "
                              f"kv_capacity={cfg.kv_capacity}; raise the capacity or shorten the request")
-    depth = cfg.depth or P
-    st = {r.rid: _State(r) for r in reqs}
-    fixed = [float(m.time(0.0, 0.0)) for m in prefill_costs]
-    predict, dec_pred = _slowest(prefill_costs), _slowest(decode_costs)
-    free, busy = [0.0] * P, [0.0] * P
-    waiting, ready, done = [], [], 0  # rids
-    reserved, kv_log, batches, heap = 0, [(0.0, 0)], [], []
-    nxt, now, inflight = 0, 0.0, 0
-    while done < len(reqs):
-        while nxt < len(reqs) and reqs[nxt].arrival_ms <= now:
-            waiting.append(reqs[nxt].rid)
-            nxt += 1
-        while heap and heap[0][0] <= now:
-            t, _, mb = heapq.heappop(heap)
-            inflight -= 1
-            for rid, _, _ in mb.prefill:
-                s = st[rid]
-                if s.sched == s.req.input_len and math.isnan(s.first_ms) and _last_chunk(mb, rid, s):
-                    s.first_ms, s.generated = t, 1
-                    s.token_ms.append(t)
-                    done, reserved = _after_token(s, ready, done, reserved, t)
-            for rid, _ in mb.decodes:
-                s = st[rid]
-                s.generated += 1
-                s.token_ms.append(t)
-                done, reserved = _after_token(s, ready, done, reserved, t)
-            kv_log.append((t, reserved))
-        if done == len(reqs):
-            break
-        if free[0] <= now and inflight < depth:
-            view = View(waiting=tuple(WaitingReq(r, st[r].sched, st[r].req.input_len - st[r].sched,
-                                                 st[r].req.output_len, st[r].admitted) for r in waiting),
-                        decodes=tuple((r, st[r].req.input_len + st[r].generated) for r in ready),
-                        kv_free=cfg.kv_capacity - reserved, kv_capacity=cfg.kv_capacity,
-                        running=sum(1 for s in st.values() if s.admitted and math.isnan(s.finish_ms)),
-                        decoding=sum(1 for s in st.values() if s.generated and math.isnan(s.finish_ms)),
-                        depth=depth, predict_ms=predict, decode_ms=dec_pred)
-            batch = policy.schedule(view)
-            if batch:
-                mb, reserved = _launch(batch, st, waiting, ready, reserved, cfg, now, free, busy, fixed,
-                                       prefill_costs, decode_costs, len(batches))
-                batches.append(mb)
-                kv_log.append((now, reserved))
-                heapq.heappush(heap, (mb.done_ms, mb.index, mb))
-                inflight += 1
-                continue
-        times = [reqs[nxt].arrival_ms] if nxt < len(reqs) else []
-        times += [heap[0][0]] if heap else []
-        if free[0] > now and inflight < depth:
-            times.append(free[0])
-        if not times:
-            raise RuntimeError(f"serving simulation stalled at {now:.1f} ms with {len(waiting)} waiting and "
-                               f"{len(ready)} decode-ready requests: the policy {policy.name!r} schedules nothing")
-        now = max(now, min(times))
-    return ServeResult(tuple(reqs), tuple(st[r.rid].first_ms for r in reqs), tuple(st[r.rid].finish_ms for r in reqs),
-                       tuple(tuple(st[r.rid].token_ms) for r in reqs), tuple(batches), tuple(busy), tuple(kv_log), P,
-                       policy.name)
+    return _Engine(reqs, prefill_costs, decode_costs, policy, cfg).run()
 
 
-def _last_chunk(mb: MicroBatch, rid: int, s: _State) -> bool:
-    """True when this micro-batch carries the chunk that ends the request's prefill."""
-    return any(r == rid and L + x == s.req.input_len for r, L, x in mb.prefill)
+class _Engine:
+    """The event loop's state: queues as insertion-ordered dicts, counters kept as requests move."""
+
+    def __init__(self, reqs, pre_costs, dec_costs, policy, cfg):
+        self.reqs, self.pre, self.dec, self.policy, self.cfg = reqs, pre_costs, dec_costs, policy, cfg
+        self.P = len(pre_costs)
+        self.st = {r.rid: _State(r) for r in reqs}
+        self.fixed = [float(m.time(0.0, 0.0)) for m in pre_costs]
+        self.predict, self.dec_pred = _slowest(pre_costs), _slowest(dec_costs)
+        self.free, self.busy = [0.0] * self.P, [0.0] * self.P
+        self.waiting, self.ready = {}, {}  # rid -> None, arrival order
+        self.waiting_tokens = self.reserved = self.done = self.running = self.decoding = 0
+        self.kv_log, self.batches = [(0.0, 0)], []
+
+    def view(self) -> View:
+        st = self.st
+        return View(waiting=_Lazy(self.waiting, lambda r: WaitingReq(r, st[r].sched, st[r].req.input_len - st[r].sched,
+                                                                     st[r].req.output_len, st[r].admitted)),
+                    decodes=_Lazy(self.ready, lambda r: (r, st[r].req.input_len + st[r].generated)),
+                    kv_free=self.cfg.kv_capacity - self.reserved, kv_capacity=self.cfg.kv_capacity,
+                    running=self.running, decoding=self.decoding, depth=self.cfg.depth or self.P,
+                    predict_ms=self.predict, decode_ms=self.dec_pred, waiting_tokens=self.waiting_tokens)
+
+    def token(self, s: _State, t: float) -> None:
+        """Request s emitted a token at t: finished, or decode-ready again."""
+        s.generated += 1
+        s.token_ms.append(t)
+        if s.generated == 1:
+            s.first_ms = t
+            self.decoding += 1
+        if s.generated >= s.req.output_len:
+            s.finish_ms = t
+            self.done += 1
+            self.running -= 1
+            self.decoding -= 1
+            self.reserved -= s.req.input_len + s.req.output_len
+        else:
+            self.ready[s.req.rid] = None
+
+    def complete(self, mb: MicroBatch, t: float) -> None:
+        for rid, L, x in mb.prefill:
+            if L + x == self.st[rid].req.input_len:  # the chunk that ends the prefill: the first token
+                self.token(self.st[rid], t)
+        for rid, _ in mb.decodes:
+            self.token(self.st[rid], t)
+        self.kv_log.append((t, self.reserved))
+
+    def run(self) -> ServeResult:
+        reqs, heap, nxt, now, inflight = self.reqs, [], 0, 0.0, 0
+        depth = self.cfg.depth or self.P
+        while self.done < len(reqs):
+            while nxt < len(reqs) and reqs[nxt].arrival_ms <= now:
+                self.waiting[reqs[nxt].rid] = None
+                self.waiting_tokens += reqs[nxt].input_len
+                nxt += 1
+            while heap and heap[0][0] <= now:
+                t, _, mb = heapq.heappop(heap)
+                inflight -= 1
+                self.complete(mb, t)
+            if self.done == len(reqs):
+                break
+            if self.free[0] <= now and inflight < depth:
+                batch = self.policy.schedule(self.view())
+                if batch:
+                    mb = self.launch(batch, now)
+                    heapq.heappush(heap, (mb.done_ms, mb.index, mb))
+                    inflight += 1
+                    continue
+            times = [reqs[nxt].arrival_ms] if nxt < len(reqs) else []
+            times += [heap[0][0]] if heap else []
+            if self.free[0] > now and inflight < depth:
+                times.append(self.free[0])
+            if not times:
+                raise RuntimeError(f"serving simulation stalled at {now:.1f} ms with {len(self.waiting)} waiting and "
+                                   f"{len(self.ready)} decode-ready requests: the policy {self.policy.name!r} "
+                                   "schedules nothing")
+            now = max(now, min(times))
+        st = self.st
+        return ServeResult(tuple(reqs), tuple(st[r.rid].first_ms for r in reqs), tuple(st[r.rid].finish_ms for r in reqs),
+                           tuple(tuple(st[r.rid].token_ms) for r in reqs), tuple(self.batches), tuple(self.busy),
+                           tuple(self.kv_log), self.P, self.policy.name)
+
+    def launch(self, batch, now: float) -> MicroBatch:
+        """Admit and place the batch's work, then run it through the stages (FIFO at every stage)."""
+        st, cfg, pre, dec = self.st, self.cfg, [], []
+        for rid, x in batch.prefill:
+            s = st[rid]
+            if rid not in self.waiting or not 1 <= x <= s.req.input_len - s.sched:
+                raise ValueError(f"batch policy scheduled {x} prefill tokens of request {rid}, which has "
+                                 f"{s.req.input_len - s.sched if rid in self.waiting else 0} waiting")
+            if not s.admitted:
+                self.reserved += s.req.input_len + s.req.output_len
+                s.admitted = True
+                self.running += 1
+            pre.append((rid, s.sched, x))
+            s.sched += x
+            self.waiting_tokens -= x
+            if s.sched == s.req.input_len:
+                del self.waiting[rid]
+        if self.reserved > cfg.kv_capacity:
+            raise ValueError(f"batch policy over-admitted: {self.reserved} KV tokens reserved of {cfg.kv_capacity}")
+        for rid in batch.decodes:
+            if rid not in self.ready:
+                raise ValueError(f"batch policy scheduled a decode of request {rid}, which is not decode-ready")
+            del self.ready[rid]
+            dec.append((rid, st[rid].req.input_len + st[rid].generated))
+        mb = _run_stages(len(self.batches), pre, dec, st, cfg, now, self.free, self.busy, self.fixed, self.pre, self.dec)
+        self.batches.append(mb)
+        self.kv_log.append((now, self.reserved))
+        return mb
 
 
-def _after_token(s: _State, ready: list, done: int, reserved: int, t: float) -> tuple[int, int]:
-    if s.generated >= s.req.output_len:
-        s.finish_ms = t
-        return done + 1, reserved - (s.req.input_len + s.req.output_len)
-    ready.append(s.req.rid)
-    return done, reserved
-
-
-def _launch(batch, st, waiting, ready, reserved, cfg, now, free, busy, fixed, pre_costs, dec_costs, index):
+def _run_stages(index, pre, dec, st, cfg, now, free, busy, fixed, pre_costs, dec_costs) -> MicroBatch:
     P = len(pre_costs)
-    pre = []
-    for rid, x in batch.prefill:
-        s = st[rid]
-        if rid not in waiting or not 1 <= x <= s.req.input_len - s.sched:
-            raise ValueError(f"batch policy scheduled {x} prefill tokens of request {rid}, which has "
-                             f"{s.req.input_len - s.sched} waiting")
-        if not s.admitted:
-            reserved += s.req.input_len + s.req.output_len
-            s.admitted = True
-        pre.append((rid, s.sched, x))
-        s.sched += x
-        if s.sched == s.req.input_len:
-            waiting.remove(rid)
-    if reserved > cfg.kv_capacity:
-        raise ValueError(f"batch policy over-admitted: {reserved} KV tokens reserved of {cfg.kv_capacity}")
-    dec = []
-    for rid in batch.decodes:
-        if rid not in ready:
-            raise ValueError(f"batch policy scheduled a decode of request {rid}, which is not decode-ready")
-        ready.remove(rid)
-        dec.append((rid, st[rid].req.input_len + st[rid].generated))
     L = np.array([p[1] for p in pre], float)
     x = np.array([p[2] for p in pre], float)
     B, ctx = len(dec), float(sum(c for _, c in dec))
@@ -300,7 +339,7 @@ def _launch(batch, st, waiting, ready, reserved, cfg, now, free, busy, fixed, pr
         busy[s] += t
         spans.append((start, prev))
     done_ms = prev + (cfg.sample_ms * samples if cfg.cpu_sampling else 0.0)
-    return MicroBatch(index, tuple(pre), tuple(dec), tuple(spans), done_ms), reserved
+    return MicroBatch(index, tuple(pre), tuple(dec), tuple(spans), done_ms)
 
 
 __all__ = ["DecodeCost", "ServeConfig", "Request", "ServeResult", "MicroBatch", "simulate_serving"]
