@@ -2,9 +2,11 @@
 the next micro-batch. Pure decision logic on a small view of the scheduler's state, so the serving
 simulator (serving_sim.py) and a server hook can run the same objects.
 
-- `sglang`:   SGLang's default. A prefill batch of up to --chunked-prefill-size tokens whenever requests
-              wait (prefill first), else a decode batch of every ready request; `mixed=True` is
-              --enable-mixed-chunk (Sarathi-Serve: decodes first, the prefill budget after them).
+- `sglang`:   SGLang's default. Each micro-batch slot keeps its own running requests (a request joins
+              the slot that ran its last prefill chunk): a prefill batch of up to
+              --chunked-prefill-size tokens whenever requests wait (prefill first), else a decode batch
+              of the slot's ready requests; `mixed=True` is --enable-mixed-chunk (the slot's decodes
+              ride in the prefill batch, their tokens taken from its budget).
 - `gllm`:     gLLM Token Throttling (seeds digest 3.2, eqs. 1-4): prefill tokens #WP/#T bounded by free
               KV, decodes split evenly over the pipeline depth.
 - `time`:     ours. gLLM's throttle in predicted milliseconds instead of tokens: every micro-batch gets
@@ -38,7 +40,7 @@ class View:
     """What a policy may look at when it forms a micro-batch."""
 
     waiting: object  # WaitingReq in arrival order (a sequence; the simulator builds it lazily)
-    decodes: object  # (rid, context length) of decode-ready requests, arrival order; sliceable
+    decodes: object  # (rid, context length, slot) of decode-ready requests, arrival order; sliceable
     kv_free: int  # tokens not reserved
     kv_capacity: int
     running: int  # requests admitted and not finished (decoding, in flight or mid-prefill)
@@ -47,6 +49,7 @@ class View:
     predict_ms: object = None  # (L array, x array) -> ms per chunk of the slowest stage
     decode_ms: object = None  # (batch size, total context) -> ms of a decode micro-batch, slowest stage
     waiting_tokens: int = -1  # prefill tokens waiting in all requests (gLLM's #WP); -1: sum `waiting`
+    slot: int = 0  # the micro-batch slot being scheduled (SGLang's mb_id)
 
     @property
     def wp(self) -> int:
@@ -95,11 +98,11 @@ class SGLangDefault:
     name: str = "sglang"
 
     def schedule(self, view: View) -> Batch:
+        dec = tuple(r for r, _, slot in view.decodes if slot == view.slot)  # this slot's running requests
         if self.mixed:
-            dec = tuple(r for r, _ in view.decodes)
             return Batch(tuple(_fill_tokens(view, self.chunk - len(dec))), dec)
         pre = _fill_tokens(view, self.chunk)
-        return Batch(tuple(pre)) if pre else Batch((), tuple(r for r, _ in view.decodes))
+        return Batch(tuple(pre)) if pre else Batch((), dec)
 
 
 @dataclass
@@ -124,7 +127,7 @@ class GLLMThrottle:
     def decode_split(self, view: View) -> tuple:
         """Eq. 4: #D = #RD / depth (all of them when fewer are ready)."""
         d = max(1, -(-view.decoding // view.depth))  # ceil: a remainder never waits a whole round
-        return tuple(r for r, _ in view.decodes[:d])
+        return tuple(r for r, *_ in view.decodes[:d])
 
     def schedule(self, view: View) -> Batch:
         return Batch(tuple(_fill_tokens(view, self.prefill_tokens(view))), self.decode_split(view))
@@ -201,7 +204,7 @@ class TDPipe:
                 return Batch()
             self.phase, self.peak = "decode", view.decoding
         d = max(1, -(-view.decoding // view.depth))
-        return Batch((), tuple(r for r, _ in view.decodes[:d]))
+        return Batch((), tuple(r for r, *_ in view.decodes[:d]))
 
 
 POLICIES = {"sglang": SGLangDefault, "sarathi": lambda **kw: SGLangDefault(mixed=True, name="sarathi", **kw),

@@ -51,7 +51,7 @@ def predict_ttft(cfg, run, L: int, stages: list) -> float:
     if run.kind == "pp1":  # the whole model on one core: the stages' work, back to back
         stages, P = [CostModel(**{k: sum(getattr(m, k) for m in stages) for k in COEFS})], 1
     cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
-    chunks = chunks_for(POLICY_OF[run.kind], L, cost, P, run.chunk, sigma=run.sigma or 0.75, ctx=cfg.ctx or 8192)
+    chunks = chunks_for(POLICY_OF[run.kind], L, cost, P, run.chunk, sigma=run.sigma or 0.75, ctx=cfg.ctx)
     return simulate(chunks, stages, P).ttft_ms
 
 

@@ -6,7 +6,9 @@ Why: simulator.py replays one prompt's chunks; the seed papers (gLLM, TD-Pipe, S
 requests at once, where the pipeline runs at the pace of its heaviest in-flight micro-batch. This
 answers "which policy, what throughput, TTFT and TPOT" before any GPU is booked.
 
-Model. A micro-batch is formed when stage 0 is free and fewer than `depth` are in flight. It runs on
+Model. `depth` micro-batch slots (SGLang's mb_id) are visited in turn; a slot whose micro-batch is
+still in flight is skipped, and the first free slot the policy gives work launches when stage 0 is
+free. A micro-batch runs on
 stage s after stage s finished the previous micro-batch and stage s-1 sent this one (+ p2p_ms), for
     base + sum over chunks (t_s(L, x) - t_s(0, 0)) + b_s * decodes + e_s * decode context
     (+ batch_overhead_ms, + sample_ms per sampled sequence on the last stage)
@@ -89,6 +91,7 @@ class _State:
     sched: int = 0  # prefill tokens scheduled
     generated: int = 0
     admitted: bool = False
+    slot: int = 0  # the micro-batch slot that ran its last prefill chunk (its decodes' home in SGLang)
     first_ms: float = math.nan
     finish_ms: float = math.nan
     token_ms: list = field(default_factory=list)
@@ -97,6 +100,7 @@ class _State:
 @dataclass(frozen=True)
 class MicroBatch:
     index: int
+    slot: int
     prefill: tuple  # (rid, L, x)
     decodes: tuple  # (rid, context)
     spans: tuple  # per stage (start, end) ms
@@ -221,15 +225,17 @@ class _Engine:
         self.waiting, self.ready = {}, {}  # rid -> None, arrival order
         self.waiting_tokens = self.reserved = self.done = self.running = self.decoding = 0
         self.kv_log, self.batches = [(0.0, 0)], []
+        self.depth = cfg.depth or self.P
+        self.slot_busy, self.turn = [False] * self.depth, 0  # SGLang's mb_id slots, visited in turn
 
-    def view(self) -> View:
+    def view(self, slot: int) -> View:
         st = self.st
         return View(waiting=_Lazy(self.waiting, lambda r: WaitingReq(r, st[r].sched, st[r].req.input_len - st[r].sched,
                                                                      st[r].req.output_len, st[r].admitted)),
-                    decodes=_Lazy(self.ready, lambda r: (r, st[r].req.input_len + st[r].generated)),
+                    decodes=_Lazy(self.ready, lambda r: (r, st[r].req.input_len + st[r].generated, st[r].slot)),
                     kv_free=self.cfg.kv_capacity - self.reserved, kv_capacity=self.cfg.kv_capacity,
                     running=self.running, decoding=self.decoding, depth=self.cfg.depth or self.P,
-                    predict_ms=self.predict, decode_ms=self.dec_pred, waiting_tokens=self.waiting_tokens)
+                    predict_ms=self.predict, decode_ms=self.dec_pred, waiting_tokens=self.waiting_tokens, slot=slot)
 
     def token(self, s: _State, t: float) -> None:
         """Request s emitted a token at t: finished, or decode-ready again."""
@@ -248,6 +254,7 @@ class _Engine:
             self.ready[s.req.rid] = None
 
     def complete(self, mb: MicroBatch, t: float) -> None:
+        self.slot_busy[mb.slot] = False
         for rid, L, x in mb.prefill:
             if L + x == self.st[rid].req.input_len:  # the chunk that ends the prefill: the first token
                 self.token(self.st[rid], t)
@@ -255,9 +262,22 @@ class _Engine:
             self.token(self.st[rid], t)
         self.kv_log.append((t, self.reserved))
 
+    def schedule(self, now: float):
+        """SGLang's PP loop visits the slots in turn; a slot whose micro-batch is in flight is skipped and
+        an empty one passes its turn. The first slot with work launches."""
+        for i in range(self.depth):
+            k = (self.turn + i) % self.depth
+            if self.slot_busy[k]:
+                continue
+            batch = self.policy.schedule(self.view(k))
+            if batch:
+                self.turn = k + 1
+                self.slot_busy[k] = True
+                return self.launch(batch, now, k)
+        return None
+
     def run(self) -> ServeResult:
-        reqs, heap, nxt, now, inflight = self.reqs, [], 0, 0.0, 0
-        depth = self.cfg.depth or self.P
+        reqs, heap, nxt, now = self.reqs, [], 0, 0.0
         while self.done < len(reqs):
             while nxt < len(reqs) and reqs[nxt].arrival_ms <= now:
                 self.waiting[reqs[nxt].rid] = None
@@ -265,20 +285,18 @@ class _Engine:
                 nxt += 1
             while heap and heap[0][0] <= now:
                 t, _, mb = heapq.heappop(heap)
-                inflight -= 1
                 self.complete(mb, t)
             if self.done == len(reqs):
                 break
-            if self.free[0] <= now and inflight < depth:
-                batch = self.policy.schedule(self.view())
-                if batch:
-                    mb = self.launch(batch, now)
+            idle = not all(self.slot_busy)
+            if self.free[0] <= now and idle:
+                mb = self.schedule(now)
+                if mb is not None:
                     heapq.heappush(heap, (mb.done_ms, mb.index, mb))
-                    inflight += 1
                     continue
             times = [reqs[nxt].arrival_ms] if nxt < len(reqs) else []
             times += [heap[0][0]] if heap else []
-            if self.free[0] > now and inflight < depth:
+            if self.free[0] > now and idle:
                 times.append(self.free[0])
             if not times:
                 raise RuntimeError(f"serving simulation stalled at {now:.1f} ms with {len(self.waiting)} waiting and "
@@ -290,7 +308,7 @@ class _Engine:
                            tuple(tuple(st[r.rid].token_ms) for r in reqs), tuple(self.batches), tuple(self.busy),
                            tuple(self.kv_log), self.P, self.policy.name)
 
-    def launch(self, batch, now: float) -> MicroBatch:
+    def launch(self, batch, now: float, slot: int) -> MicroBatch:
         """Admit and place the batch's work, then run it through the stages (FIFO at every stage)."""
         st, cfg, pre, dec = self.st, self.cfg, [], []
         for rid, x in batch.prefill:
@@ -307,6 +325,7 @@ class _Engine:
             self.waiting_tokens -= x
             if s.sched == s.req.input_len:
                 del self.waiting[rid]
+                s.slot = slot
         if self.reserved > cfg.kv_capacity:
             raise ValueError(f"batch policy over-admitted: {self.reserved} KV tokens reserved of {cfg.kv_capacity}")
         for rid in batch.decodes:
@@ -314,13 +333,14 @@ class _Engine:
                 raise ValueError(f"batch policy scheduled a decode of request {rid}, which is not decode-ready")
             del self.ready[rid]
             dec.append((rid, st[rid].req.input_len + st[rid].generated))
-        mb = _run_stages(len(self.batches), pre, dec, st, cfg, now, self.free, self.busy, self.fixed, self.pre, self.dec)
+        mb = _run_stages(len(self.batches), slot, pre, dec, st, cfg, now, self.free, self.busy, self.fixed, self.pre,
+                         self.dec)
         self.batches.append(mb)
         self.kv_log.append((now, self.reserved))
         return mb
 
 
-def _run_stages(index, pre, dec, st, cfg, now, free, busy, fixed, pre_costs, dec_costs) -> MicroBatch:
+def _run_stages(index, slot, pre, dec, st, cfg, now, free, busy, fixed, pre_costs, dec_costs) -> MicroBatch:
     P = len(pre_costs)
     L = np.array([p[1] for p in pre], float)
     x = np.array([p[2] for p in pre], float)
@@ -339,7 +359,7 @@ def _run_stages(index, pre, dec, st, cfg, now, free, busy, fixed, pre_costs, dec
         busy[s] += t
         spans.append((start, prev))
     done_ms = prev + (cfg.sample_ms * samples if cfg.cpu_sampling else 0.0)
-    return MicroBatch(index, tuple(pre), tuple(dec), tuple(spans), done_ms)
+    return MicroBatch(index, slot, tuple(pre), tuple(dec), tuple(spans), done_ms)
 
 
 __all__ = ["DecodeCost", "ServeConfig", "Request", "ServeResult", "MicroBatch", "simulate_serving"]

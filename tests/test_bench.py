@@ -309,3 +309,25 @@ def test_compare_uses_the_calibration_the_plan_server_reports(fake, tmp_path):
     assert experiment.experiment(cfg, launch=launch, log=lambda m: None) == 0
     md = (tmp_path / "res" / "compare.md").read_text()
     assert f"simulator cost model: `{reported}`" in md and "unusable" not in md
+
+
+def test_simulator_check_beyond_8k_when_the_model_context_suffices(tmp_path):
+    """The 32K compare on a 64K-context model (no --context-length needed, so cfg.ctx is None) must still
+    get the simulator's prediction for every row: the prediction takes no 8192-token context from nowhere."""
+    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.experiment import ExperimentConfig, Run
+    from sglang_cpp.experiment_report import predict_ttft
+    from sglang_cpp.planner import fixed_split
+    from sglang_cpp.simulator import simulate
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 65536}))
+    cfg = ExperimentConfig(model=str(model), input_lens=(32768,), results=str(tmp_path / "c.md"))
+    assert cfg.ctx is None
+    m = CostModel.fa(a=1e-5, b=0.05, c0=2.0)
+    for kind in ("fixed", "plan", "pp1"):
+        ms = predict_ttft(cfg, Run(kind, 1024, (32768,)), 32768, [m, m])
+        assert ms > 0
+    assert predict_ttft(cfg, Run("fixed", 1024, (32768,)), 32768, [m, m]) == pytest.approx(
+        simulate(fixed_split(32768, 1024), [m, m], 2).ttft_ms)

@@ -36,7 +36,8 @@ def test_one_prompt_equals_the_prefill_simulator_and_the_closed_form():
 @pytest.mark.parametrize("policy,tpot", [("sglang", 4 * (1 + 0.25 * 16)), ("gllm", 4 * 1 + 0.25 * 16)])
 def test_decode_closed_forms(policy, tpot):
     """16 decoding requests on 4 stages, a decode micro-batch costing 1 + 0.25 B ms per stage. SGLang's
-    default puts all 16 in one micro-batch, which goes round the pipeline alone: TPOT = P (c0 + b N).
+    default prefills all 16 in one slot, so they decode together in that slot's micro-batch, which goes
+    round the pipeline alone: TPOT = P (c0 + b N).
     gLLM splits them over the 4 micro-batches in flight: TPOT = P c0 + b N (gLLM's decode bubble fix)."""
     reqs = [Request(i, 0.0, 1, 400) for i in range(16)]
     r = _run(reqs, make_policy(policy), P=4, cost=CostModel(c0=0.0, b=1e-6), dec=DecodeCost(c0=1.0, b=0.25))
@@ -160,3 +161,17 @@ def test_cli_side_by_side(tmp_path, capsys):
     assert f"{again['gllm']['total_tok_s']:.1f}" in table.split("| gllm |")[1].split("\n")[0]
     assert main(args + ["--input-lens", "0.5:x-1k"]) == 2
     assert "--input-lens '0.5:x-1k'" in capsys.readouterr().err
+
+
+def test_sglang_decodes_stay_in_the_slot_that_prefilled_them():
+    """SGLang's PP loop: a request joins the running batch of the slot that ran its last prefill chunk and
+    decodes only in that slot's turns; gLLM draws each micro-batch's decodes from every slot."""
+    reqs = [Request(i, 40.0 * i, 300 + 50 * i, 24) for i in range(12)]
+    home_of = {}
+    for name in ("sglang", "gllm"):
+        r = _run(reqs, make_policy(name), P=4)
+        home = {rid: mb.slot for mb in r.batches for rid, L, x in mb.prefill if L + x == 300 + 50 * rid}
+        home_of[name] = [{home[rid] for rid, _ in mb.decodes} | {mb.slot} for mb in r.batches if mb.decodes]
+        assert len(home) == 12 and len(set(home.values())) > 1  # prefills landed in several slots
+    assert all(len(s) == 1 for s in home_of["sglang"])
+    assert any(len(s) > 1 for s in home_of["gllm"])
