@@ -13,7 +13,8 @@ from scipy.optimize import brentq  # imported with the module: never a first-pla
 
 from .costmodel import CostModel, PipelineCost
 from .plan import ChunkPlan
-from .planner_base import PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, plan_fixed, ttft
+from .planner_base import (PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, makespan, plan_fixed,
+                           ttft)
 
 
 def _stage_coefs(cost) -> list[tuple]:
@@ -185,7 +186,7 @@ def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
 def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0) -> ChunkPlan:
     R = _check(prompt_len, prefix_len, cfg)
     P, o = cfg.pp_size, cfg.overhead_ms
-    rows = _stage_coefs(cost)
+    rows, staged = _stage_coefs(cost), cost  # `staged` keeps the per-stage models for the final choice
     if len(rows) < len(getattr(cost, "rows", ())):  # the same times from the stages that can pace
         cost = PipelineCost(tuple(CostModel(*r) for r in rows)) if len(rows) > 1 else CostModel(*rows[0])
     if R <= cfg.lo:  # no room for a second chunk: a non-final chunk needs >= lo tokens
@@ -241,11 +242,16 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
             jr, chr_, used = _refine(list(ch), j, prefix_len, R, cost, cfg, budget)
             cands.append((jr, chr_))
             budget -= used
-    best = min(cands, key=lambda jc: jc[0])
-    return make_plan(best[1], prompt_len, prefix_len, cost, cfg, "plan:equal-time")
+    # the final choice on the exact makespan when the stages differ: the objective above charges every
+    # stage the slowest one's time, which can rank a plan ahead of a fixed chunk it loses to
+    top = sorted({tuple(ch): j for j, ch in cands}.items(), key=lambda kv: kv[1])[:FINAL_CANDIDATES]
+    fixed = [tuple(fx) for j, fx in cands if len(set(fx[:-1])) <= 1]
+    best = min(dict(top + [(f, 0.0) for f in fixed]), key=lambda ch: makespan(ch, prefix_len, staged, P, o))
+    return make_plan(list(best), prompt_len, prefix_len, cost, cfg, "plan:equal-time")
 
 
 REFINE_MAX_CHUNKS = 64
+FINAL_CANDIDATES = 3  # best plans by the objective, re-ranked (with the fixed chunks) by the exact makespan
 MAX_K_TRIED = 16  # chunk counts a short plan's hill-climb may evaluate (each is a root search over T)
 REFINE_STARTS = 3
 REFINE_MAX_MOVES = 64  # boundary moves, all starting points together
