@@ -115,10 +115,15 @@ def makespan(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0
     stages = getattr(cost, "stages", None)
     if not stages or len(stages) != pp_size or all(m == stages[0] for m in stages[1:]):
         return ttft(chunks, prefix_len, cost, pp_size, overhead_ms)
-    starts = prefix_len + np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    C = np.zeros(len(chunks))
-    for m in stages:
-        t = _times(m, starts, chunks, overhead_ms)
+    x = np.asarray(chunks, float)
+    L = prefix_len + np.concatenate([[0.0], np.cumsum(x)[:-1]])
+    if all(type(m).__name__ == "CostModel" for m in stages):  # every stage's times in one product
+        A = np.array([[m.c0, m.g, m.b, m.d, m.e, m.f] for m in stages])
+        T = A @ np.stack([np.ones_like(L), L, x, L * L, L * x, x * x]) + overhead_ms
+    else:  # roofline stages (each a maximum of rows)
+        T = np.stack([_times(m, L, x, overhead_ms) for m in stages])
+    C = np.zeros(len(x))
+    for t in T:
         S = np.cumsum(t)
         C = S + np.maximum.accumulate(C - S + t)
     return float(C[-1])
