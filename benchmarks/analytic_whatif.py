@@ -83,9 +83,10 @@ def main() -> int:
                    f"{lim_p:.1f}% | {lim_d:.1f}% |")
     out += ["", "- plan vs DCK: the plan's predicted TTFT divided by upstream dynamic chunking's (< 1: faster).",
             "- planner's objective: sum(t) + (P-1) * max(t) with t the slowest stage's time per chunk, what the "
-            "planner minimises. Where it ranks the plan ahead but the simulator does not (e.g. 256K), the stages "
-            "differ (embedding on the first, the LM head on the last, 11 or 12 layers each) and that objective "
-            "treats them as equal: a gap of the planner's model, measured here, not fixed yet.",
+            "planner's search minimises. The stages differ (embedding on the first, the LM head on the last, 11 "
+            "or 12 layers each), so the planner makes its final choice among its best plans and the fixed chunks "
+            "on the exact flow-shop makespan (`planner_base.makespan`, the simulator's recurrence); before that "
+            "choice the plan lost to DCK at 256K (1.024).",
             "- % of physical limit: the causal prefill FLOPs over 32 GPUs at dense peak (anchors.md 2.2) divided "
             "by the predicted TTFT.",
             "- Roofline: every chunk here is >= 4.6K tokens (upstream's and the plan's C/4 floor), so the stages "
