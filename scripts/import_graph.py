@@ -17,7 +17,7 @@ PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp", "sglang_cpp.profiler": ROOT / "pr
 CORE = ("sglang_cpp.costmodel", "sglang_cpp.planner", "sglang_cpp.planner_base", "sglang_cpp.equal_time",
         "sglang_cpp.plan", "sglang_cpp.partition", "sglang_cpp.simulator", "sglang_cpp.analytic",
         "sglang_cpp.analytic_fit", "sglang_cpp.upstream", "sglang_cpp.roofline", "sglang_cpp.batch_policy",
-        "sglang_cpp.serving_sim", "sglang_cpp.workload")
+        "sglang_cpp.serving_sim", "sglang_cpp.serving_result", "sglang_cpp.workload")
 FORBIDDEN_FOR_CORE = ("sglang_cpp.plugin", "sglang_cpp.cli", "sglang_cpp.bench", "sglang_cpp.experiment",
                       "sglang_cpp.experiment_report", "sglang_cpp.simulate_cli", "sglang_cpp.serving_cli",
                       "sglang_cpp.profiler",
