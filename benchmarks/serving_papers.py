@@ -26,10 +26,10 @@ from pathlib import Path
 
 from sglang_cpp.analytic import DEVICES, MODELS
 from sglang_cpp.analytic_fit import stage_models
-from sglang_cpp.batch_policy import make_policy
 from sglang_cpp.machine import provenance_lines
 from sglang_cpp.roofline import kv_bytes_per_token
-from sglang_cpp.serving_sim import DecodeCost, ServeConfig, simulate_serving
+from sglang_cpp.serving_cli import run_policies
+from sglang_cpp.serving_sim import DecodeCost
 from sglang_cpp.workload import LengthMix, poisson
 
 SHAREGPT_IN = "0.6:16-256,0.3:256-768,0.1:768-1023"  # inputs < 1024 (vLLM's ShareGPT filter), mean ~300
@@ -45,18 +45,16 @@ def kv_capacity(model, device_mem_gb: float, tp: int, pp: int) -> int:
     return int((device_mem_gb * 1e9 * 0.9 - weights) / per_token)
 
 
-def run(reqs, model, device, tp, pp, policies, kv, sample_frac=0.0, cpu=()):
+def run(reqs, model, device, tp, pp, policies, kv, sample_frac=0.0):
+    """{policy: (ServeResult, simulation wall s)} through `simulate-serve`'s own policy runner."""
     pre = stage_models(MODELS[model], DEVICES[device], tp, pp)
-    dec = [DecodeCost.from_prefill(m) for m in pre]
     sample_ms = 0.0
     if sample_frac:  # sampling = sample_frac of the last stage's decode time at batch 512, per sequence
-        sample_ms = sample_frac * float(dec[-1].time(512, 512 * 600)) / 512
+        sample_ms = sample_frac * float(DecodeCost.from_prefill(pre[-1]).time(512, 512 * 600)) / 512
     out = {}
     for name in policies:
-        base = name.removesuffix("+cpu-sampling")
-        cfg = ServeConfig(kv_capacity=kv, sample_ms=sample_ms, cpu_sampling=name.endswith("+cpu-sampling"))
         t0 = time.perf_counter()
-        r = simulate_serving(reqs, pre, dec, make_policy(base), cfg)
+        (r,) = run_policies(reqs, pre, [name], kv_capacity=kv, sample_ms=sample_ms).values()
         out[name] = (r, time.perf_counter() - t0)
     return out
 
@@ -111,8 +109,8 @@ def main() -> int:
     l70 = MODELS["llama3-70b"]
     kv_h100 = kv_capacity(l70, 80, 4, 2)
     reqs = poisson(n(1024), float("inf"), LengthMix.parse(SHAREGPT_IN), LengthMix.parse(SHAREGPT_OUT), seed=2)
-    res = run(reqs, "llama3-70b", "H100", 4, 2, ("sglang", "sglang+cpu-sampling"), kv_h100, sample_frac=0.3)
-    g = res["sglang+cpu-sampling"][0].throughput()["total_tok_s"] / res["sglang"][0].throughput()["total_tok_s"]
+    res = run(reqs, "llama3-70b", "H100", 4, 2, ("sglang", "sipipe"), kv_h100, sample_frac=0.3)
+    g = res["sipipe"][0].throughput()["total_tok_s"] / res["sglang"][0].throughput()["total_tok_s"]
     summary.append(f"| SiPipe CPU sampling alone, offline | +16% to +38% | {g - 1:+.1%} | {'yes' if g > 1 else 'no'} |")
     out += [f"## SiPipe setting: Llama-3.1-70B, PP2 TP4 on 8 H100 (KV {kv_h100} tokens), offline, {len(reqs)} "
             "requests, sampling 30% of the last stage's decode time at batch 512", "", *table(res, "sglang"), ""]

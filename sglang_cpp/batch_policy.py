@@ -69,24 +69,35 @@ class Batch:
         return bool(self.prefill or self.decodes)
 
 
-def _fill_tokens(view: View, budget: int, page: int = 1) -> list[tuple[int, int]]:
-    """First come, first served: whole requests while they fit, the last one chunked (page aligned)."""
+def _fill(view: View, budget: float, take) -> list[tuple[int, int]]:
+    """First come, first served: whole requests while the budget lasts, the last one cut by
+    take(request, budget) -> (tokens, budget spent); a new request reserves all its KV, and one that
+    does not fit stops the fill (no one overtakes it)."""
     out, kv = [], view.kv_free
     for w in view.waiting:
         if budget <= 0:
             break
-        need = 0 if w.admitted else w.remaining + w.output_len  # a new request reserves all its KV
+        need = 0 if w.admitted else w.remaining + w.output_len
         if need > kv:
-            break  # FCFS: no one overtakes a request that does not fit yet
-        x = min(w.remaining, budget)
-        if x < w.remaining and page > 1:
-            x = x // page * page
+            break
+        x, spent = take(w, budget)
         if x <= 0:
             break
         out.append((w.rid, x))
         kv -= need
-        budget -= x
+        budget -= spent
     return out
+
+
+def _fill_tokens(view: View, budget: int) -> list[tuple[int, int]]:
+    """A budget in tokens: each request takes what is left of it."""
+    return _fill(view, budget, lambda w, b: (min(w.remaining, b),) * 2)
+
+
+def _even_decodes(view: View) -> tuple:
+    """The decodes split evenly over the micro-batches in flight: ceil(#RD / depth) of the ready ones
+    (all of them when fewer are ready; the ceiling keeps a remainder from waiting a whole round)."""
+    return tuple(r for r, *_ in view.decodes[:max(1, -(-view.decoding // view.depth))])
 
 
 @dataclass
@@ -126,8 +137,7 @@ class GLLMThrottle:
 
     def decode_split(self, view: View) -> tuple:
         """Eq. 4: #D = #RD / depth (all of them when fewer are ready)."""
-        d = max(1, -(-view.decoding // view.depth))  # ceil: a remainder never waits a whole round
-        return tuple(r for r, *_ in view.decodes[:d])
+        return _even_decodes(view)
 
     def schedule(self, view: View) -> Batch:
         return Batch(tuple(_fill_tokens(view, self.prefill_tokens(view))), self.decode_split(view))
@@ -146,28 +156,19 @@ class TimeThrottle(GLLMThrottle):
         tokens = self.prefill_tokens(view)
         if tokens <= 0 or view.predict_ms is None:
             return Batch(tuple(_fill_tokens(view, tokens)), dec)
-        zero = float(view.predict_ms(np.array([0.0]), np.array([0.0]))[0])
-        budget = float(view.predict_ms(np.array([0.0]), np.array([float(tokens)]))[0]) - zero  # ms for prefill
-        out, kv = [], view.kv_free
-        for w in view.waiting:
-            if budget <= 0:
-                break
-            need = 0 if w.admitted else w.remaining + w.output_len
-            if need > kv:
-                break
-            x = _tokens_within(view.predict_ms, w.prefix, w.remaining, budget + zero)
-            if x <= 0:
-                break
-            out.append((w.rid, x))
-            kv -= need
-            budget -= float(view.predict_ms(np.array([float(w.prefix)]), np.array([float(x)]))[0]) - zero
-        return Batch(tuple(out), dec)
+        pred = lambda L, x: float(view.predict_ms(np.array([float(L)]), np.array([float(x)]))[0])  # noqa: E731
+        zero = pred(0, 0)
+
+        def take(w: WaitingReq, ms: float) -> tuple[int, float]:  # the chunk that fits the ms left
+            x = _tokens_within(pred, w.prefix, w.remaining, ms + zero)
+            return x, pred(w.prefix, x) - zero
+        return Batch(tuple(_fill(view, pred(0, tokens) - zero, take)), dec)
 
 
-def _tokens_within(predict_ms, L: int, most: int, T: float) -> int:
-    """Largest x <= most with predict_ms(L, x) <= T (bisection on a monotone cost; at least 1 token
-    so a long prefix never starves)."""
-    f = lambda x: float(predict_ms(np.array([float(L)]), np.array([float(x)]))[0])  # noqa: E731
+def _tokens_within(pred, L: int, most: int, T: float) -> int:
+    """Largest x <= most with pred(L, x) <= T (bisection on a monotone cost; at least 1 token so a long
+    prefix never starves)."""
+    f = lambda x: pred(L, x)  # noqa: E731
     if f(most) <= T:
         return most
     lo, hi = 1, most
@@ -203,8 +204,7 @@ class TDPipe:
             if not view.decoding:  # nothing to decode either: wait for KV or arrivals
                 return Batch()
             self.phase, self.peak = "decode", view.decoding
-        d = max(1, -(-view.decoding // view.depth))
-        return Batch((), tuple(r for r, *_ in view.decodes[:d]))
+        return Batch((), _even_decodes(view))
 
 
 POLICIES = {"sglang": SGLangDefault, "sarathi": lambda **kw: SGLangDefault(mixed=True, name="sarathi", **kw),

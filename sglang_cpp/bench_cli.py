@@ -43,7 +43,7 @@ def simulate_ttft(args) -> list[dict]:
                           device=args.device, tp=args.tp, dtype=None, efficiency=args.efficiency,
                           layers_per_stage=None, pp_size=P)
     stages, hidden = cli_costs(src)
-    args.cpu_overhead_ms = chunk_overhead_ms(SimpleNamespace(**{**vars(src), "cpu_overhead_ms": args.cpu_overhead_ms}))
+    args.cpu_overhead_ms = chunk_overhead_ms(src, args.cpu_overhead_ms)
     cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
                     hidden_size=hidden, cpu_overhead_ms=args.cpu_overhead_ms)

@@ -96,6 +96,11 @@ class CostModel:
         return f"t(L,x) = {terms} ms"
 
 
+def _features(L: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The monomials of t(L, x) in COEFS order: 1, L, x, L^2, L*x, x^2."""
+    return np.stack([np.ones_like(L), L, x, L * L, L * x, x * x])
+
+
 @dataclass(frozen=True)
 class PipelineCost:
     """The slowest of several models for every (L, x): a pipeline runs at the pace of its slowest stage,
@@ -121,8 +126,14 @@ class PipelineCost:
             out = self.stages[0].time(L, x)
             return out if len(self.stages) == 1 else np.maximum(out, self.stages[1].time(L, x))
         L, x = np.broadcast_arrays(L, x)
-        feats = np.stack([np.ones_like(L), L, x, L * L, L * x, x * x])  # COEFS order
-        return np.tensordot(self._coefs, feats, axes=1).max(axis=0)
+        return np.tensordot(self._coefs, _features(L, x), axes=1).max(axis=0)
+
+    def stage_times(self, L, x) -> np.ndarray:
+        """Every stage's time, stacked on a leading axis (a nested stage at its own maximum)."""
+        L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
+        if len(self._coefs) == len(self.stages):  # flat: one matrix product
+            return np.tensordot(self._coefs, _features(L, x), axes=1)
+        return np.stack([np.broadcast_to(np.asarray(m.time(L, x), float), L.shape) for m in self.stages])
 
     def max_chunk_for(self, L: float, T: float) -> float:
         return min(m.max_chunk_for(L, T) for m in self.stages)

@@ -117,13 +117,8 @@ def makespan(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0
         return ttft(chunks, prefix_len, cost, pp_size, overhead_ms)
     x = np.asarray(chunks, float)
     L = prefix_len + np.concatenate([[0.0], np.cumsum(x)[:-1]])
-    if all(type(m).__name__ == "CostModel" for m in stages):  # every stage's times in one product
-        A = np.array([[m.c0, m.g, m.b, m.d, m.e, m.f] for m in stages])
-        T = A @ np.stack([np.ones_like(L), L, x, L * L, L * x, x * x]) + overhead_ms
-    else:  # roofline stages (each a maximum of rows)
-        T = np.stack([_times(m, L, x, overhead_ms) for m in stages])
     C = np.zeros(len(x))
-    for t in T:
+    for t in cost.stage_times(L, x) + overhead_ms:
         S = np.cumsum(t)
         C = S + np.maximum.accumulate(C - S + t)
     return float(C[-1])

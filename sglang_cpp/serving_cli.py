@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 from .args import alias, parse_len
 
@@ -48,30 +47,20 @@ def add_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--tp-size", "--tp")
 
 
-def stage_costs(args) -> list:
-    from .simulate_cli import cli_costs
-
-    src = SimpleNamespace(profile=args.profile, coeffs=args.coeffs, analytic=args.analytic, device=args.device,
-                          tp=args.tp, dtype=None, efficiency=args.efficiency, layers_per_stage=None,
-                          pp_size=args.pp_size)
-    return cli_costs(src)[0]
-
-
-def run_policies(requests, prefill, args) -> dict:
-    """{policy name: ServeResult} for every --policies entry, each on a fresh policy object."""
+def run_policies(requests, prefill, names, *, chunk: int = 2048, **serve) -> dict:
+    """{policy name: ServeResult} for each name, each on a fresh policy object: `chunk` is the prefill
+    budget (sglang, sarathi, tdpipe) or #MaxP (gllm, time); sipipe is sglang with CPU sampling; `serve`
+    are the ServeConfig settings."""
     from .batch_policy import make_policy
     from .serving_sim import DecodeCost, ServeConfig, simulate_serving
 
     decode = [DecodeCost.from_prefill(m) for m in prefill]
     out = {}
-    for name in [n.strip() for n in args.policies.split(",") if n.strip()]:
+    for name in names:
         base = "sglang" if name == "sipipe" else name
-        kw = {"max_p": args.chunk} if base in ("gllm", "time") else {"chunk": args.chunk}
-        pol = make_policy(base, **kw)
+        pol = make_policy(base, **({"max_p": chunk} if base in ("gllm", "time") else {"chunk": chunk}))
         pol.name = name
-        cfg = ServeConfig(kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
-                          p2p_ms=args.p2p_ms, sample_ms=args.sample_ms, cpu_sampling=name == "sipipe")
-        out[name] = simulate_serving(requests, prefill, decode, pol, cfg)
+        out[name] = simulate_serving(requests, prefill, decode, pol, ServeConfig(**serve, cpu_sampling=name == "sipipe"))
     return out
 
 
@@ -102,7 +91,11 @@ def run(args) -> int:
                            LengthMix.parse(args.output_lens, "--output-lens"), args.seed)
     if args.save_workload:
         save_trace(requests, args.save_workload)
-    results = run_policies(requests, stage_costs(args), args)
+    from .simulate_cli import cli_costs
+
+    results = run_policies(requests, cli_costs(args)[0], [n.strip() for n in args.policies.split(",") if n.strip()],
+                           chunk=args.chunk, kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
+                           p2p_ms=args.p2p_ms, sample_ms=args.sample_ms)
     if args.trace_dir:
         for name, r in results.items():
             save_json(Path(args.trace_dir) / f"serving-{name}.json", r.to_chrome_trace())

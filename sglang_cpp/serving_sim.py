@@ -170,7 +170,7 @@ class _Engine:
                                                                      st[r].req.output_len, st[r].admitted)),
                     decodes=_Lazy(self.ready, lambda r: (r, st[r].req.input_len + st[r].generated, st[r].slot)),
                     kv_free=self.cfg.kv_capacity - self.reserved, kv_capacity=self.cfg.kv_capacity,
-                    running=self.running, decoding=self.decoding, depth=self.cfg.depth or self.P,
+                    running=self.running, decoding=self.decoding, depth=self.depth,
                     predict_ms=self.predict, decode_ms=self.dec_pred, waiting_tokens=self.waiting_tokens, slot=slot)
 
     def token(self, s: _State, t: float) -> None:

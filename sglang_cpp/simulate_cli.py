@@ -50,13 +50,13 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def chunk_overhead_ms(args) -> float:
-    """--chunk-overhead-ms, or its default: the device preset's fixed per-chunk cost for an analytic
-    model (a profile measured it already, so 0 there)."""
-    if args.cpu_overhead_ms is not None:
-        if not (args.cpu_overhead_ms >= 0 and math.isfinite(args.cpu_overhead_ms)):
-            raise ValueError(f"--chunk-overhead-ms={args.cpu_overhead_ms} must be a finite number >= 0")
-        return args.cpu_overhead_ms
+def chunk_overhead_ms(args, given: float | None) -> float:
+    """--chunk-overhead-ms (`given`), or its default: the device preset's fixed per-chunk cost for an
+    analytic model (a profile measured it already, so 0 there). `args` names the cost source."""
+    if given is not None:
+        if not (given >= 0 and math.isfinite(given)):
+            raise ValueError(f"--chunk-overhead-ms={given} must be a finite number >= 0")
+        return given
     if getattr(args, "analytic", None) and not getattr(args, "profile", None) and not getattr(args, "coeffs", None):
         from .analytic import DEVICES
 
@@ -66,7 +66,9 @@ def chunk_overhead_ms(args) -> float:
 
 
 def cli_costs(args) -> tuple[list, int]:
-    """(per-stage cost models, hidden size) for the chosen cost source."""
+    """(per-stage cost models, hidden size) for the chosen cost source: args.profile, args.coeffs or
+    args.analytic (with device, tp, pp_size and, where the command has them, efficiency, dtype and
+    layers_per_stage)."""
     from .costmodel import load_cost, parse_coeffs
 
     P = args.pp_size
@@ -82,17 +84,17 @@ def cli_costs(args) -> tuple[list, int]:
     if args.device not in DEVICES:
         raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
     model, dev = MODELS[args.analytic], DEVICES[args.device]
-    if args.efficiency is not None:
+    if getattr(args, "efficiency", None) is not None:
         from dataclasses import replace
         dev = replace(dev, efficiency=args.efficiency)
-    lps = args.layers_per_stage
+    lps = getattr(args, "layers_per_stage", None)
     try:
         parts = None if lps is None else ([int(v) for v in str(lps).split(",")] if "," in str(lps) else [int(lps)] * P)
     except ValueError:
         parts = [0]
     if parts is not None and (len(parts) != P or any(n < 1 for n in parts)):
         raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
-    models = stage_models(model, dev, args.tp, P, parts, dtype=args.dtype)
+    models = stage_models(model, dev, args.tp, P, parts, dtype=getattr(args, "dtype", None))
     return models, model.hidden_size
 
 
@@ -100,7 +102,7 @@ def run_simulate(args) -> int:
     """`sglang-cpp simulate`: plan (fixed, quadratic or planner) + simulate + report. Bad input raises
     ValueError (sglang_cpp.cli.main prints it and exits 2)."""
     costs, hidden = cli_costs(args)
-    args.cpu_overhead_ms = chunk_overhead_ms(args)
+    args.cpu_overhead_ms = chunk_overhead_ms(args, args.cpu_overhead_ms)
     P = len(costs)
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
                     hidden_size=args.hidden_size if args.hidden_size is not None else hidden,
