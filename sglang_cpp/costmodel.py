@@ -96,9 +96,17 @@ class CostModel:
         return f"t(L,x) = {terms} ms"
 
 
-def _features(L: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The monomials of t(L, x) in COEFS order: 1, L, x, L^2, L*x, x^2."""
-    return np.stack([np.ones_like(L), L, x, L * L, L * x, x * x])
+def _rows_at(coefs: np.ndarray, L, x) -> np.ndarray:
+    """Every row of `coefs` (rows, 6) at (L, x), stacked on a leading axis: one matrix product over the
+    monomials 1, L, x, L^2, L*x, x^2 (COEFS order). The planner calls this thousands of times per plan."""
+    L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
+    Lf, xf = L.ravel(), x.ravel()
+    F = np.empty((6, Lf.size))
+    F[0], F[1], F[2] = 1.0, Lf, xf
+    np.multiply(Lf, Lf, out=F[3])
+    np.multiply(Lf, xf, out=F[4])
+    np.multiply(xf, xf, out=F[5])
+    return (coefs @ F).reshape((len(coefs),) + L.shape)
 
 
 @dataclass(frozen=True)
@@ -125,14 +133,13 @@ class PipelineCost:
         if len(self.stages) <= 2 and all(isinstance(m, CostModel) for m in self.stages):
             out = self.stages[0].time(L, x)
             return out if len(self.stages) == 1 else np.maximum(out, self.stages[1].time(L, x))
-        L, x = np.broadcast_arrays(L, x)
-        return np.tensordot(self._coefs, _features(L, x), axes=1).max(axis=0)
+        return _rows_at(self._coefs, L, x).max(axis=0)
 
     def stage_times(self, L, x) -> np.ndarray:
         """Every stage's time, stacked on a leading axis (a nested stage at its own maximum)."""
         L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
         if len(self._coefs) == len(self.stages):  # flat: one matrix product
-            return np.tensordot(self._coefs, _features(L, x), axes=1)
+            return _rows_at(self._coefs, L, x)
         return np.stack([np.broadcast_to(np.asarray(m.time(L, x), float), L.shape) for m in self.stages])
 
     def max_chunk_for(self, L: float, T: float) -> float:

@@ -13,21 +13,23 @@ from scipy.optimize import brentq  # imported with the module: never a first-pla
 
 from .costmodel import CostModel, PipelineCost
 from .plan import ChunkPlan
-from .planner_base import (PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, makespan, plan_fixed,
+from .planner_base import (PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, makespan,
                            ttft)
 
 
-def _stage_coefs(cost) -> list[tuple]:
-    """The stage models that can pace the pipeline: a stage whose every coefficient is <= another's is
-    never the slowest (all terms are >= 0), so it is dropped (a PP64 pipeline rarely keeps many)."""
+def _pacing_rows(cost, L0: int, R: int, hi: int) -> list[tuple]:
+    """The polynomial rows that can pace this prompt: the slowest row at some point of a grid over the
+    prefixes [L0, L0 + R] and chunk sizes [1, hi]. A pipeline runs at its slowest stage's pace, and of
+    64 stages that all differ a handful are ever the slowest on one prompt's range; searching on those
+    instead of all of them is what keeps a PP64 plan in milliseconds. Between grid points another row
+    may be slower by a hair, so the final choice and the plan's predicted times use every stage."""
     stages = getattr(cost, "rows", None) or (cost,)  # roofline stages: their compute and memory rows
     rows = list(dict.fromkeys((m.c0, m.g, m.b, m.d, m.e, m.f) for m in stages))
     if len(rows) == 1:
         return rows
-    A = np.array(rows)
-    ge = (A[None, :, :] >= A[:, None, :]).all(axis=2)  # ge[i, j]: stage j >= stage i everywhere
-    np.fill_diagonal(ge, False)  # rows are distinct, so j >= i (j != i) means i never paces alone
-    return [r for r, dominated in zip(rows, ge.any(axis=1)) if not dominated]
+    L, x = (a.ravel() for a in np.meshgrid(np.linspace(L0, L0 + R, 33), np.geomspace(1.0, max(hi, 1), 33)))
+    t = np.array(rows) @ np.stack([np.ones_like(L), L, x, L * L, L * x, x * x])
+    return [rows[i] for i in sorted(set(t.argmax(axis=0).tolist()))]
 
 
 def _as_coefs(rows: list[tuple]):
@@ -101,7 +103,7 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
     T = np.geomspace(T[max(i - 1, 0), 0], T[min(i + 1, len(T) - 1), 0], 32)[:, None]
     J, n, x, arg = on(T)
     i = int(np.argmin(J))
-    return float(n[i]), float(T[i, 0]), L, x[i], sorted(set(np.unique(arg).tolist()))
+    return float(n[i]), float(T[i, 0]), L, x[i], sorted(set(np.unique(arg).tolist())), (t_min, t_max)
 
 
 def _equal_count_chunks(Lg: np.ndarray, xg: np.ndarray, L0: int, R: int, K: int, cfg: PlanConfig) -> list[int] | None:
@@ -114,51 +116,85 @@ def _equal_count_chunks(Lg: np.ndarray, xg: np.ndarray, L0: int, R: int, K: int,
     inv = 1.0 / xg
     c = np.concatenate([[0.0], np.cumsum((inv[1:] + inv[:-1]) * 0.5 * np.diff(Lg))])
     pos = np.interp(np.arange(1, K) * (c[-1] / K), c, Lg) - L0
+    # fast path (one numpy pass): the rounded boundaries, clipped to where the rest still fits in the
+    # chunks left (a tight count forces them), already keep every chunk in [lo, hi]
+    left = np.arange(K - 1, 0, -1)
+    g_lo, g_hi = -(-(R - left * hi) // al) * al, (R - (left - 1) * lo - 1) // al * al
+    bs = np.clip(np.rint(pos / al).astype(np.int64) * al, g_lo, g_hi)
+    ch = np.diff(np.concatenate([[0], bs, [R]]))
+    if ((ch[:-1] >= lo) & (ch[:-1] <= hi)).all() and 1 <= ch[-1] <= hi:
+        return ch.tolist()
     chunks, L = [], 0
-    for k, p in enumerate(np.rint(pos / al).astype(np.int64).tolist()):
-        b = _boundary(p * al, L, K - 1 - k, R, cfg)
-        if b is None:
+    for p, gl, gh in zip(bs.tolist(), g_lo.tolist(), g_hi.tolist()):  # `_boundary`, inlined: thousands of chunks
+        low, high = max(L + lo, gl), min(L + hi, gh)
+        if low > high:
             return None
+        b = min(max(p, low), high)
         chunks.append(b - L)
         L = b
     return chunks + [R - L] if 1 <= R - L <= hi else None
 
 
-def _boundary(b: int, L: int, left: int, R: int, cfg: PlanConfig) -> int | None:
+def _boundary(b: int, L: int, left: int, R: int, lo: int, hi: int, al: int) -> int | None:
     """The aligned boundary nearest `b` after a chunk starting at L, clamped to where this chunk stays in
     [lo, hi] and the rest R - b fits in `left` more chunks (non-final ones in [lo, hi], the last in
     [1, hi]). Those bounds always hold an aligned point when the chunk count is feasible, so a long plan
     never falls back to the per-K root search (None only when no boundary can work)."""
-    lo, hi, al = cfg.lo, cfg.hi, cfg.align
     low = max(L + lo, -(-(R - left * hi) // al) * al)
     high = min(L + hi, (R - (left - 1) * lo - 1) // al * al)
     return None if low > high else min(max(b, low), high)
 
 
-def _target_for(coefs, L0: int, R: int, K: int, lo: int, hi: int, T0: float) -> float | None:
-    """T with exactly K equal-time chunks: secant on log n(T) = log K from the estimate T0."""
-    u0, u1 = math.log(T0), math.log(T0) + 0.05
-    f0 = math.log(_n_cont(coefs, L0, R, T0, lo, hi, 4 * K)) - math.log(K)
-    for _ in range(10):
-        f1 = math.log(_n_cont(coefs, L0, R, math.exp(u1), lo, hi, 4 * K)) - math.log(K)
-        if abs(f1) < 2e-3:
-            return math.exp(u1)
-        if f1 == f0:
-            return None
-        u0, u1, f0 = u1, u1 - f1 * (u1 - u0) / (f1 - f0), f1
-    return None
+def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: float) -> dict[int, tuple]:
+    """The equal-time target T of every chunk count in Ks at once, with the local slope d log n / d log T:
+    the continuous count n(T) walked for 96 targets together (one numpy pass per chunk), then log n(T)
+    interpolated at each K. A short plan tries up to MAX_K_TRIED counts; a root search per count walked
+    the chunks ~10 times each, this and one secant step (`_equal_time_chunks`) walk them twice."""
+    T = np.geomspace(max(t_lo, 1e-12), max(t_hi, t_lo * 1.0001, 1e-12), 96)
+    c0, g, b, d, e, f = (col[:, None] for col in np.array(coefs, float).reshape(-1, 6).T)
+    L, end, n, live = np.full(T.shape, float(L0)), float(L0 + R), np.full(T.shape, np.inf), np.ones(T.shape, bool)
+    cap = max(Ks) + 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for k in range(cap + 1):
+            qc, qb = c0 + g * L + d * L * L - T, b + e * L
+            r = np.where(qc >= 0, 0.0, (-2.0 * qc) / (qb + np.sqrt(np.maximum(qb * qb - 4.0 * f * qc, 0.0))))
+            x = np.clip(r.min(axis=0), lo, hi)
+            done = live & (L + x >= end)
+            n[done] = k + (end - L[done]) / x[done]
+            live &= ~done
+            if not live.any():
+                break
+            L = L + x
+    ok = np.isfinite(n)
+    if ok.sum() < 2:
+        return {}
+    ln, lt = np.log(n[ok])[::-1], np.log(T[ok])[::-1]  # n falls as T grows: reversed, log n increases
+    out = {}
+    for K in Ks:
+        if ln[0] <= math.log(K) <= ln[-1]:
+            i = min(int(np.searchsorted(ln, math.log(K))), len(ln) - 1)
+            slope = (ln[i] - ln[i - 1]) / (lt[i] - lt[i - 1]) if i else 0.0  # d log n / d log T, <= 0
+            out[K] = (float(np.exp(np.interp(math.log(K), ln, lt))), float(slope))
+    return out
 
 
 def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
-                       T0: float | None = None, guess: float | None = None) -> list[int] | None:
-    """K chunks of (nearly) equal predicted time covering R tokens, boundaries aligned, no runt tail."""
+                       target: tuple | None = None, guess: float | None = None) -> list[int] | None:
+    """K chunks of (nearly) equal predicted time covering R tokens, boundaries aligned, no runt tail.
+    The target T comes from `_targets` (interpolated, then one secant step) or a root search near `guess`."""
     lo, hi, al = cfg.lo, cfg.hi, cfg.align
     if K * hi < R or (K - 1) * lo >= R:
         return None
     if K == 1:
         return [R]
-    # K * lo >= R: even all-minimum chunks give no more than K, so every chunk sits at the floor
-    T = 1e-12 if K * lo >= R else (_target_for(coefs, L0, R, K, lo, hi, T0) if T0 else None)
+    T = None
+    if K * lo >= R:  # even all-minimum chunks give no more than K, so every chunk sits at the floor
+        T = 1e-12
+    elif target is not None:
+        T, slope = target
+        miss = math.log(_n_cont(coefs, L0, R, T, lo, hi, 4 * K)) - math.log(K)
+        if slope < 0 and abs(miss) > 1e-4:
+            T *= math.exp(-miss / slope)
     if T is None:
         t_max = float(np.max(_times(cost, L0 + R, hi, 0.0))) + 1e-9
         fn = lambda T: _n_cont(coefs, L0, R, T, lo, hi, K + 1) - K  # noqa: E731  (decreasing in T)
@@ -175,7 +211,7 @@ def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
     chunks, L = [], 0
     for k in range(K - 1):  # continuous boundary for T, rounded to the aligned grid (relative to L0)
         x = min(max(_x_of(coefs, L0 + L, T), lo), hi)
-        b = _boundary(int(round((L + x) / al)) * al, L, K - 1 - k, R, cfg)
+        b = _boundary(int(round((L + x) / al)) * al, L, K - 1 - k, R, lo, hi, al)
         if b is None:
             return None
         chunks.append(b - L)
@@ -186,18 +222,19 @@ def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
 def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0) -> ChunkPlan:
     R = _check(prompt_len, prefix_len, cfg)
     P, o = cfg.pp_size, cfg.overhead_ms
-    rows, staged = _stage_coefs(cost), cost  # `staged` keeps the per-stage models for the final choice
-    if len(rows) < len(getattr(cost, "rows", ())):  # the same times from the stages that can pace
-        cost = PipelineCost(tuple(CostModel(*r) for r in rows)) if len(rows) > 1 else CostModel(*rows[0])
+    staged = cost  # every stage: the final choice and the predicted times
     if R <= cfg.lo:  # no room for a second chunk: a non-final chunk needs >= lo tokens
-        return make_plan([R], prompt_len, prefix_len, cost, cfg, "plan:equal-time")
+        return make_plan([R], prompt_len, prefix_len, staged, cfg, "plan:equal-time")
+    rows = _pacing_rows(cost, prefix_len, R, cfg.hi)
+    if len(rows) < len(getattr(cost, "rows", ())):  # search on the stages that can pace
+        cost = PipelineCost(tuple(CostModel(*r) for r in rows)) if len(rows) > 1 else CostModel(*rows[0])
     k_min = max(1, -(-R // cfg.hi))
     if k_min > MAX_PLAN_CHUNKS:
         raise ValueError(f"{R} tokens need at least {k_min} chunks of at most {cfg.hi} tokens (--max-chunk "
                          f"{cfg.max_chunk}, --align {cfg.align}); more than {MAX_PLAN_CHUNKS} chunks is no plan "
                          "a server can run: raise --max-chunk (SGLANG_CPP_MAX_CHUNK)")
     if k_min > MAX_SEARCH_CHUNKS:  # degenerate bounds (e.g. --align 1 with a few-token max chunk)
-        return make_plan(fixed_split(R, cfg.hi), prompt_len, prefix_len, cost, cfg, "plan:fixed-max")
+        return make_plan(fixed_split(R, cfg.hi), prompt_len, prefix_len, staged, cfg, "plan:fixed-max")
     k_max = min(max(k_min, 1 + (R - 1) // cfg.lo), MAX_SEARCH_CHUNKS)
     seen: dict[int, tuple[float, list[int] | None]] = {}
 
@@ -206,13 +243,15 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
             if not k_min <= K <= k_max:
                 ch = None
             else:
-                ch = _equal_time_chunks(cost, coefs, prefix_len, R, K, cfg, guess=t_est * n_est / K)
+                ch = _equal_time_chunks(cost, coefs, prefix_len, R, K, cfg, targets.get(K), guess=t_est * n_est / K)
             seen[K] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
         return seen[K][0]
 
-    n_est, t_est, Lg, xg, binding = _estimate(cost, rows, prefix_len, R, cfg)
+    n_est, t_est, Lg, xg, binding, t_range = _estimate(cost, rows, prefix_len, R, cfg)
     coefs = _as_coefs([rows[i] for i in binding])
     k0 = min(k_max, max(k_min, int(round(n_est))))
+    targets = {} if k0 > 48 else _targets(coefs, prefix_len, R, cfg.lo, cfg.hi,
+                                          range(max(k_min, k0 - MAX_K_TRIED), k0 + MAX_K_TRIED + 1), *t_range)
     if k0 > 48:  # long plans: the continuous optimum is accurate; split its chunk count evenly
         for k in (k0 - 1, k0, k0 + 1):
             ch = _equal_count_chunks(Lg, xg, prefix_len, R, k, cfg) if k_min <= k <= k_max else None
@@ -232,7 +271,7 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
             break
     cands = [(j, ch) for j, ch in seen.values() if ch is not None]
     for c in fixed_candidates(cfg):  # never predicted worse than the feasible fixed chunks
-        fx = list(plan_fixed(prompt_len, cost, cfg, c, prefix_len).chunks)
+        fx = fixed_split(R, c)
         cands.append((ttft(fx, prefix_len, cost, P, o), fx))
     # refine the few best starting points with the exact objective (short plans only)
     top = sorted({tuple(ch): j for j, ch in cands}.items(), key=lambda kv: kv[1])[:REFINE_STARTS]
@@ -247,7 +286,7 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
     top = sorted({tuple(ch): j for j, ch in cands}.items(), key=lambda kv: kv[1])[:FINAL_CANDIDATES]
     fixed = [tuple(fx) for j, fx in cands if len(set(fx[:-1])) <= 1]
     best = min(dict(top + [(f, 0.0) for f in fixed]), key=lambda ch: makespan(ch, prefix_len, staged, P, o))
-    return make_plan(list(best), prompt_len, prefix_len, cost, cfg, "plan:equal-time")
+    return make_plan(list(best), prompt_len, prefix_len, staged, cfg, "plan:equal-time")
 
 
 REFINE_MAX_CHUNKS = 64
@@ -277,53 +316,56 @@ def _refine(chunks: list[int], j: float, L0: int, R: int, cost, cfg: PlanConfig,
     best_j = j
     step = al * max(1, 2 ** int(math.log2(max(max(chunks) // (2 * al), 1))))
     min_step, moves = min(max(al, REFINE_MIN_STEP), step), 0
+    t = _times(cost, L0 + edges[:-1], np.diff(edges), o)  # chunk times, updated move by move
     while step >= min_step and len(edges) > 2:
         while len(edges) > 2 and moves < max_moves:
             moves += 1
-            ch = np.diff(edges)
-            t = _times(cost, L0 + edges[:-1], ch, o)
-            K, S = len(ch), float(t.sum())
+            K, S = len(t), float(t.sum())
             pre, suf = np.maximum.accumulate(t), np.maximum.accumulate(t[::-1])[::-1]
-            rest = np.full(K - 1, -np.inf)  # max time over the chunks other than i and i+1
-            rest[1:] = np.maximum(rest[1:], pre[:K - 2])
-            rest[:-1] = np.maximum(rest[:-1], suf[2:])
-            last = np.arange(K - 1) == K - 2  # the right-hand chunk is the final one
-            a, c = edges[:-2], edges[2:]
+            # max time over the chunks other than k and k+1, for every boundary k
+            rest = np.maximum(np.concatenate([[-np.inf], pre[:K - 2]]), np.concatenate([suf[2:], [-np.inf]]))
+            a, mid, c = edges[:-2], edges[1:-1], edges[2:]
+            # one cost call for every candidate; rows: the left chunk after a move right, a move left and a
+            # drop of the boundary, then the right chunk after a move right and a move left
+            xs = np.concatenate([mid + step - a, mid - step - a, c - a, c - mid - step, c - mid + step]).reshape(5, -1)
+            tt = _times(cost, L0 + np.concatenate([a, a, a, mid + step, mid - step]).reshape(5, -1), xs, o)
+            right_min = np.full(K - 1, lo)
+            right_min[-1] = 1  # the right-hand chunk of the last boundary is the final chunk
+            ok = (xs[:3] >= lo) & (xs[:3] <= hi)
+            ok[:2] &= (xs[3:] <= hi) & (xs[3:] >= right_min)
+            ok[2] = xs[2] <= hi
+            tl, tr = tt[:3], np.concatenate([tt[3:], np.zeros((1, K - 1))])
+            J = np.where(ok, (S - t[:-1] - t[1:]) + tl + tr + (P - 1) * np.maximum(rest, np.maximum(tl, tr)), np.inf)
+            m, k = divmod(int(np.argmin(J)), K - 1)
             best_move, best_val = None, best_j * (1 - 1e-9)
-            nbr, nbl, merged = edges[1:-1] + step, edges[1:-1] - step, c - a
-            # one cost call for every candidate: left chunk after a move right / left / the drop, right chunks
-            tt = _times(cost, L0 + np.stack([a, a, a, nbr, nbl]), np.stack([nbr - a, nbl - a, merged, c - nbr, c - nbl]), o)
-            right_min = np.where(last, 1, lo)
-            for m, (nl, nr, tl, tr) in enumerate(((nbr - a, c - nbr, tt[0], tt[3]), (nbl - a, c - nbl, tt[1], tt[4]),
-                                                  (merged, None, tt[2], 0.0))):
-                ok = (nl <= hi) if nr is None else (nl >= lo) & (nl <= hi) & (nr <= hi) & (nr >= right_min)
-                J = S - t[:-1] - t[1:] + tl + tr + (P - 1) * np.maximum(rest, np.maximum(tl, tr))
-                J = np.where(ok, J, np.inf)
-                k = int(np.argmin(J))
-                if J[k] < best_val:
-                    best_move, best_val = (k, (step, -step, None)[m]), float(J[k])
+            if J[m, k] < best_val:
+                best_move, best_val = (k, (step, -step, None)[m]), float(J[m, k])
             if best_move is None:
                 break
             k, s = best_move
             if s is None:
-                edges = np.delete(edges, k + 1)
+                edges, t = np.delete(edges, k + 1), np.delete(t, k + 1)
+                t[k] = tl[2, k]
             else:  # line search: keep moving this boundary the same way while TTFT falls (one numpy call)
                 a0, c0_, nb = int(edges[k]), int(edges[k + 2]), int(edges[k + 1]) + s
                 right_min = 1 if k == K - 2 else lo
-                steps = max(0, (hi // abs(s)) + 1)
+                steps = max(0, min(hi, c0_ - a0) // abs(s) + 1)
                 q = nb + s * np.arange(1, steps + 1)
                 nl, nr = q - a0, c0_ - q
                 q = q[(nl >= lo) & (nl <= hi) & (nr >= right_min) & (nr <= hi)]
+                t_nb = (tl[m, k], tr[m, k])
                 if q.size:
-                    tl, tr = _times(cost, L0 + a0, q - a0, o), _times(cost, L0 + q, c0_ - q, o)
-                    jq = S - t[k] - t[k + 1] + tl + tr + (P - 1) * np.maximum(rest[k], np.maximum(tl, tr))
+                    tq = _times(cost, L0 + np.stack([np.full_like(q, a0), q]), np.stack([q - a0, c0_ - q]), o)
+                    jq = S - t[k] - t[k + 1] + tq[0] + tq[1] + (P - 1) * np.maximum(rest[k], tq.max(axis=0))
                     prev = np.concatenate([[best_val], jq[:-1]])
                     stop = np.flatnonzero(~(jq < prev * (1 - 1e-12)))
                     n_ok = int(stop[0]) if stop.size else q.size  # positions improving one after another
                     if n_ok:
                         nb, best_val = int(q[n_ok - 1]), float(jq[n_ok - 1])
-                edges = edges.copy()
+                        t_nb = (tq[0, n_ok - 1], tq[1, n_ok - 1])
+                edges, t = edges.copy(), t.copy()
                 edges[k + 1] = nb
+                t[k], t[k + 1] = t_nb
             best_j = best_val
         step //= 2
     out = [int(x) for x in np.diff(edges)]

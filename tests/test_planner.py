@@ -190,6 +190,58 @@ def test_a_stage_that_never_paces_does_not_change_the_plan():
     assert with_fast.chunks == alone.chunks and with_fast.pred_ms == pytest.approx(alone.pred_ms)
 
 
+def test_a_stage_slower_than_no_other_nowhere_is_searched_but_still_predicted():
+    """A stage whose time is below the slowest other stage's at every (L, x) of the prompt is left out of
+    the search (a convex mix of two stages never paces, though no single stage dominates it
+    coefficient by coefficient), yet the plan's predicted times are the maximum over every stage."""
+    import numpy as np
+
+    from sglang_cpp.equal_time import _pacing_rows
+
+    fixed_cost = CostModel(c0=40.0, b=0.01, f=1e-7)  # paces small chunks
+    quadratic = CostModel(c0=1.0, b=0.01, f=4e-6)  # paces big chunks
+    mix = CostModel(c0=20.5, b=0.01, f=2.05e-6)  # halfway between: never the slowest
+    cost = PipelineCost((fixed_cost, mix, quadratic))
+    key = lambda m: (m.c0, m.g, m.b, m.d, m.e, m.f)  # noqa: E731
+    assert _pacing_rows(cost, 0, 200_000, 16384) == [key(fixed_cost), key(quadratic)]
+    plan = plan_equal_time(200_000, cost, PlanConfig(pp_size=4, align=64, max_chunk=16384))
+    starts = np.concatenate([[0], np.cumsum(plan.chunks)[:-1]])
+    want = [max(m.time(L, x) for m in (fixed_cost, mix, quadratic)) for L, x in zip(starts, plan.chunks)]
+    assert plan.pred_ms == pytest.approx(want, rel=1e-12)
+
+
+def test_equal_time_targets_of_a_linear_model_are_the_closed_form():
+    """t = c0 + b x: every chunk of target T has x = (T - c0) / b tokens, so K chunks over R tokens need
+    T = c0 + b R / K. The batched walk over 96 targets plus one secant step lands on it."""
+    from sglang_cpp.equal_time import _equal_time_chunks, _targets
+
+    c0, b, R = 5.0, 0.02, 100_000
+    coefs = [(c0, 0.0, b, 0.0, 0.0, 0.0)]
+    Ks = range(4, 30)
+    got = _targets(coefs, 0, R, 64, 65536, Ks, c0 + b * 64, c0 + b * 65536)
+    assert sorted(got) == list(Ks)
+    for K in Ks:
+        assert got[K][0] == pytest.approx(c0 + b * R / K, rel=1e-3)
+        assert got[K][1] == pytest.approx(-1.0 * (c0 + b * R / K) / (b * R / K), rel=0.05)  # d log n / d log T
+    cfg = PlanConfig(pp_size=2, align=64, max_chunk=65536)
+    chunks = _equal_time_chunks(CostModel(c0=c0, b=b), coefs, 0, R, 7, cfg, got[7])
+    assert chunks == [14272] * 6 + [R - 6 * 14272]  # 100000 / 7 = 14285.7, aligned to 64 below
+
+
+def test_a_tight_chunk_count_is_all_maximum_chunks():
+    """k_min chunks with less than one alignment unit of slack: every chunk but the last must be the
+    maximum (the 495,558-token, max-128 fuzz input that walked 3,872 boundaries one by one)."""
+    import numpy as np
+
+    from sglang_cpp.equal_time import _equal_count_chunks
+
+    cfg = PlanConfig(pp_size=3, align=64, max_chunk=128)
+    R = 495_558
+    K = -(-R // 128)
+    Lg = np.linspace(0, R, 129)
+    assert _equal_count_chunks(Lg, np.full(129, 127.99), 0, R, K, cfg) == [128] * (K - 1) + [R - 128 * (K - 1)]
+
+
 # -- stages that differ: the exact makespan -------------------------------------------------------------
 # the two stage models calibrated on the CPU PP=2 server (long-llama, 8 layers, up to 32K tokens)
 LONG_LLAMA_32K = PipelineCost((
