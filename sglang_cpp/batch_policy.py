@@ -157,12 +157,25 @@ class TimeThrottle(GLLMThrottle):
         if tokens <= 0 or view.predict_ms is None:
             return Batch(tuple(_fill_tokens(view, tokens)), dec)
         pred = lambda L, x: float(view.predict_ms(np.array([float(L)]), np.array([float(x)]))[0])  # noqa: E731
-        zero = pred(0, 0)
+        return Batch(tuple(_fill(view, time_budget(pred, tokens), lambda w, ms: time_chunk(pred, w.prefix, w.remaining,
+                                                                                            ms))), dec)
 
-        def take(w: WaitingReq, ms: float) -> tuple[int, float]:  # the chunk that fits the ms left
-            x = _tokens_within(pred, w.prefix, w.remaining, ms + zero)
-            return x, pred(w.prefix, x) - zero
-        return Batch(tuple(_fill(view, pred(0, tokens) - zero, take)), dec)
+
+def time_budget(pred, tokens: int) -> float:
+    """The time policy's micro-batch budget: what `tokens` prefill tokens take at prefix 0 (ms beyond
+    the fixed per-batch cost)."""
+    return pred(0, tokens) - pred(0, 0)
+
+
+def time_chunk(pred, prefix: int, remaining: int, ms: float, align: int = 1) -> tuple[int, float]:
+    """The chunk of a request with `remaining` tokens over `prefix` that fits `ms`, and the ms it spends
+    (its time beyond the fixed per-batch cost, so the prefix terms count); aligned down unless it ends
+    the prompt, at least one alignment unit (a long prefix never starves)."""
+    zero = pred(0, 0)
+    x = _tokens_within(pred, prefix, remaining, ms + zero)
+    if x < remaining:
+        x = min(remaining, max(align, x // align * align))
+    return x, pred(prefix, x) - zero
 
 
 def _tokens_within(pred, L: int, most: int, T: float) -> int:
@@ -218,5 +231,5 @@ def make_policy(name: str, **kw):
     return POLICIES[name](**kw)
 
 
-__all__ = ["View", "WaitingReq", "Batch", "SGLangDefault", "GLLMThrottle", "TimeThrottle", "TDPipe", "POLICIES",
+__all__ = ["View", "WaitingReq", "Batch", "time_budget", "time_chunk", "SGLangDefault", "GLLMThrottle", "TimeThrottle", "TDPipe", "POLICIES",
            "make_policy"]

@@ -1,5 +1,6 @@
-"""`sglang-cpp bench`: the subcommand (`ttft` on a real server or simulated, and `compare`). The client
-itself is bench.py; the side by side is experiment.py; this module only wires them to the command line."""
+"""`sglang-cpp bench`: the subcommand (`ttft` on a real server or simulated, `compare`, and `serve` via
+sglang.benchmark.serving). The client itself is bench.py; the side by side is experiment.py; this module only wires
+them to the command line."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,7 @@ import math
 import sys
 from types import SimpleNamespace
 
-from . import experiment
+from . import experiment, serve_bench
 from .args import alias, parse_floats, parse_ints, parse_len, parse_lens
 from .bench import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
                     write_jsonl)
@@ -154,6 +155,22 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                                  description="TTFT per input length: measured on a running SGLang server, or simulated"))
     add_experiment_args(sub.add_parser("compare", help="side by side on the CPU SmolLM2 server (launches servers)",
                                        description=experiment.__doc__.strip()), experiment.PRESETS["compare"])
+    add_serve_args(sub.add_parser("serve", help="a mixed-load stream via sglang.benchmark.serving",
+                                  description=serve_bench.__doc__.strip()))
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """`bench serve`'s flags; defaults read from ServeBenchConfig."""
+    d, a = serve_bench.ServeBenchConfig(), p.add_argument
+    a("--base-url", required=True, help="a running SGLang server")
+    a("--model-path", required=True, help="the served model's folder (its tokenizer writes the prompts)")
+    a("--num-requests", type=int, default=d.num_requests)
+    a("--request-rate", type=float, default=d.request_rate, help="Poisson arrivals per second (inf: all at once)")
+    a("--input-lens", default=d.input_lens, help="length mixture [WEIGHT:]LO[-HI],... of the prompts")
+    a("--output-lens", default=d.output_lens, help="length mixture of the outputs")
+    a("--seed", type=int, default=d.seed)
+    a("--label", default="run", help="this run's name in the table and the output file")
+    a("--out-dir", default="results/serve", help="workload and bench_serving output files go here")
 
 
 def run_ttft_cli(args) -> int:
@@ -190,7 +207,17 @@ def run_ttft_cli(args) -> int:
 
 
 def run(args) -> int:
+    if args.bench_cmd == "serve":
+        return run_serve_cli(args)
     return run_ttft_cli(args) if args.bench_cmd == "ttft" else run_experiment(args)  # errors: cli.main
+
+
+def run_serve_cli(args) -> int:
+    cfg = serve_bench.ServeBenchConfig(args.num_requests, args.request_rate, args.input_lens, args.output_lens,
+                                       args.seed)
+    rec = serve_bench.run_bench_serving(cfg, args.base_url, args.model_path, args.out_dir, args.label)
+    print(serve_bench.summary_table([rec]))
+    return 0 if rec["completed"] == cfg.num_requests else 1
 
 
 def add_experiment_args(p, preset) -> None:

@@ -86,6 +86,10 @@ DECISION_LOG = EnvVar("SGLANG_CPP_DECISION_LOG", str, "",
                       "({rank}: world rank, {pp_rank}, {tp_rank}).", node_local=True)
 ASYNC_RECV = EnvVar("SGLANG_CPP_ASYNC_RECV", _bool, False,
                     "Post all PP proxy irecvs of a message at once and wait only before the forward.")
+BATCH_POLICY = EnvVar("SGLANG_CPP_BATCH_POLICY", str, "sglang",
+                      "Prefill budget per PP micro-batch under mixed load: sglang (SGLang's own), gllm (gLLM Token "
+                      "Throttling, tokens), time (ours: the same predicted ms per micro-batch, chunks sized by "
+                      "t(L, x)); gllm and time need --enable-mixed-chunk.", ("sglang", "gllm", "time"))
 
 CALIB_FAULT_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_RANK", int, -1,
                           "Fault injection for tests: the startup calibration raises on this PP rank (-1: never).")
@@ -94,4 +98,4 @@ FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "redundant (L+x)^2 query).")
 
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, MIN_CHUNK, MAX_CHUNK, PLANNER,
-       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, CALIB_FAULT_RANK)
+       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, CALIB_FAULT_RANK)

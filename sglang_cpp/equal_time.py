@@ -297,7 +297,7 @@ REFINE_MAX_MOVES = 64  # boundary moves, all starting points together
 # Above this many chunks the planner takes max-size chunks (or searches no further): the pipeline-fill
 # term (P-1)*max(t) is then a small share of sum(t), and the search would cost more than it can save.
 MAX_SEARCH_CHUNKS = 4096
-MAX_PLAN_CHUNKS = 65536  # 1M tokens in 16-token chunks; a server aligns to >= 64 tokens, so never hits it
+MAX_PLAN_CHUNKS = 32768  # 2M tokens in 64-token chunks (a server aligns to >= 64): more is a clear error, not 60 ms
 REFINE_MIN_STEP = 64  # tokens: finer boundary moves (align < 64) gain nothing measurable
 
 

@@ -331,3 +331,34 @@ def test_simulator_check_beyond_8k_when_the_model_context_suffices(tmp_path):
         assert ms > 0
     assert predict_ttft(cfg, Run("fixed", 1024, (32768,)), 32768, [m, m]) == pytest.approx(
         simulate(fixed_split(32768, 1024), [m, m], 2).ttft_ms)
+
+
+# -- bench serve (serve_bench.py) ------------------------------------------------------------------------
+def test_serve_workload_prompts_have_the_drawn_lengths_and_share_no_prefix(smollm2, tmp_path):
+    """The custom dataset bench_serving reads: each prompt re-tokenizes to the length the mixture drew
+    (random one-token words), outputs likewise, and no two prompts open with the same 8 tokens."""
+    from transformers import AutoTokenizer
+
+    from sglang_cpp.serve_bench import ServeBenchConfig, write_dataset
+
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    cfg = ServeBenchConfig(num_requests=40, input_lens="0.8:200-600,0.2:2k-4k", output_lens="32-128", seed=3)
+    drawn = write_dataset(cfg, tok, tmp_path / "w.jsonl")
+    rows = [json.loads(line)["conversations"] for line in open(tmp_path / "w.jsonl")]
+    assert len(rows) == 40 and sum(n >= 2000 for n, _ in drawn) >= 3  # the mixture's long ones are there
+    got = [(len(tok.encode(u["content"])), len(tok.encode(a["content"]))) for u, a in rows]
+    assert all(abs(g - n) <= 2 and abs(h - m) <= 2 for (g, h), (n, m) in zip(got, drawn)), (got, drawn)
+    assert len({tuple(tok.encode(u["content"])[:8]) for u, _ in rows}) == 40
+
+
+def test_serve_summary_is_relative_to_the_first_run_and_compares_outputs():
+    from sglang_cpp.serve_bench import same_outputs, summary_table
+
+    keys = ("output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms",
+            "mean_e2e_latency_ms")
+    a = {"label": "sglang", "completed": 64, "total_throughput": 200.0, **dict.fromkeys(keys, 1.0),
+         "generated_texts": ["x", "y", "z"]}
+    b = {**a, "label": "time", "total_throughput": 250.0, "generated_texts": ["x", "y", "w"]}
+    table = summary_table([a, b])
+    assert "| vs sglang |" in table.splitlines()[0] and table.splitlines()[-1].endswith("| 1.250 |")
+    assert same_outputs(a, b) == (2, 3)

@@ -238,3 +238,31 @@ def test_async_recv_and_upstream_extend_output_equal_pp1(smollm2, pp1):
     assert sum(r.meta.get("cached_tokens", 0) > 0 for r in res) >= len(res) - 2  # the prompts share openings
     assert max(r.meta["prompt_tokens"] for r in res) > MIXED_CHUNK  # and the longer ones take two chunks
     assert [r.output_ids for r in res] == pp1["mixed"]
+
+
+def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, plan_run, pp1, tmp_path):
+    """SGLANG_CPP_BATCH_POLICY=time with --enable-mixed-chunk on the real PP=2 server (the plan policy's
+    cost model from plan_run's calibration cache): the 12 mixed prompts sent at once. Both stages log
+    the same micro-batch budgets and chunk cuts, the budget cuts some request below what is left of
+    it, and every greedy output equals the PP=1 reference's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {"SGLANG_CPP_BATCH_POLICY": "time", "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"),
+           "SGLANG_CPP_CACHE_DIR": str(plan_run["dir"] / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "3072"}
+    spec = ServerSpec(smollm2, pp_size=2, chunk_size=MIXED_CHUNK, dynamic=True, env=env,
+                      extra_args=("--enable-mixed-chunk",))
+    with launched(spec, TIMEOUT) as srv:
+        with ThreadPoolExecutor(12) as pool:
+            res = list(pool.map(lambda p: generate(srv.base_url, text=p, max_new_tokens=8, timeout=600),
+                                mixed_prompts()))
+        log = srv.log()
+    assert "from calibration cache" in log  # plan_run's calibration, not a new one
+    stages = [[{k: v for k, v in e.items() if k not in ("t", "pp_rank")}
+               for e in read_events(tmp_path / f"dec_{r}.jsonl", "batch") + read_events(tmp_path / f"dec_{r}.jsonl",
+                                                                                      "batch_chunk")]
+              for r in (0, 1)]
+    assert stages[0] == stages[1], "PP stages cut different micro-batches"
+    cuts = [e for e in stages[0] if e["event"] == "batch_chunk"]
+    assert any(e["chunk"] < e["remaining"] for e in cuts)  # the ms budget cut a prompt
+    assert {e["policy"] for e in stages[0] if e["event"] == "batch"} == {"time"}
+    assert [r.output_ids for r in res] == pp1["mixed"]

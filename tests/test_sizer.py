@@ -189,3 +189,56 @@ def test_a_bad_layer_partition_is_named_with_a_value_that_works(monkeypatch):
     assert calls == []
     monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "1,3")
     assert get_pp_indices(original, 4, 1, 2) == (0, 2) and calls == [(4, 1, 2)]
+
+
+# -- SGLANG_CPP_BATCH_POLICY (plugin/batch.py) ---------------------------------------------------------
+def test_batch_config_names_the_bad_setting_and_its_fix():
+    from sglang_cpp.plugin.batch import BatchConfig
+
+    with pytest.raises(ValueError, match=r"SGLANG_CPP_BATCH_POLICY='fastest' is not one of sglang, gllm, time"):
+        BatchConfig("fastest", mixed_chunk=True)
+    with pytest.raises(ValueError, match=r"add --enable-mixed-chunk"):
+        BatchConfig("gllm", mixed_chunk=False)
+    with pytest.raises(ValueError, match=r"time sizes chunks with the cost model.*SGLANG_CPP_POLICY=plan"):
+        BatchConfig("time", mixed_chunk=True, has_cost=False)
+    assert BatchConfig("sglang").policy == "sglang"  # the default needs neither
+
+
+def test_gllm_budget_is_eq3_on_the_servers_state():
+    """#P = max(min(#WP/#T, #MaxP (KV_free - thresh) / (1 - thresh)), #MinP) with #T=8, #MaxP=2048,
+    thresh=0.05: by hand, 10,000 waiting tokens with half the KV free give min(1250, 970.1) = 970."""
+    from sglang_cpp.plugin.batch import BatchConfig, BatchPolicy
+
+    pol = BatchPolicy(BatchConfig("gllm", mixed_chunk=True), kv_capacity=100_000, depth=2)
+    assert pol.start_batch(10_000, 50_000, pending=False, page=1) == 970
+    assert pol.start_batch(800, 0, pending=False, page=1) == 100  # #WP/#T binds
+    assert pol.start_batch(100, 0, pending=False, page=1) == 32  # #MinP floor
+    assert pol.start_batch(10_000, 96_000, pending=False, page=1) == 0  # KV below the threshold: no prefill
+    assert pol.start_batch(10_000, 96_000, pending=True, page=64) == 64  # but a chunked request keeps going
+    assert pol.ms_left is None  # tokens only
+    sglang = BatchPolicy(BatchConfig("sglang"), kv_capacity=100_000, depth=2)
+    assert sglang.start_batch(10_000, 0, pending=False, page=1) is None  # SGLang's own budget
+
+
+def test_time_budget_gives_a_chunk_over_a_long_prefix_fewer_tokens(tmp_path):
+    """t(L, x) = 5 + 0.1 x + 1e-5 L x: the budget of 1250 tokens at prefix 0 is 125 ms beyond the fixed
+    5 ms. At prefix 0 a request gets 1250 tokens (1216 on a 64-token page); at prefix 20,000 each
+    token costs 0.3 ms, so 416 (384 on the page). Every rank logs the same micro-batch decisions."""
+    from sglang_cpp.plugin.batch import BatchConfig, BatchPolicy
+
+    cost = CostModel(c0=5.0, b=0.1, e=1e-5)
+    logs = [DecisionLog(r, str(tmp_path / f"dec_{r}.jsonl")) for r in (0, 1)]
+    for log in logs:
+        pol = BatchPolicy(BatchConfig("time", mixed_chunk=True, has_cost=True), kv_capacity=10**6, depth=2,
+                          cost=cost, log=log)
+        assert pol.start_batch(10_000, 0, pending=False, page=64) == 1250
+        assert pol.ms_left == pytest.approx(125.0)
+        assert pol.chunk_for("a", 0, 5000, 64) == 1216
+        assert pol.ms_left == pytest.approx(125.0 - 121.6)
+        assert pol.chunk_for("b", 0, 30, 64) == 30  # a whole short prompt: not aligned, 3 ms
+        assert pol.ms_left == pytest.approx(0.4)
+        pol.start_batch(10_000, 0, pending=False, page=64)
+        assert pol.chunk_for("c", 20_000, 5000, 64) == 384
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in ("t", "pp_rank")}
+             for line in open(tmp_path / f"dec_{r}.jsonl")] for r in (0, 1)]
+    assert rows[0] == rows[1] and [r["event"] for r in rows[0]] == ["batch", "batch_chunk", "batch_chunk", "batch", "batch_chunk"]

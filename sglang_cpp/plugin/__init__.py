@@ -1,7 +1,7 @@
 """sglang-cpp's SGLang plugin (entry point group `sglang.srt.plugins`).
 
 SGLang calls `register()` in every process before it builds a Scheduler. The hooks are AROUND/AFTER
-hooks on eleven SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
+hooks on thirteen SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
 through unless SGLANG_CPP_ASYNC_RECV=1).
 """
 from __future__ import annotations
@@ -11,6 +11,9 @@ TARGETS = {
     f"{SCHED}.maybe_init_dynamic_chunk_sizer": ("Scheduler_maybe_init_dynamic_chunk_sizer", "AROUND"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.__init__": ("PrefillAdder_init", "AFTER"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("PrefillAdder_add_one_req", "AROUND"),
+    # SGLANG_CPP_BATCH_POLICY: each micro-batch's prefill budget (plugin/batch.py)
+    f"{SCHED}._get_new_batch_prefill_raw": ("Scheduler__get_new_batch_prefill_raw", "AROUND"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("PrefillAdder_add_chunked_req", "AROUND"),
     f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
     # a bad SGLANG_PP_LAYER_PARTITION named with its fix, at model build
     "sglang.srt.distributed.get_pp_indices": ("get_pp_indices", "AROUND"),
@@ -39,6 +42,7 @@ INTERNALS = (
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
     "sglang.srt.managers.schedule_batch.Req",
     "sglang.srt.managers.schedule_batch.ScheduleBatch",
+    "sglang.srt.managers.schedule_policy.AddReqResult",
     "sglang.srt.managers.schedule_policy.PrefillAdder",
     "sglang.srt.managers.schedule_policy.mamba_prefill_chunk_grid",
     "sglang.srt.mem_cache.common.checkpoint_kv_cache",

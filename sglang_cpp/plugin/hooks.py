@@ -13,6 +13,7 @@ from .profiles import resolve_cost, resolve_upstream
 from .attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: F401 (hook)
 from .cpu_compat import MooncakeKVSender_init_cpu, alloc_with_host_register_cpu  # noqa: F401 (hooks)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
+from .batch import BatchConfig, BatchPolicy
 from .sizer import CppChunkSizer, DecisionLog, SizerConfig
 from .timing import DeviceTimer, LazyTimes
 
@@ -20,6 +21,8 @@ logger = logging.getLogger("sglang_cpp")
 
 ACTIVE: CppChunkSizer | None = None  # one scheduler per process
 LOG: DecisionLog | None = None
+BATCH: BatchPolicy | None = None  # SGLANG_CPP_BATCH_POLICY other than sglang
+_FORMING = None  # the Scheduler forming a prefill batch (set around _get_new_batch_prefill_raw)
 
 
 def _current_chunked_req(sched):
@@ -39,7 +42,7 @@ def _align(sched) -> int:
 def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     """Install our policy in place of upstream's sizer; every rank checks its settings against world
     rank 0's and fails fast on a difference, then all use rank 0's cost model (consensus.py)."""
-    global ACTIVE, LOG
+    global ACTIVE, LOG, BATCH
     from sglang.srt.runtime_context import get_parallel, get_schedule
 
     from .consensus import check_agreement, env_snapshot, on_every_rank, world_rank
@@ -50,23 +53,30 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
         logger.warning(warning)
     if par.pp_size <= 1:  # no chunked pipeline: nothing to plan, nothing to agree on
         return original(self)
-    cfg, error = None, ""
+    cfg, batch_cfg, error = None, None, ""
     try:
         cfg = SizerConfig.from_env(pp_size=par.pp_size, pp_rank=par.pp_rank, chunk_size=self.chunked_prefill_size,
                                    max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
                                    context_len=self.model_config.context_len, align=_align(self),
                                    dynamic=bool(sch.enable_dynamic_chunking))
+        batch_cfg = BatchConfig(envs.BATCH_POLICY.get(), mixed_chunk=bool(sch.enable_mixed_chunk),
+                                has_cost=bool(sch.enable_dynamic_chunking) and cfg.policy == "plan")
     except ValueError as exc:  # every rank fails, below, with every rank's reason
         error = str(exc)
     mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}
     mine["enable_dynamic_chunking"] = bool(sch.enable_dynamic_chunking)
-    gathered = on_every_rank(lambda: {"env": env_snapshot(), "config": mine, "error": error})
+    mine["enable_mixed_chunk"] = bool(sch.enable_mixed_chunk)
+    gathered = on_every_rank(lambda: {"env": env_snapshot(), "config": mine, "error": error,
+                                      "kv_tokens": int(self.max_total_num_tokens)})
     check_agreement(gathered)
     policy = cfg.policy
     active = bool(sch.enable_dynamic_chunking)
     path = envs.DECISION_LOG.get()
     LOG = DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank()) \
-        if (path or active) else None
+        if (path or active or batch_cfg.policy != "sglang") else None
+    if batch_cfg.policy != "sglang":  # the smallest pool of all ranks: the same KV fraction everywhere
+        BATCH = BatchPolicy(batch_cfg, kv_capacity=min(g["kv_tokens"] for g in gathered), log=LOG,
+                            depth=par.pp_size + int(getattr(par, "pp_async_batch_depth", 0) or 0))
     if not active or policy == "off":
         return original(self)
     cost = upstream = None
@@ -79,6 +89,8 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                           log=LOG, calibrated_len=calibrated_len)
     self.dynamic_chunk_sizer = sizer
     ACTIVE = sizer
+    if BATCH is not None:
+        BATCH.cost = cost  # rank 0's cost model, the same on every rank
     LOG.write("startup", **sizer.describe())
     logger.info("[sglang-cpp] PP%d policy=%s ready: %s", par.pp_rank, policy,
                 cost if cost is not None else f"upstream a={upstream.a!r} b={upstream.b!r} c={upstream.c!r}")
@@ -99,12 +111,67 @@ def get_pp_indices(original, num_hidden_layers, pp_rank, pp_size, *args, **kwarg
     return original(num_hidden_layers, pp_rank, pp_size, *args, **kwargs)
 
 
+def Scheduler__get_new_batch_prefill_raw(original, self, *args, **kwargs):
+    """Expose the scheduler forming this prefill batch to the PrefillAdder hooks below (its waiting
+    queue and KV pool are the batch policy's inputs)."""
+    global _FORMING
+    _FORMING = self
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        _FORMING = None
+
+
+def _waiting_tokens(sched) -> int:
+    """gLLM's #WP: prompt tokens not yet prefilled, over the waiting queue and the chunked request
+    (replicated state: the same on every rank)."""
+    total = sum(len(r.origin_input_ids) for r in sched.waiting_queue)
+    req = sched.chunked_req
+    if req is not None:
+        total += max(len(req.full_untruncated_fill_ids) - req.prefix_len, 0)
+    return total
+
+
 def PrefillAdder_init(result, self, *args, **kwargs):
     """Remember the decode tokens a mixed-chunk batch deducted from the chunk budget (upstream's
-    __init__ subtracts them from rem_chunk_tokens; add_one_req below must keep that deduction)."""
+    __init__ subtracts them from rem_chunk_tokens; add_one_req below must keep that deduction). With a
+    batch policy, cap this micro-batch's prefill tokens at its budget (gllm) or start its ms budget."""
     bound = _adder_signature().bind(self, *args, **kwargs)
     self.sglang_cpp_mixed_tokens = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
+    sched, policy = _FORMING, BATCH
+    if policy is None or sched is None:
+        return None
+    free = sched.token_to_kv_pool_allocator.available_size() + sched.tree_cache.evictable_size()
+    cap = policy.start_batch(_waiting_tokens(sched), int(sched.max_total_num_tokens) - int(free),
+                             pending=sched.chunked_req is not None, page=max(1, int(self.page_size)))
+    if cap is not None and policy.cfg.policy == "gllm":
+        self.rem_input_tokens = min(self.rem_input_tokens, cap)
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens = min(self.rem_chunk_tokens, cap)
     return None
+
+
+def _time_limit(adder, req, prefix: int) -> bool:
+    """The time policy: cap rem_chunk_tokens at the tokens of `req` that fit the ms left. False when the
+    budget is spent and the batch already holds work (the request waits for the next micro-batch)."""
+    policy = BATCH
+    if policy is None or policy.ms_left is None or adder.rem_chunk_tokens is None:
+        return True
+    if policy.ms_left <= 0 and adder.can_run_list:
+        return False
+    remaining = len(req.full_untruncated_fill_ids) - prefix
+    if remaining <= 0:
+        return True
+    page = max(1, int(adder.page_size))
+    x = policy.chunk_for(req.rid, prefix, remaining, page)
+    adder.rem_chunk_tokens = min(adder.rem_chunk_tokens, x if x < remaining else -(-remaining // page) * page)
+    return True
+
+
+def PrefillAdder_add_chunked_req(original, self, req, *args, **kwargs):
+    """The time policy sizes the continuing chunk of a chunked request too (over its own prefix)."""
+    _time_limit(self, req, req.prefix_len)
+    return original(self, req, *args, **kwargs)
 
 
 @functools.cache
@@ -130,19 +197,22 @@ def first_chunk_limit(chunk: int | None, remaining: int, static_limit: int, page
 
 def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
     """Size a request's first chunk from its plan (upstream always uses the static C here). The plan
-    starts where SGLang's admission does: after the device prefix and any HiCache host hit."""
+    starts where SGLang's admission does: after the device prefix and any HiCache host hit. The time
+    batch policy then caps it at what fits the micro-batch's ms left."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
     sizer = ACTIVE
     has_chunked = kwargs.get("has_chunked_req", args[0] if args else False)
-    if sizer is None or self.rem_chunk_tokens is None or self.can_run_list or has_chunked:
-        return original(self, req, *args, **kwargs)
-    prompt_len = len(req.full_untruncated_fill_ids)
     prefix = req.prefix_len + int(getattr(req, "host_hit_length", 0) or 0)
-    remaining = prompt_len - prefix
-    if remaining <= 0:
-        return original(self, req, *args, **kwargs)
-    chunk = sizer.decide(req.rid, prompt_len, prefix, first=True)
-    self.rem_chunk_tokens = first_chunk_limit(chunk, remaining, self.rem_chunk_tokens, self.page_size,
-                                              getattr(self, "sglang_cpp_mixed_tokens", 0))
+    if not (sizer is None or self.rem_chunk_tokens is None or self.can_run_list or has_chunked):
+        prompt_len = len(req.full_untruncated_fill_ids)
+        remaining = prompt_len - prefix
+        if remaining > 0:
+            chunk = sizer.decide(req.rid, prompt_len, prefix, first=True)
+            self.rem_chunk_tokens = first_chunk_limit(chunk, remaining, self.rem_chunk_tokens, self.page_size,
+                                                      getattr(self, "sglang_cpp_mixed_tokens", 0))
+    if not _time_limit(self, req, prefix):
+        return AddReqResult.OTHER
     return original(self, req, *args, **kwargs)
 
 

@@ -1,0 +1,108 @@
+"""Mixed-load serving on the real CPU PP=2 server: SGLang's default, gLLM Token Throttling and our
+time throttle (SGLANG_CPP_BATCH_POLICY), one server each, the same Poisson stream from SGLang's own
+`python -m sglang.benchmark.serving` (via `sglang-cpp bench serve`'s dataset writer). Then:
+- throughput, TTFT, TPOT and p99 ITL side by side, each relative to SGLang's default;
+- every request's greedy output compared with the default run's;
+- the serving simulator's throughput for each policy on the same workload shape and the server's
+  calibrated stage models, against the measured one.
+
+gllm and time run with --enable-mixed-chunk (decodes ride in the throttled prefill batches) and the
+plan policy's dynamic chunking (the time throttle's cost model); the default runs neither.
+
+Usage: python benchmarks/serve_policies.py [--num-requests 64] [--request-rate 0.5]
+       [--results results/serving_real.md]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from sglang_cpp.costmodel import cost_from_profile, load_profile
+from sglang_cpp.files import update_section
+from sglang_cpp.machine import provenance_lines
+from sglang_cpp.serve_bench import ServeBenchConfig, run_bench_serving, same_outputs, summary_table
+from sglang_cpp.server import ServerSpec, launched, reported_calibration
+
+SMOLLM2 = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")
+RUNS = {  # label: (SGLANG_CPP_BATCH_POLICY, plugin env, extra server args)
+    "sglang": ("sglang", {"SGLANG_CPP_POLICY": "off"}, ()),
+    "gllm": ("gllm", {"SGLANG_CPP_POLICY": "plan"}, ("--enable-mixed-chunk",)),
+    "time": ("time", {"SGLANG_CPP_POLICY": "plan"}, ("--enable-mixed-chunk",)),
+}
+
+
+def simulate(cfg: ServeBenchConfig, calibration: str, chunk: int, kv: int) -> dict:
+    """Simulated total tok/s per policy on the same workload shape (our Poisson draw, same rate/seed)."""
+    from sglang_cpp.serving_cli import run_policies
+    from sglang_cpp.workload import LengthMix, poisson
+
+    cost = cost_from_profile(load_profile(calibration), calibration)
+    stages = list(getattr(cost, "stages", (cost,)))
+    reqs = poisson(cfg.num_requests, cfg.request_rate, LengthMix.parse(cfg.input_lens),
+                   LengthMix.parse(cfg.output_lens, "--output-lens"), cfg.seed)
+    names = {"sglang": "sglang", "gllm": "gllm", "time": "time"}
+    res = run_policies(reqs, stages, list(names.values()), chunk=chunk, kv_capacity=kv)
+    return {label: res[name].throughput()["total_tok_s"] for label, name in names.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    d = ServeBenchConfig()
+    ap.add_argument("--model-path", default=SMOLLM2)
+    ap.add_argument("--num-requests", type=int, default=d.num_requests)
+    ap.add_argument("--request-rate", type=float, default=d.request_rate)
+    ap.add_argument("--input-lens", default=d.input_lens)
+    ap.add_argument("--output-lens", default=d.output_lens)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--chunked-prefill-size", type=int, default=1024)
+    ap.add_argument("--calib-max-len", type=int, default=16384, help="the plan servers' SGLANG_CPP_CALIB_MAX_LEN")
+    ap.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
+    ap.add_argument("--results", default="results/serving_real.md")
+    args = ap.parse_args()
+    cfg = ServeBenchConfig(args.num_requests, args.request_rate, args.input_lens, args.output_lens, args.seed)
+    out_dir = Path(args.results).with_suffix("")
+    records, calibration, notes, t0 = [], None, [], time.time()
+    for label in [r.strip() for r in args.runs.split(",") if r.strip()]:
+        policy, env, extra = RUNS[label]
+        env = {**env, "SGLANG_CPP_BATCH_POLICY": policy, "SGLANG_CPP_CALIB_MAX_LEN": str(args.calib_max_len)}
+        spec = ServerSpec(args.model_path, pp_size=2, chunk_size=args.chunked_prefill_size,
+                          dynamic=env["SGLANG_CPP_POLICY"] == "plan", env=env, extra_args=extra)
+        s0 = time.time()
+        with launched(spec, 1800, log_dir=str(out_dir / f"logs-{label}")) as srv:
+            up = time.time() - s0
+            rec = run_bench_serving(cfg, srv.base_url, args.model_path, out_dir, label)
+            calibration = calibration or reported_calibration(srv.log())
+        notes.append(f"- {label}: server healthy after {up:.0f} s, stream {rec['duration']:.0f} s; "
+                     f"`{shlex.join(spec.command(0))}` with {env}")
+        records.append(rec)
+        print(summary_table(records), flush=True)
+    base = records[0]
+    lines = [*provenance_lines("python benchmarks/" + " ".join([Path(__file__).name, *sys.argv[1:]])),
+             f"- workload: {cfg.num_requests} requests, Poisson {cfg.request_rate}/s, input lengths {cfg.input_lens}, "
+             f"output lengths {cfg.output_lens}, seed {cfg.seed}; prompts of random words (no shared prefixes)",
+             f"- driver: `{records[0]['command']}` (paths as run)",
+             f"- wall: {time.time() - t0:.0f} s", *notes, "", summary_table(records), ""]
+    for r in records[1:]:
+        same, n = same_outputs(base, r)
+        lines.append(f"- {r['label']}: {same} of {n} greedy outputs equal to {base['label']}'s")
+    if calibration:
+        kv = int(base.get("server_info", {}).get("max_total_num_tokens", 0) or 0) or 1 << 20
+        sim = simulate(cfg, calibration, args.chunked_prefill_size, kv)
+        lines += ["", f"Simulator (`serving_sim`, stage models from `{calibration}`, KV {kv} tokens):", "",
+                  "| run | measured tok/s | simulated tok/s | measured / simulated |", "|---|---:|---:|---:|"]
+        for r in records:
+            s = sim.get(r["label"])
+            if s:
+                lines.append(f"| {r['label']} | {r['total_throughput']:.1f} | {s:.1f} | {r['total_throughput'] / s:.3f} |")
+    text = "\n".join(lines)
+    print(text)
+    update_section(args.results, "Mixed load on the real CPU PP=2 server", text, head="# Serving under mixed load")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

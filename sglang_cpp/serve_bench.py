@@ -1,0 +1,125 @@
+"""`sglang-cpp bench serve`: a mixed-load stream against a running server, driven by SGLang's own
+`python -m sglang.benchmark.serving` (what users run: its Poisson arrivals, its metrics, its output
+file). Our part is only what it cannot do: a length mixture (short chats with a few long documents;
+its `random` datasets draw one uniform range), written as its `custom` dataset, and the summary of
+several runs side by side.
+
+Prompts are random common words, one token each, so a prompt's length is what the mixture drew
+(within a few tokens) and no two prompts share a prefix (no radix hit that one policy would get and
+another not). Outputs run to their drawn length (bench_serving's ignore_eos default).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .workload import LengthMix
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    """One workload; each field is a `bench serve` flag."""
+
+    num_requests: int = 64
+    request_rate: float = 0.5  # requests per second (Poisson)
+    input_lens: str = "0.9:200-600,0.1:2k-8k"
+    output_lens: str = "32-128"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.num_requests < 1:
+            raise ValueError(f"--num-requests={self.num_requests} must be >= 1")
+        if not self.request_rate > 0:
+            raise ValueError(f"--request-rate={self.request_rate} must be > 0 (inf: all at once)")
+        LengthMix.parse(self.input_lens, "--input-lens")
+        LengthMix.parse(self.output_lens, "--output-lens")
+
+
+def word_ids(tokenizer) -> list[int]:
+    """Token ids of plain lowercase words with their leading space: a run of them re-tokenizes to itself."""
+    out = []
+    for tok, i in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+        if tok.startswith("\u0120") and tok[1:].isalpha() and tok[1:].islower() and 3 <= len(tok) - 1 <= 8:
+            out.append(i)
+    if len(out) < 1000:
+        raise ValueError("the tokenizer has fewer than 1000 plain word tokens; use a BPE tokenizer (GPT-2 style)")
+    return out
+
+
+def write_dataset(cfg: ServeBenchConfig, tokenizer, path: str | Path) -> list[tuple[int, int]]:
+    """bench_serving's custom JSONL: one conversation per request, the user turn `input_len` words, the
+    assistant turn `output_len` words (its output length). Returns the drawn (input, output) lengths."""
+    rng = np.random.default_rng(cfg.seed)
+    ins = LengthMix.parse(cfg.input_lens, "--input-lens").sample(rng, cfg.num_requests)
+    outs = LengthMix.parse(cfg.output_lens, "--output-lens").sample(rng, cfg.num_requests)
+    words = np.array(word_ids(tokenizer))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for n, m in zip(ins.tolist(), outs.tolist()):
+            prompt = tokenizer.decode(rng.choice(words, size=n).tolist())
+            answer = tokenizer.decode(rng.choice(words, size=m).tolist())
+            fh.write(json.dumps({"conversations": [{"content": prompt}, {"content": answer}]}) + "\n")
+    return list(zip(ins.tolist(), outs.tolist()))
+
+
+def bench_serving_command(cfg: ServeBenchConfig, base_url: str, model_path: str, dataset: str,
+                          output_file: str) -> list[str]:
+    """The `python -m sglang.benchmark.serving` call (printed in every results file)."""
+    return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", base_url,
+            "--model", model_path, "--tokenizer", model_path, "--dataset-name", "custom", "--dataset-path",
+            dataset, "--num-prompts", str(cfg.num_requests), "--request-rate", str(cfg.request_rate), "--seed",
+            str(cfg.seed), "--output-file", output_file, "--output-details", "--disable-tqdm"]
+
+
+def run_bench_serving(cfg: ServeBenchConfig, base_url: str, model_path: str, out_dir: str | Path,
+                      label: str) -> dict:
+    """Write the dataset, run bench_serving once, return its result record (the last line it appends)."""
+    from transformers import AutoTokenizer
+
+    out_dir = Path(out_dir)
+    dataset = out_dir / "workload.jsonl"
+    write_dataset(cfg, AutoTokenizer.from_pretrained(model_path), dataset)
+    out = out_dir / f"bench_serving-{label}.jsonl"
+    out.unlink(missing_ok=True)
+    cmd = bench_serving_command(cfg, base_url, model_path, str(dataset), str(out))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode or not out.exists():
+        raise RuntimeError(f"sglang.benchmark.serving failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    rec = json.loads(out.read_text().strip().splitlines()[-1])
+    rec["label"], rec["command"] = label, " ".join(cmd)
+    return rec
+
+
+COLUMNS = (("throughput (tok/s)", "total_throughput", 1.0), ("output tok/s", "output_throughput", 1.0),
+           ("TTFT mean (ms)", "mean_ttft_ms", 1.0), ("TTFT p99 (ms)", "p99_ttft_ms", 1.0),
+           ("TPOT mean (ms)", "mean_tpot_ms", 1.0), ("TPOT p99 (ms)", "p99_tpot_ms", 1.0),
+           ("ITL p99 (ms)", "p99_itl_ms", 1.0), ("E2E mean (s)", "mean_e2e_latency_ms", 1e-3))
+
+
+def summary_table(records: list[dict], base: str | None = None) -> str:
+    """One row per run; throughput relative to the `base` run's (the first by default)."""
+    ref = next((r for r in records if r["label"] == base), records[0]) if records else None
+    head = "| run | completed | " + " | ".join(c for c, _, _ in COLUMNS) + f" | vs {ref['label'] if ref else '-'} |"
+    lines = [head, "|---|---:|" + "---:|" * (len(COLUMNS) + 1)]
+    for r in records:
+        vals = " | ".join(f"{r[k] * s:.1f}" for _, k, s in COLUMNS)
+        lines.append(f"| {r['label']} | {r['completed']} | {vals} | {r['total_throughput'] / ref['total_throughput']:.3f} |")
+    return "\n".join(lines)
+
+
+def same_outputs(a: dict, b: dict) -> tuple[int, int]:
+    """(requests whose generated text is equal, requests compared) between two --output-details runs,
+    matched by prompt length and position (bench_serving shuffles with its seed, the same in both)."""
+    ga, gb = a.get("generated_texts") or [], b.get("generated_texts") or []
+    n = min(len(ga), len(gb))
+    return sum(x == y for x, y in zip(ga[:n], gb[:n])), n
+
+
+__all__ = ["ServeBenchConfig", "write_dataset", "bench_serving_command", "run_bench_serving", "summary_table",
+           "same_outputs", "word_ids"]
