@@ -104,19 +104,22 @@ def test_a_failure_on_any_rank_fails_all():
 
 # -- first-chunk limit (PrefillAdder_add_one_req) ----------------------------------------------------
 def test_planned_cut_keeps_its_size():
-    assert first_chunk_limit(2048, 10000, 4096, 1, 0) == 2048
+    assert first_chunk_limit(2048, 10000, 4096, 1) == 2048
 
 
 def test_last_chunk_is_rounded_up_to_a_page():
     # SGLang compares ceil_page(remaining)=1008 with the limit: 1000 would split off a sub-page pass
-    assert first_chunk_limit(1000, 1000, 512, 16, 0) == 1008
-    assert first_chunk_limit(1000, 1000, 4096, 16, 0) == 4096  # the static limit already fits it
+    assert first_chunk_limit(1000, 1000, 512, 16) == 1008
+    assert first_chunk_limit(1000, 1000, 4096, 16) == 4096  # the static limit already fits it
 
 
-def test_mixed_chunk_decode_tokens_stay_deducted():
-    assert first_chunk_limit(2048, 10000, 4096 - 3, 1, 3) == 2045
-    assert first_chunk_limit(1000, 1000, 100, 16, 3) == 1005
-    assert first_chunk_limit(None, 10000, 4093, 1, 3) == 4093  # no decision: upstream's own limit
+def test_mixed_chunk_decode_tokens_ride_on_top_of_a_planned_cut():
+    """Under --enable-mixed-chunk upstream's limit has the decode tokens taken out (4096 - 3); a planned
+    cut is the request's own tokens, and a final 2-token piece under 2 decodes stays 2 (not 0)."""
+    assert first_chunk_limit(2048, 10000, 4096 - 3, 1) == 2048
+    assert first_chunk_limit(1000, 1000, 100, 16) == 1008
+    assert first_chunk_limit(2, 2, 0, 1) == 2
+    assert first_chunk_limit(None, 10000, 4093, 1) == 4093  # no decision: upstream's own limit
 
 
 def test_adder_init_records_the_mixed_deduction():
@@ -130,6 +133,24 @@ def test_adder_init_records_the_mixed_deduction():
     assert adder.sglang_cpp_mixed_tokens == 7
     PrefillAdder_init(None, adder, *args)
     assert adder.sglang_cpp_mixed_tokens == 0
+
+
+def test_a_continuing_planned_chunk_gets_the_mixed_decode_tokens_back(monkeypatch):
+    """Upstream's __init__ turned the plan's next chunk (predict() = 2, the final piece) into a budget of
+    2 - 2 decode tokens = 0: the chunked request then ran a 0-token extend (SIGFPE in the CPU flash
+    kernel on the real PP=2 server). With the plan in charge the 2 tokens come back; without it, not."""
+    from sglang_cpp.plugin import hooks
+
+    args = (1, None, None, None, 1.0, 16384, 2)  # page_size .. rem_chunk_tokens (the plan's predict())
+    monkeypatch.setattr(hooks, "_FORMING", SimpleNamespace(chunked_req=object()))
+    monkeypatch.setattr(hooks, "ACTIVE", object())
+    adder = SimpleNamespace(rem_chunk_tokens=2 - 2)  # as upstream's __init__ leaves it
+    hooks.PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=2)
+    assert adder.rem_chunk_tokens == 2
+    monkeypatch.setattr(hooks, "ACTIVE", None)  # upstream's sizer (or none): its own budget stands
+    adder = SimpleNamespace(rem_chunk_tokens=2 - 2)
+    hooks.PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=2)
+    assert adder.rem_chunk_tokens == 0
 
 
 def test_plan_aligns_to_sglangs_whole_grid():

@@ -71,6 +71,8 @@ def TorchNativeAttnBackend__run_sdpa_forward_extend(
     start_q = 0
     for i in range(seq_lens.shape[0]):
         x, L, n = int(extend_seq_lens[i]), int(extend_prefix_lens[i]), int(seq_lens[i])
+        if x == 0:  # nothing to attend for (upstream's slice is empty; the flash kernel dies on 0 keys)
+            continue
         tokens = req_to_token[req_pool_indices[i], :n]
         k = k_cache[tokens].movedim(0, 1)
         v = v_cache[tokens].movedim(0, 1)

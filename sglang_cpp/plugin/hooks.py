@@ -133,13 +133,17 @@ def _waiting_tokens(sched) -> int:
 
 
 def PrefillAdder_init(result, self, *args, **kwargs):
-    """Remember the decode tokens a mixed-chunk batch deducted from the chunk budget (upstream's
-    __init__ subtracts them from rem_chunk_tokens; add_one_req below must keep that deduction). With a
-    batch policy, cap this micro-batch's prefill tokens at its budget (gllm) or start its ms budget."""
+    """A continuing planned chunk keeps its size: upstream's __init__ took the mixed-chunk decode tokens
+    out of rem_chunk_tokens (the plan's predict() became its chunk budget), they go back. With a batch
+    policy, cap this micro-batch's prefill tokens at its budget (gllm) or start its ms budget."""
     bound = _adder_signature().bind(self, *args, **kwargs)
-    self.sglang_cpp_mixed_tokens = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
+    self.sglang_cpp_mixed_tokens = mixed = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
     sched, policy = _FORMING, BATCH
-    if policy is None or sched is None:
+    if sched is None:
+        return None
+    if ACTIVE is not None and sched.chunked_req is not None and mixed and self.rem_chunk_tokens is not None:
+        self.rem_chunk_tokens += mixed  # the planned next chunk is the request's own tokens (first_chunk_limit)
+    if policy is None:
         return None
     free = sched.token_to_kv_pool_allocator.available_size() + sched.tree_cache.evictable_size()
     cap = policy.start_batch(_waiting_tokens(sched), int(sched.max_total_num_tokens) - int(free),
@@ -183,16 +187,18 @@ def _adder_signature():
     return inspect.signature(inspect.unwrap(PrefillAdder.__init__))
 
 
-def first_chunk_limit(chunk: int | None, remaining: int, static_limit: int, page_size: int, mixed: int) -> int:
+def first_chunk_limit(chunk: int | None, remaining: int, static_limit: int, page_size: int) -> int:
     """rem_chunk_tokens for a request's first chunk. A planned cut keeps its size; a chunk that ends the
     prompt is rounded up to a page (SGLang compares the page-ceiled length with the limit, so the bare
-    remainder would leave a sub-page pass). Mixed-chunk decode tokens stay deducted, as upstream does."""
+    remainder would leave a sub-page pass). A plan counts the request's own tokens: mixed-chunk decode
+    tokens ride on top (deducting them shrank a 2-token final piece to 0 under 2 decodes: a batch row
+    with nothing to extend, and negative extends past that, both fatal in the forward)."""
     if chunk is None:
         return static_limit
     if chunk < remaining:
-        return chunk - mixed
+        return chunk
     page = max(1, page_size)
-    return max(static_limit, -(-remaining // page) * page - mixed)
+    return max(static_limit, -(-remaining // page) * page)
 
 
 def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
@@ -209,8 +215,7 @@ def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
         remaining = prompt_len - prefix
         if remaining > 0:
             chunk = sizer.decide(req.rid, prompt_len, prefix, first=True)
-            self.rem_chunk_tokens = first_chunk_limit(chunk, remaining, self.rem_chunk_tokens, self.page_size,
-                                                      getattr(self, "sglang_cpp_mixed_tokens", 0))
+            self.rem_chunk_tokens = first_chunk_limit(chunk, remaining, self.rem_chunk_tokens, self.page_size)
     if not _time_limit(self, req, prefix):
         return AddReqResult.OTHER
     return original(self, req, *args, **kwargs)
