@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_cpp.bench import _find
 from sglang_cpp.costmodel import cost_from_profile, load_profile
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
@@ -90,7 +91,7 @@ def main() -> int:
         same, n = same_outputs(base, r)
         lines.append(f"- {r['label']}: {same} of {n} greedy outputs equal to {base['label']}'s")
     if calibration:
-        kv = int(base.get("server_info", {}).get("max_total_num_tokens", 0) or 0) or 1 << 20
+        kv = _find(base.get("server_info") or {}, "max_total_num_tokens") or 1 << 20
         sim = simulate(cfg, calibration, args.chunked_prefill_size, kv)
         lines += ["", f"Simulator (`serving_sim`, stage models from `{calibration}`, KV {kv} tokens):", "",
                   "| run | measured tok/s | simulated tok/s | measured / simulated |", "|---|---:|---:|---:|"]
