@@ -25,7 +25,7 @@ from sglang_cpp.bench import _find
 from sglang_cpp.costmodel import cost_from_profile, load_profile
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.serve_bench import ServeBenchConfig, run_bench_serving, same_outputs, summary_table
+from sglang_cpp.serve_bench import ServeBenchConfig, plot_runs, run_bench_serving, same_outputs, summary_table
 from sglang_cpp.server import ServerSpec, launched, reported_calibration
 
 SMOLLM2 = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")
@@ -99,6 +99,8 @@ def main() -> int:
             s = sim.get(r["label"])
             if s:
                 lines.append(f"| {r['label']} | {r['total_throughput']:.1f} | {s:.1f} | {r['total_throughput'] / s:.3f} |")
+    png = plot_runs(records, Path(args.results).with_suffix(".png"))
+    lines += ["", f"![measured side by side]({png.name})"]
     text = "\n".join(lines)
     print(text)
     update_section(args.results, "Mixed load on the real CPU PP=2 server", text, head="# Serving under mixed load")

@@ -121,5 +121,29 @@ def same_outputs(a: dict, b: dict) -> tuple[int, int]:
     return sum(x == y for x, y in zip(ga[:n], gb[:n])), n
 
 
-__all__ = ["ServeBenchConfig", "write_dataset", "bench_serving_command", "run_bench_serving", "summary_table",
+def plot_runs(records: list[dict], path: str | Path) -> Path:
+    """Throughput, TTFT and TPOT per run side by side (bars, measured)."""
+    from .files import pyplot, save_figure
+
+    fig, axes = pyplot().subplots(1, 3, figsize=(10, 3.2))
+    labels = [r["label"] for r in records]
+    for ax, (title, key, scale) in zip(axes, (("throughput (tok/s)", "total_throughput", 1.0),
+                                              ("TTFT mean (s)", "mean_ttft_ms", 1e-3),
+                                              ("TPOT p99 (ms)", "p99_tpot_ms", 1.0))):
+        ax.bar(labels, [r[key] * scale for r in records], color=["0.6", "tab:orange", "tab:blue"][:len(records)])
+        ax.set_title(title)
+    fig.suptitle("mixed load on the CPU PP=2 server (measured)")
+    return save_figure(fig, path)
+
+
+def load_runs(out_dir: str | Path, labels) -> list[dict]:
+    """The records bench_serving appended (its last line per run), in `labels` order."""
+    out = []
+    for label in labels:
+        rec = json.loads((Path(out_dir) / f"bench_serving-{label}.jsonl").read_text().strip().splitlines()[-1])
+        out.append({**rec, "label": label})
+    return out
+
+
+__all__ = ["ServeBenchConfig", "plot_runs", "load_runs", "write_dataset", "bench_serving_command", "run_bench_serving", "summary_table",
            "same_outputs", "word_ids"]
