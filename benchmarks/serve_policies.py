@@ -25,7 +25,8 @@ from sglang_cpp.bench import _find
 from sglang_cpp.costmodel import cost_from_profile, load_profile
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.serve_bench import ServeBenchConfig, plot_runs, run_bench_serving, same_outputs, summary_table
+from sglang_cpp.serve_bench import (ServeBenchConfig, load_runs, plot_runs, run_bench_serving, same_outputs,
+                                     summary_table)
 from sglang_cpp.server import ServerSpec, launched, reported_calibration
 
 SMOLLM2 = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")
@@ -63,13 +64,23 @@ def main() -> int:
     ap.add_argument("--calib-max-len", type=int, default=16384, help="the plan servers' SGLANG_CPP_CALIB_MAX_LEN")
     ap.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
     ap.add_argument("--results", default="results/serving_real.md")
+    ap.add_argument("--cache-dir", default="", help="SGLANG_CPP_CACHE_DIR of the plan servers (a fresh one "
+                                                    "calibrates at the first start)")
+    ap.add_argument("--reuse", default="", help="runs to read from their earlier bench_serving output instead")
     args = ap.parse_args()
     cfg = ServeBenchConfig(args.num_requests, args.request_rate, args.input_lens, args.output_lens, args.seed)
     out_dir = Path(args.results).with_suffix("")
     records, calibration, notes, t0 = [], None, [], time.time()
+    reuse = [r.strip() for r in args.reuse.split(",") if r.strip()]
     for label in [r.strip() for r in args.runs.split(",") if r.strip()]:
+        if label in reuse:  # measured earlier on the same workload (file kept in results/)
+            records.append(load_runs(out_dir, [label])[0])
+            notes.append(f"- {label}: read from {out_dir / f'bench_serving-{label}.jsonl'} (an earlier run)")
+            continue
         policy, env, extra = RUNS[label]
         env = {**env, "SGLANG_CPP_BATCH_POLICY": policy, "SGLANG_CPP_CALIB_MAX_LEN": str(args.calib_max_len)}
+        if args.cache_dir:
+            env["SGLANG_CPP_CACHE_DIR"] = args.cache_dir
         spec = ServerSpec(args.model_path, pp_size=2, chunk_size=args.chunked_prefill_size,
                           dynamic=env["SGLANG_CPP_POLICY"] == "plan", env=env, extra_args=extra)
         s0 = time.time()
@@ -85,7 +96,7 @@ def main() -> int:
     lines = [*provenance_lines("python benchmarks/" + " ".join([Path(__file__).name, *sys.argv[1:]])),
              f"- workload: {cfg.num_requests} requests, Poisson {cfg.request_rate}/s, input lengths {cfg.input_lens}, "
              f"output lengths {cfg.output_lens}, seed {cfg.seed}; prompts of random words (no shared prefixes)",
-             f"- driver: `{records[0]['command']}` (paths as run)",
+             f"- driver: `{next(r['command'] for r in records if 'command' in r)}` (paths as run)",
              f"- wall: {time.time() - t0:.0f} s", *notes, "", summary_table(records), ""]
     for r in records[1:]:
         same, n = same_outputs(base, r)

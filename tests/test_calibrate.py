@@ -157,3 +157,13 @@ def test_per_device_file_name_is_one_rule():
     assert name.startswith(device_file_name(_meta()["model"], 2, _meta()["tp"], _meta()["device_name"],
                                             _meta()["dtype"])[:-len(".json")] + ",layers=")
     assert name.endswith(",maxlen=2048.json")
+
+
+def test_cpu_calibration_file_names_the_isa():
+    """Hosts of one CPU model differ (AVX2 only, or AVX-512 with bf16, ~45x apart on bf16 GEMMs): a
+    calibration measured on one must not load on the other, so the device name carries the ISA."""
+    from sglang_cpp.machine import cpu_isa
+    from sglang_cpp.plugin.profiles import device_name
+
+    isa = cpu_isa().replace(" ", "_").replace("(", "").replace(")", "")
+    assert isa and isa.split("_")[0] in device_name("cpu")

@@ -25,7 +25,10 @@ def device_name(device: str) -> str:
         import torch
 
         return torch.cuda.get_device_name().replace(" ", "_")
-    name = cpu_model()
+    from ..machine import cpu_isa
+
+    # the ISA too: hosts of one CPU model differ (AVX2 only, or AVX-512 with bf16), and so do their times
+    name = f"{cpu_model()} {cpu_isa()}"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + f"_{os.cpu_count()}cpu"
 
 
