@@ -115,11 +115,14 @@ def test_last_chunk_is_rounded_up_to_a_page():
 
 def test_mixed_chunk_decode_tokens_ride_on_top_of_a_planned_cut():
     """Under --enable-mixed-chunk upstream's limit has the decode tokens taken out (4096 - 3); a planned
-    cut is the request's own tokens, and a final 2-token piece under 2 decodes stays 2 (not 0)."""
-    assert first_chunk_limit(2048, 10000, 4096 - 3, 1) == 2048
-    assert first_chunk_limit(1000, 1000, 100, 16) == 1008
-    assert first_chunk_limit(2, 2, 0, 1) == 2
-    assert first_chunk_limit(None, 10000, 4093, 1) == 4093  # no decision: upstream's own limit
+    cut is the request's own tokens, and a final 2-token piece under 2 decodes stays 2 (not 0), as long
+    as the forward stays within --max-prefill-tokens (`room`, what is left of it after the decodes)."""
+    assert first_chunk_limit(2048, 10000, 4096 - 3, 1, room=16384 - 3) == 2048
+    assert first_chunk_limit(1000, 1000, 100, 16, room=16384 - 3) == 1008
+    assert first_chunk_limit(2, 2, 0, 1, room=16384 - 2) == 2
+    assert first_chunk_limit(2048, 10000, 4096 - 3, 1, room=2048 - 3) == 2045  # the forward's cap binds
+    assert first_chunk_limit(3000, 3000, 100, 16, room=2048 - 3) == 2045
+    assert first_chunk_limit(None, 10000, 4093, 1, room=16381) == 4093  # no decision: upstream's own limit
 
 
 def test_adder_init_records_the_mixed_deduction():
@@ -144,11 +147,14 @@ def test_a_continuing_planned_chunk_gets_the_mixed_decode_tokens_back(monkeypatc
     args = (1, None, None, None, 1.0, 16384, 2)  # page_size .. rem_chunk_tokens (the plan's predict())
     monkeypatch.setattr(hooks, "_FORMING", SimpleNamespace(chunked_req=object()))
     monkeypatch.setattr(hooks, "ACTIVE", object())
-    adder = SimpleNamespace(rem_chunk_tokens=2 - 2)  # as upstream's __init__ leaves it
+    adder = SimpleNamespace(rem_chunk_tokens=2 - 2, rem_input_tokens=16384 - 2)  # as upstream's __init__ leaves it
     hooks.PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=2)
     assert adder.rem_chunk_tokens == 2
+    adder = SimpleNamespace(rem_chunk_tokens=16384 - 2, rem_input_tokens=16384 - 2)  # a max-size planned chunk
+    hooks.PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=2)
+    assert adder.rem_chunk_tokens == 16384 - 2  # the forward stays within --max-prefill-tokens
     monkeypatch.setattr(hooks, "ACTIVE", None)  # upstream's sizer (or none): its own budget stands
-    adder = SimpleNamespace(rem_chunk_tokens=2 - 2)
+    adder = SimpleNamespace(rem_chunk_tokens=2 - 2, rem_input_tokens=16384 - 2)
     hooks.PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=2)
     assert adder.rem_chunk_tokens == 0
 
@@ -241,7 +247,8 @@ def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
     seen = []
     monkeypatch.setattr(sizer, "decide", lambda rid, n, prefix, first: seen.append((n, prefix)) or 512)
     monkeypatch.setattr(hooks, "ACTIVE", sizer)
-    adder = SimpleNamespace(rem_chunk_tokens=1024, can_run_list=[], page_size=1, sglang_cpp_mixed_tokens=0)
+    adder = SimpleNamespace(rem_chunk_tokens=1024, rem_input_tokens=16384, can_run_list=[], page_size=1,
+                            sglang_cpp_mixed_tokens=0)
     req = SimpleNamespace(rid="r", full_untruncated_fill_ids=[0] * 20000, prefix_len=3000, host_hit_length=6000)
     out = hooks.PrefillAdder_add_one_req(lambda self, r, *a, **k: self.rem_chunk_tokens, adder, req, False, None)
     assert seen == [(20000, 9000)] and out == 512

@@ -134,7 +134,8 @@ def _waiting_tokens(sched) -> int:
 
 def PrefillAdder_init(result, self, *args, **kwargs):
     """A continuing planned chunk keeps its size: upstream's __init__ took the mixed-chunk decode tokens
-    out of rem_chunk_tokens (the plan's predict() became its chunk budget), they go back. With a batch
+    out of rem_chunk_tokens (the plan's predict() became its chunk budget), they go back up to the
+    forward's --max-prefill-tokens room (rem_input_tokens). With a batch
     policy, cap this micro-batch's prefill tokens at its budget (gllm) or start its ms budget."""
     bound = _adder_signature().bind(self, *args, **kwargs)
     self.sglang_cpp_mixed_tokens = mixed = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
@@ -142,7 +143,8 @@ def PrefillAdder_init(result, self, *args, **kwargs):
     if sched is None:
         return None
     if ACTIVE is not None and sched.chunked_req is not None and mixed and self.rem_chunk_tokens is not None:
-        self.rem_chunk_tokens += mixed  # the planned next chunk is the request's own tokens (first_chunk_limit)
+        # the planned next chunk is the request's own tokens, within the forward's room (first_chunk_limit)
+        self.rem_chunk_tokens = max(min(self.rem_chunk_tokens + mixed, self.rem_input_tokens), 1)
     if policy is None:
         return None
     free = sched.token_to_kv_pool_allocator.available_size() + sched.tree_cache.evictable_size()
@@ -187,18 +189,22 @@ def _adder_signature():
     return inspect.signature(inspect.unwrap(PrefillAdder.__init__))
 
 
-def first_chunk_limit(chunk: int | None, remaining: int, static_limit: int, page_size: int) -> int:
+def first_chunk_limit(chunk: int | None, remaining: int, static_limit: int, page_size: int,
+                      room: int | None = None) -> int:
     """rem_chunk_tokens for a request's first chunk. A planned cut keeps its size; a chunk that ends the
     prompt is rounded up to a page (SGLang compares the page-ceiled length with the limit, so the bare
-    remainder would leave a sub-page pass). A plan counts the request's own tokens: mixed-chunk decode
-    tokens ride on top (deducting them shrank a 2-token final piece to 0 under 2 decodes: a batch row
-    with nothing to extend, and negative extends past that, both fatal in the forward)."""
+    remainder would leave a sub-page pass). `room` is what the forward has left under
+    --max-prefill-tokens once --enable-mixed-chunk's decode tokens are in (the adder's rem_input_tokens):
+    the cut never exceeds it, but is otherwise not shrunk by the decodes (deducting them from a
+    2-token final piece under 2 decodes made a 0-token extend, fatal in the forward)."""
     if chunk is None:
         return static_limit
+    cap = chunk if room is None else max(min(chunk, room), 1)
     if chunk < remaining:
-        return chunk
+        return cap
     page = max(1, page_size)
-    return max(static_limit, -(-remaining // page) * page)
+    ceiled = -(-remaining // page) * page
+    return max(static_limit, ceiled if room is None else max(min(ceiled, room), 1))
 
 
 def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
@@ -215,7 +221,8 @@ def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
         remaining = prompt_len - prefix
         if remaining > 0:
             chunk = sizer.decide(req.rid, prompt_len, prefix, first=True)
-            self.rem_chunk_tokens = first_chunk_limit(chunk, remaining, self.rem_chunk_tokens, self.page_size)
+            self.rem_chunk_tokens = first_chunk_limit(chunk, remaining, self.rem_chunk_tokens, self.page_size,
+                                                      self.rem_input_tokens)
     if not _time_limit(self, req, prefix):
         return AddReqResult.OTHER
     return original(self, req, *args, **kwargs)
