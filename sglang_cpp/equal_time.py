@@ -56,6 +56,16 @@ def _x_of(coefs, L: float, T: float) -> float:
     return best
 
 
+def _roots(cols, L, T):
+    """Largest x with t(L, x) <= T for each row (coefficient columns `cols`, broadcast against L and T);
+    0 where even x = 0 exceeds T. The vectorised form of `_x_of`, for the grid searches."""
+    c0, g, b, d, e, f = cols
+    qc = c0 + g * L + d * L * L - T
+    qb = b + e * L
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(qc >= 0, 0.0, (-2.0 * qc) / (qb + np.sqrt(np.maximum(qb * qb - 4.0 * f * qc, 0.0))))
+
+
 def _n_cont(coefs, L0: int, R: int, T: float, lo: int, hi: int, cap: int = 1 << 62) -> float:
     """Fractional number of equal-time chunks (each clamped to [lo, hi]) that cover R tokens.
 
@@ -87,10 +97,7 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
     c0, g, b, d, e, f = (col[:, None, None] for col in np.array(rows, float).T)  # (stages, 1, 1) each
 
     def on(T):  # J, n, x and the binding stage over the (T, L) grid, every stage at once
-        qc = c0 + g * L + d * L * L - T[None]
-        qb = b + e * L
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = np.where(qc >= 0, 0.0, (-2.0 * qc) / (qb + np.sqrt(np.maximum(qb * qb - 4 * f * qc, 0))))
+        r = _roots((c0, g, b, d, e, f), L, T[None])
         arg = np.argmin(r, axis=0)  # the first stage with the smallest chunk binds
         x = np.clip(r.min(axis=0), lo, hi)
         tt = _times(cost, L[None, :], x, 0.0)
@@ -156,9 +163,7 @@ def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: fl
     cap = max(Ks) + 1
     with np.errstate(divide="ignore", invalid="ignore"):
         for k in range(cap + 1):
-            qc, qb = c0 + g * L + d * L * L - T, b + e * L
-            r = np.where(qc >= 0, 0.0, (-2.0 * qc) / (qb + np.sqrt(np.maximum(qb * qb - 4.0 * f * qc, 0.0))))
-            x = np.clip(r.min(axis=0), lo, hi)
+            x = np.clip(_roots((c0, g, b, d, e, f), L, T).min(axis=0), lo, hi)
             done = live & (L + x >= end)
             n[done] = k + (end - L[done]) / x[done]
             live &= ~done
