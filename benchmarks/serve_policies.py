@@ -37,18 +37,59 @@ RUNS = {  # label: (SGLANG_CPP_BATCH_POLICY, plugin env, extra server args)
 }
 
 
-def simulate(cfg: ServeBenchConfig, calibration: str, chunk: int, kv: int) -> dict:
-    """Simulated total tok/s per policy on the same workload shape (our Poisson draw, same rate/seed)."""
-    from sglang_cpp.serving_cli import run_policies
+def measured_requests(rec: dict, cfg: ServeBenchConfig):
+    """The requests bench_serving sent (its per-request input and output lengths, in its order) on
+    Poisson arrivals at the same rate: our own draw of the length mixture differs (10 vs 5 long
+    prompts on seed 0, twice the prefill tokens), which alone made the simulator look 2x off."""
+    from sglang_cpp.serving_sim import Request
     from sglang_cpp.workload import LengthMix, poisson
+
+    arrivals = [r.arrival_ms for r in poisson(len(rec["input_lens"]), cfg.request_rate, LengthMix.parse("1"),
+                                              LengthMix.parse("1"), cfg.seed)]
+    return [Request(i, a, int(n), int(m)) for i, (a, n, m) in enumerate(zip(arrivals, rec["input_lens"],
+                                                                              rec["output_lens"]))]
+
+
+def forward_check(stages, logs) -> list[str]:
+    """Each stage's logged prefill forwards against its calibrated model, and its decode forwards
+    against the prefill model's 1-token-extend estimate (what the simulator uses without a decode log)."""
+    import json
+
+    import numpy as np
+
+    from sglang_cpp.serving_sim import DecodeCost
+
+    out = []
+    for rank, m in enumerate(stages):
+        ext, dec = [], []
+        for path in logs:
+            for line in Path(path).read_text().splitlines():
+                r = json.loads(line)
+                if r.get("pp_rank") != rank:
+                    continue
+                if r["event"] == "forward" and r.get("chunk"):
+                    pred = float(m.time(0, 0)) + float(np.sum(m.time(np.array(r["prefix"], float),
+                                                                     np.array(r["chunk"], float)) - m.time(0, 0)))
+                    ext.append((r["ms"], pred))
+                elif r["event"] == "decode_forward":
+                    dec.append((r["ms"], float(DecodeCost.from_prefill(m).time(r["batch_size"], r["context"]))))
+        for kind, rows in (("prefill", ext), ("decode", dec)):
+            if rows:
+                ms, pred = np.array(rows).T
+                out.append(f"| {rank} | {kind} | {len(rows)} | {ms.sum() / 1e3:.1f} | {pred.sum() / 1e3:.1f} | "
+                           f"{np.median(ms / pred):.3f} |")
+    return ["| stage | forwards | n | measured s | model s | median measured / model |", "|---|---|---:|---:|---:|---:|",
+            *out] if out else []
+
+
+def simulate(reqs, calibration: str, chunk: int, kv: int, decode=None) -> dict:
+    """Simulated total tok/s per policy on `reqs` with the server's calibrated stage models."""
+    from sglang_cpp.serving_cli import run_policies
 
     cost = cost_from_profile(load_profile(calibration), calibration)
     stages = list(getattr(cost, "stages", (cost,)))
-    reqs = poisson(cfg.num_requests, cfg.request_rate, LengthMix.parse(cfg.input_lens),
-                   LengthMix.parse(cfg.output_lens, "--output-lens"), cfg.seed)
-    names = {"sglang": "sglang", "gllm": "gllm", "time": "time"}
-    res = run_policies(reqs, stages, list(names.values()), chunk=chunk, kv_capacity=kv)
-    return {label: res[name].throughput()["total_tok_s"] for label, name in names.items()}
+    res = run_policies(reqs, stages, list(RUNS), chunk=chunk, kv_capacity=kv, decode=decode)
+    return {label: res[label].throughput()["total_tok_s"] for label in RUNS}
 
 
 def main() -> int:
@@ -78,7 +119,10 @@ def main() -> int:
             notes.append(f"- {label}: read from {out_dir / f'bench_serving-{label}.jsonl'} (an earlier run)")
             continue
         policy, env, extra = RUNS[label]
-        env = {**env, "SGLANG_CPP_BATCH_POLICY": policy, "SGLANG_CPP_CALIB_MAX_LEN": str(args.calib_max_len)}
+        env = {**env, "SGLANG_CPP_BATCH_POLICY": policy, "SGLANG_CPP_CALIB_MAX_LEN": str(args.calib_max_len),
+               "SGLANG_CPP_DECISION_LOG": str((out_dir / f"decisions-{label}-{{rank}}.jsonl").resolve())}
+        for old in out_dir.glob(f"decisions-{label}-*.jsonl"):
+            old.unlink()
         if args.cache_dir:
             env["SGLANG_CPP_CACHE_DIR"] = args.cache_dir
         spec = ServerSpec(args.model_path, pp_size=2, chunk_size=args.chunked_prefill_size,
@@ -102,14 +146,31 @@ def main() -> int:
         same, n = same_outputs(base, r)
         lines.append(f"- {r['label']}: {same} of {n} greedy outputs equal to {base['label']}'s")
     if calibration:
+        from sglang_cpp.serving_cli import decode_costs
+
         kv = _find(base.get("server_info") or {}, "max_total_num_tokens") or 1 << 20
-        sim = simulate(cfg, calibration, args.chunked_prefill_size, kv)
-        lines += ["", f"Simulator (`serving_sim`, stage models from `{calibration}`, KV {kv} tokens):", "",
-                  "| run | measured tok/s | simulated tok/s | measured / simulated |", "|---|---:|---:|---:|"]
+        reqs = measured_requests(base, cfg)
+        cost = cost_from_profile(load_profile(calibration), calibration)
+        stages = list(getattr(cost, "stages", (cost,)))
+        logs = sorted(str(p) for p in out_dir.glob("decisions-*.jsonl"))
+        sims = {"1-token extend": simulate(reqs, calibration, args.chunked_prefill_size, kv)}
+        if logs:
+            sims["fitted on the decode log"] = simulate(reqs, calibration, args.chunked_prefill_size, kv,
+                                                        decode_costs(logs, len(stages)))
+        lines += ["", f"Simulator (`serving_sim`) on the requests bench_serving sent (their lengths and order, "
+                      f"Poisson arrivals at {cfg.request_rate}/s), stage models from `{calibration}`, KV {kv} "
+                      f"tokens; decode cost per stage either a 1-token extend of the prefill model or fitted on "
+                      f"the servers' logged decode forwards ({', '.join(Path(p).name for p in logs) or 'none'}):", "",
+                  "| run | measured tok/s | " + " | ".join(f"simulated, decode {k} | measured / simulated"
+                                                          for k in sims) + " |",
+                  "|---|---:|" + "---:|---:|" * len(sims)]
         for r in records:
-            s = sim.get(r["label"])
-            if s:
-                lines.append(f"| {r['label']} | {r['total_throughput']:.1f} | {s:.1f} | {r['total_throughput'] / s:.3f} |")
+            cells = [f"{sim[r['label']]:.1f} | {r['total_throughput'] / sim[r['label']]:.3f}" for sim in sims.values()]
+            lines.append(f"| {r['label']} | {r['total_throughput']:.1f} | " + " | ".join(cells) + " |")
+        check = forward_check(stages, logs)
+        if check:
+            lines += ["", "Logged forwards against the models (all runs; prefill: the calibrated t(L, x) summed over "
+                          "the batch's chunks; decode: the 1-token-extend estimate):", "", *check]
     png = plot_runs(records, Path(args.results).with_suffix(".png"))
     lines += ["", f"![measured side by side]({png.name})"]
     text = "\n".join(lines)

@@ -40,6 +40,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a("--sample-ms", type=float, default=0.02,
       help="sampling per sequence on the last stage, which SiPipe's CPU sampling takes off it (an assumption: "
            "SiPipe measures 22-40%% extra last-stage time in decode)")
+    a("--decode-log", nargs="+", metavar="JSONL",
+      help="decision logs of a real server (SGLANG_CPP_DECISION_LOG) to fit each stage's decode cost on its "
+           "measured decode forwards; without it a decode step is priced as a 1-token extend of the prefill "
+           "model, which can overstate it several times over")
     a("--json", action="store_true", help="machine-readable output")
     a("--trace-dir", help="write one Perfetto trace per policy here")
     a("--plot", help="PNG of the KV occupancy over time, one line per policy")
@@ -47,14 +51,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--tp-size", "--tp")
 
 
-def run_policies(requests, prefill, names, *, chunk: int = 2048, **serve) -> dict:
+def run_policies(requests, prefill, names, *, chunk: int = 2048, decode=None, **serve) -> dict:
     """{policy name: ServeResult} for each name, each on a fresh policy object: `chunk` is the prefill
-    budget (sglang, sarathi, tdpipe) or #MaxP (gllm, time); sipipe is sglang with CPU sampling; `serve`
-    are the ServeConfig settings."""
+    budget (sglang, sarathi, tdpipe) or #MaxP (gllm, time); sipipe is sglang with CPU sampling; `decode`
+    the per-stage DecodeCost (default: from each prefill model); `serve` are the ServeConfig settings."""
     from .batch_policy import make_policy
     from .serving_sim import DecodeCost, ServeConfig, simulate_serving
 
-    decode = [DecodeCost.from_prefill(m) for m in prefill]
+    decode = list(decode) if decode is not None else [DecodeCost.from_prefill(m) for m in prefill]
     out = {}
     for name in names:
         base = "sglang" if name == "sipipe" else name
@@ -62,6 +66,19 @@ def run_policies(requests, prefill, names, *, chunk: int = 2048, **serve) -> dic
         pol.name = name
         out[name] = simulate_serving(requests, prefill, decode, pol, ServeConfig(**serve, cpu_sampling=name == "sipipe"))
     return out
+
+
+def decode_costs(paths, pp_size: int):
+    """Per-stage DecodeCost fitted on decision logs, or None (the prefill models' estimate)."""
+    if not paths:
+        return None
+    from .serving_sim import read_decode_log
+
+    fitted = read_decode_log(paths)
+    if sorted(fitted) != list(range(pp_size)):
+        raise ValueError(f"--decode-log {' '.join(paths)}: decode forwards of PP ranks {sorted(fitted)}, but "
+                         f"--pp-size {pp_size} needs ranks 0-{pp_size - 1}; pass every rank's log")
+    return [fitted[r] for r in range(pp_size)]
 
 
 def format_table(results: dict) -> str:
@@ -93,8 +110,9 @@ def run(args) -> int:
         save_trace(requests, args.save_workload)
     from .simulate_cli import cli_costs
 
-    results = run_policies(requests, cli_costs(args)[0], [n.strip() for n in args.policies.split(",") if n.strip()],
-                           chunk=args.chunk, kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
+    prefill = cli_costs(args)[0]
+    results = run_policies(requests, prefill, [n.strip() for n in args.policies.split(",") if n.strip()],
+                           chunk=args.chunk, decode=decode_costs(args.decode_log, len(prefill)), kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
                            p2p_ms=args.p2p_ms, sample_ms=args.sample_ms)
     if args.trace_dir:
         for name, r in results.items():
@@ -116,4 +134,4 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["add_args", "run", "run_policies", "format_table"]
+__all__ = ["add_args", "run", "run_policies", "decode_costs", "format_table"]

@@ -49,6 +49,22 @@ class DecodeCost:
         per_ctx = (float(model.time(ref_ctx, 1.0)) - float(model.time(0.0, 1.0))) / ref_ctx
         return cls(e=max(per_ctx, 0.0), model=model)
 
+    @classmethod
+    def fit(cls, batch_size, context, ms) -> "DecodeCost":
+        """c0 + b * B + e * context by non-negative least squares on measured decode forwards (the
+        plugin's `decode_forward` events): a prefill model's prefix terms, carried to every decoding
+        sequence by from_prefill, can overstate a decode step several times over."""
+        from scipy.optimize import nnls
+
+        B, C, y = (np.asarray(v, float).ravel() for v in (batch_size, context, ms))
+        if not (len(B) == len(C) == len(y)) or len(y) < 3:
+            raise ValueError(f"DecodeCost.fit: need >= 3 decode forwards with batch size, context and ms "
+                             f"(got {len(y)}); serve some decodes with SGLANG_CPP_DECISION_LOG set")
+        if not (np.all(np.isfinite(y)) and np.all(y >= 0) and np.all(B >= 1) and np.all(C >= B)):
+            raise ValueError("DecodeCost.fit: each forward needs batch size >= 1, context >= batch size, ms >= 0")
+        (c0, b, e), _ = nnls(np.column_stack([np.ones_like(B), B, C]), y)
+        return cls(c0=float(c0), b=float(b), e=float(e))
+
     @property
     def fixed(self) -> float:
         return float(self.model.time(0.0, 0.0)) if self.model is not None else self.c0
@@ -106,6 +122,30 @@ class MicroBatch:
     decodes: tuple  # (rid, context)
     spans: tuple  # per stage (start, end) ms
     done_ms: float
+
+
+def read_decode_log(paths) -> dict:
+    """{pp_rank: DecodeCost} fitted on the `decode_forward` events of decision logs (JSON lines)."""
+    import json
+
+    rows: dict = {}
+    for path in paths:
+        try:
+            lines = open(path).read().splitlines()
+        except OSError as exc:
+            raise ValueError(f"decode log {path}: cannot read it ({exc}); start the server with "
+                             "SGLANG_CPP_DECISION_LOG=/tmp/cpp-{rank}.jsonl and serve some decodes") from None
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a crash can leave a partial last line
+            if isinstance(rec, dict) and rec.get("event") == "decode_forward" and rec.get("synchronous", True):
+                rows.setdefault(int(rec["pp_rank"]), []).append((rec["batch_size"], rec["context"], rec["ms"]))
+    if not rows:
+        raise ValueError(f"decode log {', '.join(map(str, paths))}: no decode_forward events; serve some decodes "
+                         "with SGLANG_CPP_DECISION_LOG set (sglang-cpp >= this version writes them)")
+    return {rank: DecodeCost.fit(*zip(*r)) for rank, r in sorted(rows.items())}
 
 
 def _slowest(models):
@@ -298,4 +338,4 @@ def _run_stages(index, slot, pre, dec, st, cfg, now, free, busy, fixed, pre_cost
     return MicroBatch(index, slot, tuple(pre), tuple(dec), tuple(spans), done_ms)
 
 
-__all__ = ["DecodeCost", "ServeConfig", "Request", "ServeResult", "MicroBatch", "simulate_serving"]
+__all__ = ["DecodeCost", "read_decode_log", "ServeConfig", "Request", "ServeResult", "MicroBatch", "simulate_serving"]

@@ -265,4 +265,9 @@ def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, p
     cuts = [e for e in stages[0] if e["event"] == "batch_chunk"]
     assert any(e["chunk"] < e["remaining"] for e in cuts)  # the ms budget cut a prompt
     assert {e["policy"] for e in stages[0] if e["event"] == "batch"} == {"time"}
+    # the decode forwards the serving simulator's decode cost is fitted on: the same batches on both stages
+    dec = [[(e["batch_size"], e["context"]) for e in read_events(tmp_path / f"dec_{r}.jsonl", "decode_forward")]
+           for r in (0, 1)]
+    assert dec[0] and dec[0] == dec[1]
+    assert all(1 <= b <= 12 and c > b for b, c in dec[0])
     assert [r.output_ids for r in res] == pp1["mixed"]

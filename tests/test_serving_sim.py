@@ -175,3 +175,37 @@ def test_sglang_decodes_stay_in_the_slot_that_prefilled_them():
         assert len(home) == 12 and len(set(home.values())) > 1  # prefills landed in several slots
     assert all(len(s) == 1 for s in home_of["sglang"])
     assert any(len(s) > 1 for s in home_of["gllm"])
+
+
+def test_decode_cost_fit_recovers_a_linear_decode_step_from_logged_forwards(tmp_path):
+    """Forwards made as 3 ms + 0.5 ms per sequence + 0.01 ms per context token: the fit gives those back;
+    read_decode_log fits one per PP rank and skips other events; decode_costs wants every rank."""
+    from sglang_cpp.serving_cli import decode_costs
+    from sglang_cpp.serving_sim import read_decode_log
+
+    rows = [(1, 300), (4, 2000), (8, 1000), (16, 9000), (2, 5000)]
+    ms = [3.0 + 0.5 * b + 0.01 * c for b, c in rows]
+    d = DecodeCost.fit(*zip(*rows), ms)
+    assert (d.c0, d.b, d.e) == pytest.approx((3.0, 0.5, 0.01), rel=1e-6)
+    assert float(d.time(10, 4000)) == pytest.approx(3.0 + 5.0 + 40.0)
+    log = tmp_path / "dec_0.jsonl"
+    lines = [{"event": "decode_forward", "pp_rank": r, "batch_size": b, "context": c, "ms": m * (r + 1)}
+             for r in (0, 1) for (b, c), m in zip(rows, ms)]
+    lines.append({"event": "forward", "pp_rank": 0, "prefix": [0], "chunk": [64], "ms": 1e6})
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"event": "decode_fo')
+    fitted = read_decode_log([str(log)])
+    assert sorted(fitted) == [0, 1]
+    assert (fitted[1].c0, fitted[1].b, fitted[1].e) == pytest.approx((6.0, 1.0, 0.02), rel=1e-6)
+    assert len(decode_costs([str(log)], 2)) == 2
+    with pytest.raises(ValueError, match="--pp-size 4 needs ranks 0-3"):
+        decode_costs([str(log)], 4)
+    with pytest.raises(ValueError, match="need >= 3 decode forwards"):
+        DecodeCost.fit([1, 2], [10, 20], [1.0, 2.0])
+    with pytest.raises(ValueError, match="no decode_forward events"):
+        read_decode_log([str(_only_prefill(tmp_path))])
+
+
+def _only_prefill(tmp_path):
+    p = tmp_path / "prefill.jsonl"
+    p.write_text('{"event": "forward", "pp_rank": 0, "prefix": [0], "chunk": [8], "ms": 1.0}\n')
+    return p

@@ -232,21 +232,31 @@ _PENDING = LazyTimes()
 
 
 def Scheduler_run_batch(original, self, batch, *args, **kwargs):
-    """Record each prefill forward's time, so `sglang-cpp tune fit` can refit from a real run. On GPUs
-    the time comes from CUDA events on the current stream, written once they complete (timing.py)."""
+    """Record each prefill forward's time, so `sglang-cpp tune fit` can refit from a real run; with a
+    decision log file, each decode forward's too (`decode_forward`: batch size and total context, what
+    the serving simulator's decode cost is fitted on). On GPUs the time comes from CUDA events on the
+    current stream, written once they complete (timing.py)."""
     log = LOG
-    if log is None or not batch.forward_mode.is_extend() or not batch.reqs:
+    if log is None or not batch.reqs:
         return original(self, batch, *args, **kwargs)
-    prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
-    ext = [int(v) for v in (getattr(batch, "extend_lens", None) or [])]
+    if batch.forward_mode.is_extend():
+        prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
+        ext = [int(v) for v in (getattr(batch, "extend_lens", None) or [])]
+        event, rec = "forward", {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext}
+    elif batch.forward_mode.is_decode() and log.path:
+        ctx = getattr(batch, "seq_lens_sum", None)
+        event, rec = "decode_forward", {"batch_size": len(batch.reqs),
+                                        "context": int(ctx if ctx is not None else sum(len(r.origin_input_ids) +
+                                                                                       len(r.output_ids) for r in batch.reqs))}
+    else:
+        return original(self, batch, *args, **kwargs)
     timer = DeviceTimer(str(self.device))
     timer.start()
     out = original(self, batch, *args, **kwargs)
     timer.stop()
-    _PENDING.add(timer, {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext,
-                         "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
+    _PENDING.add(timer, {"event": event, **rec, "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
     for rec in _PENDING.drain():
-        log.write("forward", **rec)
+        log.write(rec.pop("event"), **rec)
     return out
 
 
