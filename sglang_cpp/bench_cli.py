@@ -169,6 +169,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     a("--input-lens", default=d.input_lens, help="length mixture [WEIGHT:]LO[-HI],... of the prompts")
     a("--output-lens", default=d.output_lens, help="length mixture of the outputs")
     a("--seed", type=int, default=d.seed)
+    a("--context-length", type=int, default=d.context_length,
+      help="cut each prompt so it fits with its output (0: the model config's max_position_embeddings)")
     a("--label", default="run", help="this run's name in the table and the output file")
     a("--out-dir", default="results/serve", help="workload and bench_serving output files go here")
 
@@ -214,7 +216,7 @@ def run(args) -> int:
 
 def run_serve_cli(args) -> int:
     cfg = serve_bench.ServeBenchConfig(args.num_requests, args.request_rate, args.input_lens, args.output_lens,
-                                       args.seed)
+                                       args.seed, args.context_length)
     rec = serve_bench.run_bench_serving(cfg, args.base_url, args.model_path, args.out_dir, args.label)
     print(serve_bench.summary_table([rec]))
     return 0 if rec["completed"] == cfg.num_requests else 1

@@ -30,6 +30,7 @@ class ServeBenchConfig:
     input_lens: str = "0.9:200-600,0.1:2k-8k"
     output_lens: str = "32-128"
     seed: int = 0
+    context_length: int = 0  # a drawn input is cut to fit it with its output (0: the model's config)
 
     def __post_init__(self):
         if self.num_requests < 1:
@@ -53,10 +54,18 @@ def word_ids(tokenizer) -> list[int]:
 
 def write_dataset(cfg: ServeBenchConfig, tokenizer, path: str | Path) -> list[tuple[int, int]]:
     """bench_serving's custom JSONL: one conversation per request, the user turn `input_len` words, the
-    assistant turn `output_len` words (its output length). Returns the drawn (input, output) lengths."""
+    assistant turn `output_len` words (its output length). Returns the (input, output) lengths. An input
+    is cut so that input + output + CONTEXT_MARGIN fits --context-length: SGLang answers a longer one
+    with an HTTP error that bench_serving counts as completed, with all its input tokens in the
+    throughput and no output (an 8,162-token prompt did so in an earlier run)."""
     rng = np.random.default_rng(cfg.seed)
     ins = LengthMix.parse(cfg.input_lens, "--input-lens").sample(rng, cfg.num_requests)
     outs = LengthMix.parse(cfg.output_lens, "--output-lens").sample(rng, cfg.num_requests)
+    if cfg.context_length:
+        if cfg.context_length <= outs.max() + CONTEXT_MARGIN:
+            raise ValueError(f"--context-length {cfg.context_length} leaves no room for outputs of up to "
+                             f"{outs.max()} tokens; raise it or shorten --output-lens")
+        ins = np.minimum(ins, cfg.context_length - outs - CONTEXT_MARGIN)
     words = np.array(word_ids(tokenizer))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,6 +75,15 @@ def write_dataset(cfg: ServeBenchConfig, tokenizer, path: str | Path) -> list[tu
             answer = tokenizer.decode(rng.choice(words, size=m).tolist())
             fh.write(json.dumps({"conversations": [{"content": prompt}, {"content": answer}]}) + "\n")
     return list(zip(ins.tolist(), outs.tolist()))
+
+
+CONTEXT_MARGIN = 16  # tokens a prompt's words may re-tokenize to beyond the drawn count, plus BOS
+
+
+def model_context_length(model_path: str) -> int:
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 0) or 0)
 
 
 def bench_serving_command(cfg: ServeBenchConfig, base_url: str, model_path: str, dataset: str,
@@ -84,6 +102,10 @@ def run_bench_serving(cfg: ServeBenchConfig, base_url: str, model_path: str, out
 
     out_dir = Path(out_dir)
     dataset = out_dir / "workload.jsonl"
+    if not cfg.context_length:
+        from dataclasses import replace
+
+        cfg = replace(cfg, context_length=model_context_length(model_path))
     write_dataset(cfg, AutoTokenizer.from_pretrained(model_path), dataset)
     out = out_dir / f"bench_serving-{label}.jsonl"
     out.unlink(missing_ok=True)
@@ -93,7 +115,18 @@ def run_bench_serving(cfg: ServeBenchConfig, base_url: str, model_path: str, out
         raise RuntimeError(f"sglang.benchmark.serving failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     rec = json.loads(out.read_text().strip().splitlines()[-1])
     rec["label"], rec["command"] = label, " ".join(cmd)
+    check_answered(rec, out)
     return rec
+
+
+def check_answered(rec: dict, where) -> None:
+    """Every request got output: bench_serving counts a request the server refused as completed."""
+    empty = [i for i, n in enumerate(rec.get("output_lens") or []) if not n]
+    if empty:
+        i = empty[0]
+        raise RuntimeError(f"{where}: {len(empty)} request(s) got no output (the first: #{i}, "
+                           f"{rec['input_lens'][i]} input tokens; error {rec['errors'][i]!r}); the server refused "
+                           "them (see its log), so their input tokens would count in the throughput unserved")
 
 
 COLUMNS = (("throughput (tok/s)", "total_throughput", 1.0), ("output tok/s", "output_throughput", 1.0),
@@ -145,5 +178,5 @@ def load_runs(out_dir: str | Path, labels) -> list[dict]:
     return out
 
 
-__all__ = ["ServeBenchConfig", "plot_runs", "load_runs", "write_dataset", "bench_serving_command", "run_bench_serving", "summary_table",
+__all__ = ["ServeBenchConfig", "check_answered", "model_context_length", "plot_runs", "load_runs", "write_dataset", "bench_serving_command", "run_bench_serving", "summary_table",
            "same_outputs", "word_ids"]

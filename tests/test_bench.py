@@ -362,3 +362,26 @@ def test_serve_summary_is_relative_to_the_first_run_and_compares_outputs():
     table = summary_table([a, b])
     assert "| vs sglang |" in table.splitlines()[0] and table.splitlines()[-1].endswith("| 1.250 |")
     assert same_outputs(a, b) == (2, 3)
+
+
+def test_serve_workload_fits_the_context_length_and_a_refused_request_is_loud(smollm2, tmp_path):
+    """A 2K-4K prompt with up to 128 output tokens at --context-length 3000 is cut to 3000 - 16 - output
+    tokens (the rest are drawn as before); a run where the server answered a request with nothing fails."""
+    from transformers import AutoTokenizer
+
+    from sglang_cpp.serve_bench import ServeBenchConfig, check_answered, write_dataset
+
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    free = write_dataset(ServeBenchConfig(num_requests=40, input_lens="0.8:200-600,0.2:2k-4k", seed=3), tok,
+                         tmp_path / "a.jsonl")
+    cut = write_dataset(ServeBenchConfig(num_requests=40, input_lens="0.8:200-600,0.2:2k-4k", seed=3,
+                                         context_length=3000), tok, tmp_path / "b.jsonl")
+    assert [m for _, m in cut] == [m for _, m in free]
+    assert [n for n, _ in cut] == [min(n, 3000 - 16 - m) for n, m in free]
+    assert any(n > 3000 - 16 - m for n, m in free)  # some prompt was cut
+    with pytest.raises(ValueError, match="--context-length 100 leaves no room"):
+        write_dataset(ServeBenchConfig(num_requests=4, context_length=100), tok, tmp_path / "c.jsonl")
+    rec = {"output_lens": [40, 0, 12], "input_lens": [300, 8162, 500], "errors": ["", "", ""]}
+    with pytest.raises(RuntimeError, match="1 request.s. got no output .the first: #1, 8162 input tokens"):
+        check_answered(rec, "run.jsonl")
+    check_answered({**rec, "output_lens": [40, 3, 12]}, "run.jsonl")  # all answered: no error

@@ -29,7 +29,7 @@ import pytest
 from sglang_cpp.client import ServerError, generate
 from sglang_cpp.server import ServerSpec, free_port, launched, reported_calibration
 
-from conftest import CHAT
+from conftest import CHAT, read_events
 
 pytestmark = pytest.mark.server
 TIMEOUT = 900
@@ -130,7 +130,8 @@ def pd_run(smollm2, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pd")
     env, ids, boot = _env(tmp), long_ids(smollm2), free_port()
     backend = ["--disaggregation-transfer-backend", "mooncake"]
-    pspec = _spec(smollm2, env, 2, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
+    penv = dict(env, SGLANG_CPP_DECISION_LOG=str(tmp / "prefill_{rank}.jsonl"))
+    pspec = _spec(smollm2, penv, 2, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
                                     str(boot), *backend], "0|1")
     dextra = ["--disaggregation-mode", "decode", *backend]
     if not CUDA:
@@ -148,6 +149,7 @@ def pd_run(smollm2, tmp_path_factory):
                 os.killpg(router.pid, 15)
                 router.wait(30)
         out.update(prefill_log=pre.log(), decode_log=dec.log(), router=bool(router), ids=ids,
+                   sends=[read_events(tmp / f"prefill_{r}.jsonl", "kv_send") for r in (0, 1)],
                    seconds=time.time() - t0)
         return out
 
@@ -190,6 +192,21 @@ def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
                           "--max-prefill-tokens", "16384", "--context-length", "8192", "--json"],
                          capture_output=True, text=True, check=True)
     assert chunks == json.loads(cli.stdout)["chunks"]
+
+
+def test_kv_goes_to_decode_once_per_chunk(pd_run):
+    """Each prefill rank hands Mooncake one KV transfer per chunk of the long prompt (its own layers),
+    and the transfers of that request cover the whole prompt (page size 1: one page per token)."""
+    n = len(pd_run["ids"])
+    (row,) = [r for r in re.findall(r"PP0 request rid=\S+ prompt=(\d+) prefix=\d+ chunks=\[([\d, ]+)\]",
+                                    pd_run["prefill_log"]) if int(r[0]) == n]
+    chunks = [int(c) for c in row[1].split(",")]
+    for rank, sends in enumerate(pd_run["sends"]):
+        rooms: dict = {}
+        for e in sends:
+            rooms.setdefault(e["room"], []).append(e["pages"])
+        (long,) = [p for p in rooms.values() if sum(p) == n]
+        assert len(long) == len(chunks) >= 2, (rank, long, chunks)
 
 
 def test_pd_request_went_through_sglang_router(pd_run):

@@ -1,12 +1,13 @@
 """sglang-cpp's SGLang plugin (entry point group `sglang.srt.plugins`).
 
 SGLang calls `register()` in every process before it builds a Scheduler. The hooks are AROUND/AFTER
-hooks on thirteen SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
+hooks on seventeen SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
 through unless SGLANG_CPP_ASYNC_RECV=1).
 """
 from __future__ import annotations
 
 SCHED = "sglang.srt.managers.scheduler.Scheduler"
+MHA_HOST = "sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost"
 TARGETS = {
     f"{SCHED}.maybe_init_dynamic_chunk_sizer": ("Scheduler_maybe_init_dynamic_chunk_sizer", "AROUND"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.__init__": ("PrefillAdder_init", "AFTER"),
@@ -29,7 +30,13 @@ TARGETS = {
     # CPU-only compatibility for PD disaggregation over Mooncake TCP (no-ops where CUDA exists;
     # plugin/cpu_compat.py and docs/compatibility.md say why)
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__": ("MooncakeKVSender_init_cpu", "AFTER"),
+    # observe only: a `kv_send` decision-log event per KV transfer of a PD prefill rank
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.send": ("MooncakeKVSender_send", "AFTER"),
     "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register": ("alloc_with_host_register_cpu", "AROUND"),
+    # CPU-only HiCache L2: torch KV copies between the device and host pools, synchronous streams
+    f"{MHA_HOST}.__init__": ("MHATokenToKVPoolHost_init_cpu", "AFTER"),
+    f"{MHA_HOST}.backup_from_device_all_layer": ("MHATokenToKVPoolHost_backup_from_device_all_layer", "AROUND"),
+    "sglang.srt.mem_cache.l2_transfer.L2TransferEngine.__init__": ("L2TransferEngine_init_cpu", "AFTER"),
 }
 
 

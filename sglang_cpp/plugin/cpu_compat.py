@@ -21,6 +21,19 @@ Targets (registered with the other hooks, from `sglang_cpp/plugin/__init__.py` T
   (pool_host/common.py:349 -> :147 ``torch.cuda.cudart()``), which raises "Torch not compiled with
   CUDA enabled". Page-locking host memory only matters for DMA by a GPU; with no GPU the shim
   allocates the same buffer unpinned.
+
+* ``sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost.__init__`` (AFTER): binds the pure-torch
+  kvcacheio ops (kvcacheio_cpu.py) into ``pool_host/mha.py``, which imports them only on CUDA/HIP
+  (:60-73) or XPU (:75); on CPU the first backup died with ``NameError: transfer_kv_all_layer_lf_pf``.
+  Only names the module lacks are bound, so a CUDA/XPU build keeps its kernels.
+
+* ``sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost.backup_from_device_all_layer`` (AROUND):
+  the all-layer kernels of the `kernel` io backend read device *pointer tables*; on CPU the
+  layer_first and page_first backups run the torch ops on the pool's own tensor lists instead.
+
+* ``sglang.srt.mem_cache.l2_transfer.L2TransferEngine.__init__`` (AFTER): ``torch.cpu.Stream`` has no
+  ``synchronize``, which the transfer's error path calls (l2_transfer.py:123) and so masked the real
+  error. CPU copies are synchronous, so the engine's streams get a no-op ``synchronize``/``query``.
 """
 from __future__ import annotations
 
@@ -49,3 +62,62 @@ def alloc_with_host_register_cpu(original_fn, *args, **kwargs):
         elif len(args) >= 4:  # (dims, dtype, device, pin_memory, allocator, ...)
             args = args[:3] + (False,) + args[4:]
     return original_fn(*args, **kwargs)
+
+
+def MHATokenToKVPoolHost_init_cpu(result, self, *args, **kwargs):
+    """AFTER MHATokenToKVPoolHost.__init__: on a CUDA-less host, give pool_host/mha.py the torch ops it
+    would have imported from sgl_kernel.kvcacheio (only those it lacks)."""
+    if cuda_absent():
+        import sys
+
+        from . import kvcacheio_cpu
+
+        mod = sys.modules[type(self).__module__] if type(self).__module__.endswith(".mha") else \
+            sys.modules["sglang.srt.mem_cache.pool_host.mha"]
+        for name in kvcacheio_cpu.OPS:
+            if name not in vars(mod):
+                setattr(mod, name, getattr(kvcacheio_cpu, name))
+    return None
+
+
+def MHATokenToKVPoolHost_backup_from_device_all_layer(original_fn, self, device_pool, host_indices, device_indices,
+                                                      io_backend, *args, **kwargs):
+    """AROUND backup_from_device_all_layer: on a CUDA-less host the `kernel` backend's all-layer copies
+    of the layer_first and page_first layouts use tensor lists, not device pointer tables."""
+    if not cuda_absent() or io_backend != "kernel" or self.layout not in ("layer_first", "page_first"):
+        return original_fn(self, device_pool, host_indices, device_indices, io_backend, *args, **kwargs)
+    from . import kvcacheio_cpu as io
+
+    if self.layout == "layer_first":
+        io.transfer_kv_all_layer(self.device_k_buffers, self.k_data_refs, self.device_v_buffers, self.v_data_refs,
+                                 device_indices, host_indices)
+    else:
+        io.transfer_kv_all_layer_lf_pf(self.device_k_buffers, self.k_buffer, self.device_v_buffers, self.v_buffer,
+                                       device_indices, host_indices)
+    return None
+
+
+class _SyncStream:
+    """A CPU stream: work runs when issued, so waiting on it has nothing to wait for."""
+
+    def __init__(self, base):
+        self._base = base
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+def L2TransferEngine_init_cpu(result, self, *args, **kwargs):
+    """AFTER L2TransferEngine.__init__: on a CUDA-less host, streams with a no-op synchronize."""
+    if cuda_absent():
+        for name in ("device_to_host_stream", "host_to_device_stream"):
+            stream = getattr(self, name, None)
+            if stream is not None and not hasattr(stream, "synchronize"):
+                setattr(self, name, _SyncStream(stream))
+    return None

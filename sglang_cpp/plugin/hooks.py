@@ -11,7 +11,13 @@ from .. import envs
 from ..machine import cpu_dtype_warning
 from .profiles import resolve_cost, resolve_upstream
 from .attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: F401 (hook)
-from .cpu_compat import MooncakeKVSender_init_cpu, alloc_with_host_register_cpu  # noqa: F401 (hooks)
+from .cpu_compat import (  # noqa: F401 (hooks)
+    L2TransferEngine_init_cpu,
+    MHATokenToKVPoolHost_backup_from_device_all_layer,
+    MHATokenToKVPoolHost_init_cpu,
+    MooncakeKVSender_init_cpu,
+    alloc_with_host_register_cpu,
+)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
 from .batch import BatchConfig, BatchPolicy
 from .sizer import CppChunkSizer, DecisionLog, SizerConfig
@@ -215,7 +221,10 @@ def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
 
     sizer = ACTIVE
     has_chunked = kwargs.get("has_chunked_req", args[0] if args else False)
-    prefix = req.prefix_len + int(getattr(req, "host_hit_length", 0) or 0)
+    host_hit = int(getattr(req, "host_hit_length", 0) or 0)
+    prefix = req.prefix_len + host_hit
+    if host_hit and LOG is not None:  # HiCache: this prefix is loaded back from the host tier
+        LOG.write("host_hit", rid=req.rid, device_prefix=int(req.prefix_len), host_hit=host_hit)
     if not (sizer is None or self.rem_chunk_tokens is None or self.can_run_list or has_chunked):
         prompt_len = len(req.full_untruncated_fill_ids)
         remaining = prompt_len - prefix
@@ -258,6 +267,15 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
     for rec in _PENDING.drain():
         log.write(rec.pop("event"), **rec)
     return out
+
+
+def MooncakeKVSender_send(result, self, kv_indices, *args, **kwargs):
+    """Observe only: one `kv_send` event per KV transfer a prefill rank hands to Mooncake (with a
+    decision log file), so a test or a user can count transfers per request (one per chunk)."""
+    log = LOG
+    if log is not None and log.path:
+        log.write("kv_send", room=int(getattr(self, "bootstrap_room", -1)), pages=int(len(kv_indices)))
+    return None
 
 
 def DynamicChunkSizer_profile_and_fit(result, self, *args, **kwargs):
