@@ -196,17 +196,19 @@ def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
 
 def test_kv_goes_to_decode_once_per_chunk(pd_run):
     """Each prefill rank hands Mooncake one KV transfer per chunk of the long prompt (its own layers),
-    and the transfers of that request cover the whole prompt (page size 1: one page per token)."""
+    each the size of its chunk (page size 1: one page per token), after one transfer of the radix-cached
+    prefix the chunks start from (SGLang sends cached KV before the first chunk runs)."""
     n = len(pd_run["ids"])
-    (row,) = [r for r in re.findall(r"PP0 request rid=\S+ prompt=(\d+) prefix=\d+ chunks=\[([\d, ]+)\]",
+    (row,) = [r for r in re.findall(r"PP0 request rid=\S+ prompt=(\d+) prefix=(\d+) chunks=\[([\d, ]+)\]",
                                     pd_run["prefill_log"]) if int(r[0]) == n]
-    chunks = [int(c) for c in row[1].split(",")]
+    prefix, chunks = int(row[1]), [int(c) for c in row[2].split(",")]
+    assert len(chunks) >= 2
     for rank, sends in enumerate(pd_run["sends"]):
         rooms: dict = {}
         for e in sends:
             rooms.setdefault(e["room"], []).append(e["pages"])
         (long,) = [p for p in rooms.values() if sum(p) == n]
-        assert len(long) == len(chunks) >= 2, (rank, long, chunks)
+        assert long == [prefix] * (prefix > 0) + chunks, (rank, long, prefix, chunks)
 
 
 def test_pd_request_went_through_sglang_router(pd_run):
