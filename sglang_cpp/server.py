@@ -102,12 +102,14 @@ class RunningServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 2.0) -> None:
+        """SIGTERM to the server's process group, SIGKILL after `grace_s`: with its schedulers gone, SGLang's
+        launcher sleeps 5 s before its crash diagnostics, which a test server's stop need not wait for."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)

@@ -56,7 +56,9 @@ def _extends(path, rid: str) -> list[tuple[int, int]]:
 def test_host_tier_hit_is_served_from_the_cached_length_on_both_stages(tiny, reference, policy, tmp_path):
     env = {"SGLANG_CPP_POLICY": policy, "SGLANG_CPP_PROFILE": _profile(tmp_path / "profile.json"),
            "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
-    spec = ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=True, env=env, device="cuda" if CUDA else "cpu",
+    # off: SGLang's static chunking (with --enable-dynamic-chunking it would profile 128 prefills first)
+    spec = ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=policy != "off", env=env,
+                      device="cuda" if CUDA else "cpu",
                       extra_args=("--enable-hierarchical-cache", "--max-total-tokens", str(DEVICE_TOKENS)))
     res = _serve(spec)
     hit = res[2].meta.get("cached_tokens_details") or {}
