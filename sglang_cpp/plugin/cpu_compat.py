@@ -72,8 +72,7 @@ def MHATokenToKVPoolHost_init_cpu(result, self, *args, **kwargs):
 
         from . import kvcacheio_cpu
 
-        mod = sys.modules[type(self).__module__] if type(self).__module__.endswith(".mha") else \
-            sys.modules["sglang.srt.mem_cache.pool_host.mha"]
+        mod = sys.modules["sglang.srt.mem_cache.pool_host.mha"]  # the module whose methods call the ops
         for name in kvcacheio_cpu.OPS:
             if name not in vars(mod):
                 setattr(mod, name, getattr(kvcacheio_cpu, name))
