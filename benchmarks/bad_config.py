@@ -69,6 +69,12 @@ def cases(d: Path, model: str) -> list[tuple[str, dict, tuple, str]]:
         ("dynamic chunking without a chunk size", {}, ("--chunked-prefill-size", "-1"), "--chunked-prefill-size > 0"),
         ("unwritable cache dir", {"SGLANG_CPP_CACHE_DIR": str(d / "blocker" / "cache")}, (),
          "SGLANG_CPP_CACHE_DIR="),
+        ("unknown SGLANG_CPP_BATCH_POLICY", {"SGLANG_CPP_BATCH_POLICY": "fastest"}, (), "SGLANG_CPP_BATCH_POLICY"),
+        ("batch policy gllm without --enable-mixed-chunk", {"SGLANG_CPP_BATCH_POLICY": "gllm"}, (),
+         "SGLANG_CPP_BATCH_POLICY=gllm"),
+        ("batch policy time without the plan policy's cost model",
+         {"SGLANG_CPP_BATCH_POLICY": "time", "SGLANG_CPP_POLICY": "quadratic"}, ("--enable-mixed-chunk",),
+         "SGLANG_CPP_BATCH_POLICY=time"),
         ("calibration fails on PP1 only", {"SGLANG_CPP_CALIB_FAULT_RANK": "1", "SGLANG_CPP_CACHE_DIR": str(d / "cache"),
                                            "SGLANG_CPP_CALIB_MAX_LEN": "1024"}, (), "fault injected"),
     ]
