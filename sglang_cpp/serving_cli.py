@@ -43,7 +43,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a("--decode-log", nargs="+", metavar="JSONL",
       help="decision logs of a real server (SGLANG_CPP_DECISION_LOG) to fit each stage's decode cost on its "
            "measured decode forwards; without it a decode step is priced as a 1-token extend of the prefill "
-           "model, which can overstate it several times over")
+           "model (1.2x the measured decode steps on the CPU server, results/serving_real.md)")
     a("--json", action="store_true", help="machine-readable output")
     a("--trace-dir", help="write one Perfetto trace per policy here")
     a("--plot", help="PNG of the KV occupancy over time, one line per policy")
@@ -112,7 +112,8 @@ def run(args) -> int:
 
     prefill = cli_costs(args)[0]
     results = run_policies(requests, prefill, [n.strip() for n in args.policies.split(",") if n.strip()],
-                           chunk=args.chunk, decode=decode_costs(args.decode_log, len(prefill)), kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
+                           chunk=args.chunk, decode=decode_costs(args.decode_log, len(prefill)),
+                           kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
                            p2p_ms=args.p2p_ms, sample_ms=args.sample_ms)
     if args.trace_dir:
         for name, r in results.items():
