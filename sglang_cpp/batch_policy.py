@@ -100,6 +100,14 @@ def _even_decodes(view: View) -> tuple:
     return tuple(r for r, *_ in view.decodes[:max(1, -(-view.decoding // view.depth))])
 
 
+def even_share(loads, slot: int, waiting: int) -> int:
+    """Eq. 4 where a request stays in the micro-batch slot that prefilled it (SGLang): the requests slot
+    `slot` may still admit so that it holds no more than its even share ceil((#RD + waiting) / slots) of
+    the decodes to come. `loads` is each slot's running requests; `waiting` the requests queued."""
+    share = -(-(sum(loads) + waiting) // len(loads))
+    return max(share - loads[slot], 0)
+
+
 @dataclass
 class SGLangDefault:
     """SGLang 0.5.23's default scheduling: prefill first, separate prefill and decode batches."""
@@ -231,5 +239,5 @@ def make_policy(name: str, **kw):
     return POLICIES[name](**kw)
 
 
-__all__ = ["View", "WaitingReq", "Batch", "time_budget", "time_chunk", "SGLangDefault", "GLLMThrottle", "TimeThrottle", "TDPipe", "POLICIES",
+__all__ = ["View", "WaitingReq", "Batch", "even_share", "time_budget", "time_chunk", "SGLangDefault", "GLLMThrottle", "TimeThrottle", "TDPipe", "POLICIES",
            "make_policy"]

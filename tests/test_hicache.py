@@ -12,38 +12,33 @@ import json
 
 import pytest
 
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.server import ServerSpec, launched
+from sglang_cpp.server import ServerSpec
 
-from conftest import read_events
+from conftest import ASK, ASK2, DEVICE, DOC, HICACHE_ARGS, HICACHE_PROMPTS, read_events, serve_hicache
 
 pytestmark = pytest.mark.server
-CUDA = __import__("torch").cuda.is_available()
-TIMEOUT = 900
-DEVICE_TOKENS = 8192  # --max-total-tokens: one document fits, two do not
-DOC, OTHER = random_ids(6000, seed=61), random_ids(6000, seed=62)
-ASK, ASK2 = random_ids(40, seed=63), random_ids(40, seed=64)
-PROMPTS = (DOC + ASK, OTHER + ASK, DOC + ASK2)  # the third is the document again, after an eviction
-NEW = 4
 
 
 def _profile(path) -> str:
-    """A plan cost model and upstream's a, b, c in one file: no start-up calibration in the test."""
+    """A plan cost model in a file: no start-up calibration in the test."""
     path.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [],
-                                "coeffs": {"c0": 20.0, "b": 0.05, "e": 2e-5, "f": 1e-5},
-                                "upstream": {"a": 1e-5, "b": 0.05, "c": 20.0}}))
+                                "coeffs": {"c0": 20.0, "b": 0.05, "e": 2e-5, "f": 1e-5}}))
     return str(path)
-
-
-def _serve(spec: ServerSpec) -> list:
-    with launched(spec, TIMEOUT) as srv:
-        return [generate(srv.base_url, input_ids=p, max_new_tokens=NEW, stream=False) for p in PROMPTS]
 
 
 @pytest.fixture(scope="module")
 def reference(tiny) -> list[list[int]]:
     """PP=1, no HiCache, the same three requests."""
-    return [r.output_ids for r in _serve(ServerSpec(tiny, pp_size=1, chunk_size=2048, cores="0"))]
+    return [r.output_ids for r in serve_hicache(ServerSpec(tiny, pp_size=1, chunk_size=2048, cores="0"))["hicache"]]
+
+
+@pytest.fixture(scope="module")
+def plan_run(tiny, tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("hicache_plan")
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_PROFILE": _profile(d / "profile.json"),
+           "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl")}
+    spec = ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=True, env=env, device=DEVICE, extra_args=HICACHE_ARGS)
+    return dict(serve_hicache(spec), dir=d)
 
 
 def _extends(path, rid: str) -> list[tuple[int, int]]:
@@ -53,26 +48,22 @@ def _extends(path, rid: str) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("policy", ["plan", "quadratic", "off"])
-def test_host_tier_hit_is_served_from_the_cached_length_on_both_stages(tiny, reference, policy, tmp_path):
-    env = {"SGLANG_CPP_POLICY": policy, "SGLANG_CPP_PROFILE": _profile(tmp_path / "profile.json"),
-           "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
-    # off: SGLang's static chunking (with --enable-dynamic-chunking it would profile 128 prefills first)
-    spec = ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=policy != "off", env=env,
-                      device="cuda" if CUDA else "cpu",
-                      extra_args=("--enable-hierarchical-cache", "--max-total-tokens", str(DEVICE_TOKENS)))
-    res = _serve(spec)
+def test_host_tier_hit_is_served_from_the_cached_length_on_both_stages(request, reference, policy):
+    """quadratic and off: conftest's quadratic_run and off_run, the servers of test_server_e2e's upstream
+    checks (both with HiCache on), which send one more unrelated prompt after these three."""
+    run = request.getfixturevalue(f"{policy}_run")
+    res, logs = run["hicache"], [run["dir"] / f"dec_{r}.jsonl" for r in (0, 1)]
     hit = res[2].meta.get("cached_tokens_details") or {}
     cached = res[2].meta["cached_tokens"]
     assert ASK[0] != ASK2[0] and cached == len(DOC), res[2].meta  # the whole document was a hit ...
     assert hit.get("host", 0) >= 1024 and hit["device"] + hit["host"] == cached, hit  # ... its evicted part from the host
-    logs = [tmp_path / f"dec_{r}.jsonl" for r in (0, 1)]
     loads = [[(e["rid"], e["device_prefix"], e["host_hit"]) for e in read_events(p, "host_hit")] for p in logs]
     assert loads[0] and loads[0] == loads[1]  # the load back, seen by both stages' admission
-    rid = loads[0][-1][0]
-    assert rid == res[2].meta["id"] and sum(loads[0][-1][1:]) == cached
+    rid = res[2].meta["id"]
+    assert [sum(h) for r, *h in loads[0] if r == rid] == [cached]
     runs = [_extends(p, rid) for p in logs]
     assert runs[0] == runs[1], "PP stages ran different chunks"
-    assert runs[0][0][0] == cached and sum(x for _, x in runs[0]) == len(PROMPTS[2]) - cached  # only the suffix
+    assert runs[0][0][0] == cached and sum(x for _, x in runs[0]) == len(HICACHE_PROMPTS[2]) - cached  # only the suffix
     if policy == "plan":
         plans = [[(e["prefix"], e["chunk"]) for e in read_events(p, "decision") if e["rid"] == rid] for p in logs]
         assert plans[0] and plans[0][0][0] == cached  # the plan starts at the cached length

@@ -1,7 +1,7 @@
 """PD disaggregation end to end: prefill PP2 + sglang-cpp plan policy -> Mooncake (TCP) -> decode PP1.
 
 Runs on CPU (needs mooncake-transfer-engine-non-cuda + libibverbs1) and on CUDA. Greedy output through
-the PD pair must equal a non-disaggregated PP2 server with the same chunking flags, and the prefill
+the PD pair must equal the non-disaggregated PP=1 reference server (conftest.pp1), and the prefill
 server must chunk the long prompt with sglang-cpp's decisions (KV is sent after every chunk).
 
 On CPU two SGLang 0.5.23 paths need help (docs/compatibility.md):
@@ -29,14 +29,12 @@ import pytest
 from sglang_cpp.client import ServerError, generate
 from sglang_cpp.server import ServerSpec, free_port, launched, reported_calibration
 
-from conftest import CHAT, read_events
+from conftest import CHAT, pd_long_ids, read_events
 
 pytestmark = pytest.mark.server
 TIMEOUT = 900
 CUDA = __import__("torch").cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-PARA = ("The river town kept its records in a stone tower. Each spring the archivists copied the ledgers, "
-        "counted the boats, and wrote the names of every family that crossed the bridge. ")
 
 if importlib.util.find_spec("mooncake") is None:
     pytest.skip("mooncake transfer engine not installed (pip install mooncake-transfer-engine-non-cuda; "
@@ -46,14 +44,6 @@ try:
 except ImportError as exc:  # installed but broken (e.g. libibverbs.so.1 missing): a failure, not a skip
     raise RuntimeError(f"mooncake transfer engine is installed but does not import: {exc}; "
                        "apt-get install libibverbs1 (examples/cpu/setup.sh does)") from None
-
-
-def long_ids(model: str) -> list[int]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    return (tok("<|im_start|>user\n" + PARA * 60)["input_ids"][:1180]
-            + tok("Summarise.<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
 
 
 def _env(tmp: Path) -> dict:
@@ -128,7 +118,7 @@ def _via_manual(prefill_url, bootstrap, decode_url, ids):
 @pytest.fixture(scope="module")
 def pd_run(smollm2, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pd")
-    env, ids, boot = _env(tmp), long_ids(smollm2), free_port()
+    env, ids, boot = _env(tmp), pd_long_ids(smollm2), free_port()
     backend = ["--disaggregation-transfer-backend", "mooncake"]
     penv = dict(env, SGLANG_CPP_DECISION_LOG=str(tmp / "prefill_{rank}.jsonl"))
     pspec = _spec(smollm2, penv, 2, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
@@ -154,23 +144,14 @@ def pd_run(smollm2, tmp_path_factory):
         return out
 
 
-@pytest.fixture(scope="module")
-def baseline(smollm2, tmp_path_factory, pd_run):
-    tmp = tmp_path_factory.mktemp("pd_base")
-    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CALIB_MAX_LEN": "1024"}
-    if not CUDA:
-        env["OMP_NUM_THREADS"] = "1"
-    with launched(_spec(smollm2, env, 2, [], "0|1"), TIMEOUT, str(tmp)) as srv:
-        return _requests(srv.base_url, pd_run["ids"])
-
-
-def test_pd_chat_equals_non_disaggregated(pd_run, baseline):
-    assert pd_run["chat"] == baseline["chat"]
+def test_pd_chat_equals_non_disaggregated(pd_run, pp1):
+    """conftest.pp1: the PP=1 SmolLM2 reference server, shared with test_server_e2e."""
+    assert pd_run["chat"] == pp1["chat"]
     assert "Paris" in pd_run["chat"]
 
 
-def test_pd_chunked_long_prompt_equals_non_disaggregated(pd_run, baseline):
-    assert pd_run["long"] == baseline["long"], (pd_run["long_text"], baseline["long_text"])
+def test_pd_chunked_long_prompt_equals_non_disaggregated(pd_run, pp1):
+    assert pd_run["long"] == pp1["pd_long"].output_ids, (pd_run["long_text"], pp1["pd_long"].text)
     assert len(pd_run["long"]) == 16
 
 

@@ -11,55 +11,19 @@ import sys
 import pytest
 
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.client import generate, random_ids
+from sglang_cpp.client import generate
 from sglang_cpp.server import ServerSpec, launch_fails, launched
 from sglang_cpp.upstream import UpstreamPredictor
 
-from conftest import CHAT, chunks_of, read_events, sglang_reference_chunks
+from conftest import (CHAT, LONG, MIXED_CHUNK, OFF_CHUNK, OFF_CTX, OFF_PROMPT, QUAD_ABC, QUAD_PROMPT, QUAD_SIGMA, chunks_of,
+                      mixed_prompts, read_events, run_cached_pair, sglang_reference_chunks)
 
 pytestmark = pytest.mark.server
 TIMEOUT = 900
-LONG = 3000  # the long prompt: a multi-chunk plan at C=1024, short enough for CI on an AVX2 host
-MIXED_CHUNK = 512  # PP1 reference and async-recv servers: the longer mixed prompts take 2 chunks
 
 
 def _decisions(path):
     return [(d["rid"], d["prefix"], d["chunk"]) for d in read_events(path, "decision")]
-
-
-def cached_prompts(model: str) -> tuple[list, list]:
-    """A LONG-token document, then the same document plus a ~300-token question (radix-cache hit)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    para = ("The river town kept its records in a stone tower. Each spring the archivists copied the ledgers, "
-            "counted the boats, and wrote the names of every family that crossed the bridge. ")
-    doc = tok("<|im_start|>user\n" + para * 200)["input_ids"][:LONG]
-    q = tok(" ".join(["Summarise the duties of the archivists in the tower."] * 30) +
-            "<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
-    return doc, doc + q
-
-
-def run_cached_pair(url: str, model: str) -> dict:
-    doc, full = cached_prompts(model)
-    first = generate(url, input_ids=doc, max_new_tokens=1)
-    second = generate(url, input_ids=full, max_new_tokens=8)
-    return {"doc": doc, "full": full, "first": first, "second": second}
-
-
-@pytest.fixture(scope="module")
-def pp1(smollm2):
-    """One PP=1 reference server for every equality check in this module."""
-    with launched(ServerSpec(smollm2, pp_size=1, chunk_size=MIXED_CHUNK), TIMEOUT) as srv:
-        # mixed prompts first: the async-recv servers see them on an empty radix cache too
-        mixed = [generate(srv.base_url, text=p, max_new_tokens=8).output_ids for p in mixed_prompts()]
-        return {"chat": generate(srv.base_url, text=CHAT, max_new_tokens=16).text,
-                "cached": run_cached_pair(srv.base_url, smollm2), "mixed": mixed, "log": srv.log()}
-
-
-@pytest.fixture(scope="module")
-def pp1_text(pp1):
-    return pp1["chat"]
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +46,9 @@ def plan_run(smollm2, tmp_path_factory):
             "profile": (rc, prof)}
 
 
-def test_pp2_plan_greedy_output_equals_pp1(plan_run, pp1_text):
-    assert plan_run["chat"] == pp1_text
-    assert "Paris" in pp1_text
+def test_pp2_plan_greedy_output_equals_pp1(plan_run, pp1):
+    assert plan_run["chat"] == pp1["chat"]
+    assert "Paris" in pp1["chat"]
 
 
 def test_calibration_saved_per_device(plan_run):
@@ -146,30 +110,15 @@ def test_server_profiler_measures_extend_over_cached_prefix(plan_run):
     assert doc["meta"]["pp"] == 2 and doc["meta"]["model"].endswith("smollm2-135m")
 
 
-# upstream profiles 128 fresh prefills of up to 1.25*C tokens at startup: on the tiny model, fast enough
-# at a C where compute, not per-forward overhead, dominates its fit
-OFF_CHUNK, OFF_PROMPT, OFF_CTX = 2048, 6000, 65536
-
-
-@pytest.fixture(scope="module")
-def upstream_run(tiny, tmp_path_factory):
-    """Policy off: upstream's own dynamic chunking (its startup profiling and fit), observed only."""
-    d = tmp_path_factory.mktemp("off")
-    env = {"SGLANG_CPP_POLICY": "off", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl")}
-    with launched(ServerSpec(tiny, pp_size=2, chunk_size=OFF_CHUNK, dynamic=True, env=env), TIMEOUT) as srv:
-        generate(srv.base_url, input_ids=random_ids(OFF_PROMPT, seed=11), max_new_tokens=1)
-        log = srv.log()
-    return d, log
-
-
 def _ran(path, total: int) -> list[int]:
     (seq,) = [[c for _, c in v] for v in chunks_of(path).values() if sum(c for _, c in v) == total]
     return seq
 
 
-def test_policy_off_leaves_upstream_unchanged(upstream_run):
-    """Upstream's own profiling and fit run, and its chunks are exactly its algorithm's on both stages."""
-    d, log = upstream_run
+def test_policy_off_leaves_upstream_unchanged(off_run):
+    """Upstream's own profiling and fit run, and its chunks are exactly its algorithm's on both stages
+    (the tiny model with HiCache on: conftest.off_run, shared with tests/test_hicache.py)."""
+    d, log = off_run["dir"], off_run["log"]
     assert _decisions(d / "dec_0.jsonl") == [] and _decisions(d / "dec_1.jsonl") == []  # we decided nothing
     (fit,) = read_events(d / "dec_0.jsonl", "upstream_fit")[:1]
     assert fit["ok"], "upstream's startup fit failed on this host: " + log[-2000:]
@@ -180,24 +129,17 @@ def test_policy_off_leaves_upstream_unchanged(upstream_run):
         assert seq == up.chunk_sequence(OFF_PROMPT)  # upstream's run equals our reproduction, chunk for chunk
 
 
-def test_quadratic_reproduces_upstream_chunks(tiny, tmp_path, monkeypatch):
+def test_quadratic_reproduces_upstream_chunks(quadratic_run, monkeypatch):
     """Same coefficients in, same chunk sequence out as SGLang's own predictor, on both stages (the tiny
-    model: the chunks depend on the coefficients, not on the weights)."""
-    monkeypatch.setenv("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75")
-    a, b, c, n = 2e-3, 1.5, 30.0, 3000
-    want = sglang_reference_chunks(a, b, c, 1024, n, OFF_CTX, 16384)
+    model: the chunks depend on the coefficients, not on the weights; conftest.quadratic_run)."""
+    monkeypatch.setenv("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", QUAD_SIGMA)
+    d, n = quadratic_run["dir"], QUAD_PROMPT
+    want = sglang_reference_chunks(*QUAD_ABC, 1024, n, OFF_CTX, 16384)
     assert len(set(want)) > 2  # the coefficients make upstream shrink its chunks
-    prof = tmp_path / "upstream.json"
-    prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [], "upstream": {"a": a, "b": b, "c": c}}))
-    env = {"SGLANG_CPP_POLICY": "quadratic", "SGLANG_CPP_PROFILE": str(prof),
-           "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "0.75",
-           "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
-    with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env), TIMEOUT) as srv:
-        generate(srv.base_url, input_ids=random_ids(n, seed=11), max_new_tokens=1)
     for rank in (0, 1):
-        assert _ran(tmp_path / f"dec_{rank}.jsonl", n) == want
+        assert _ran(d / f"dec_{rank}.jsonl", n) == want
         runs: dict = {}
-        for r, _, c in _decisions(tmp_path / f"dec_{rank}.jsonl"):  # also warm-up and health-check requests
+        for r, _, c in _decisions(d / f"dec_{rank}.jsonl"):  # also warm-up and health-check requests
             runs.setdefault(r, []).append(c)
         assert want in runs.values()  # our decisions (not a fallback) produced upstream's sequence
 
@@ -210,15 +152,6 @@ def test_bad_config_fails_fast_at_startup(tiny, env, needle):
     rc, log = launch_fails(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env), 600)
     assert rc != 0
     assert needle in log
-
-
-def mixed_prompts(n: int = 12) -> list[str]:
-    """Real-text chat prompts from ~20 to ~1000 tokens (mixed lengths, one chunk or two)."""
-    topics = ["rivers", "bridges", "libraries", "winter", "trains", "gardens", "the moon", "bread", "music",
-              "mountains"]
-    para = "Write down what you know, in order, and check every fact twice before you answer. "
-    return [f"<|im_start|>user\n{para * (i * i // 2)}Tell me about {topics[i % 10]}.<|im_end|>\n"
-            f"<|im_start|>assistant\n" for i in range(n)]
 
 
 def test_async_recv_and_upstream_extend_output_equal_pp1(smollm2, pp1):
@@ -243,8 +176,9 @@ def test_async_recv_and_upstream_extend_output_equal_pp1(smollm2, pp1):
 def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, plan_run, pp1, tmp_path):
     """SGLANG_CPP_BATCH_POLICY=time with --enable-mixed-chunk on the real PP=2 server (the plan policy's
     cost model from plan_run's calibration cache): the 12 mixed prompts sent at once. Both stages log
-    the same micro-batch budgets and chunk cuts, the budget cuts some request below what is left of
-    it, and every greedy output equals the PP=1 reference's."""
+    the same micro-batch budgets, chunk cuts and admission caps, the budget cuts some request below
+    what is left of it, the decodes are split evenly over the two slots (eq. 4), and every greedy output
+    equals the PP=1 reference's."""
     from concurrent.futures import ThreadPoolExecutor
 
     env = {"SGLANG_CPP_BATCH_POLICY": "time", "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"),
@@ -258,16 +192,20 @@ def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, p
         log = srv.log()
     assert "from calibration cache" in log  # plan_run's calibration, not a new one
     stages = [[{k: v for k, v in e.items() if k not in ("t", "pp_rank")}
-               for e in read_events(tmp_path / f"dec_{r}.jsonl", "batch") + read_events(tmp_path / f"dec_{r}.jsonl",
-                                                                                      "batch_chunk")]
+               for ev in ("batch", "batch_chunk", "admit_cap") for e in read_events(tmp_path / f"dec_{r}.jsonl", ev)]
               for r in (0, 1)]
     assert stages[0] == stages[1], "PP stages cut different micro-batches"
     cuts = [e for e in stages[0] if e["event"] == "batch_chunk"]
     assert any(e["chunk"] < e["remaining"] for e in cuts)  # the ms budget cut a prompt
     assert {e["policy"] for e in stages[0] if e["event"] == "batch"} == {"time"}
+    # eq. 4: a slot admits up to its even share of the 12 requests, so no decode micro-batch holds more
+    # than ceil(12 / 2); the cap bound at least once
+    caps = [e for e in stages[0] if e["event"] == "admit_cap"]
+    assert caps and all(len(e["loads"]) == 2 and sum(e["loads"]) + e["waiting"] <= 12 for e in caps)
+    assert any(e["cap"] < e["waiting"] for e in caps)
     # the decode forwards the serving simulator's decode cost is fitted on: the same batches on both stages
     dec = [[(e["batch_size"], e["context"]) for e in read_events(tmp_path / f"dec_{r}.jsonl", "decode_forward")]
            for r in (0, 1)]
     assert dec[0] and dec[0] == dec[1]
-    assert all(1 <= b <= 12 and c > b for b, c in dec[0])
+    assert all(1 <= b <= 6 and c > b for b, c in dec[0])
     assert [r.output_ids for r in res] == pp1["mixed"]

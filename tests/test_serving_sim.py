@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from sglang_cpp.batch_policy import GLLMThrottle, TimeThrottle, View, WaitingReq, make_policy
+from sglang_cpp.batch_policy import GLLMThrottle, TimeThrottle, View, WaitingReq, even_share, make_policy
 from sglang_cpp.costmodel import CostModel
 from sglang_cpp.planner import fixed_split
 from sglang_cpp.serving_sim import DecodeCost, Request, ServeConfig, simulate_serving
@@ -175,6 +175,17 @@ def test_sglang_decodes_stay_in_the_slot_that_prefilled_them():
         assert len(home) == 12 and len(set(home.values())) > 1  # prefills landed in several slots
     assert all(len(s) == 1 for s in home_of["sglang"])
     assert any(len(s) > 1 for s in home_of["gllm"])
+
+
+def test_even_share_admission_by_hand():
+    """Eq. 4 on the real server, where requests cannot move between slots: a slot admits up to
+    ceil((running + waiting) / slots) minus what it holds."""
+    assert even_share([0, 0], 0, 12) == 6  # 12 requests at once over 2 slots: 6 each
+    assert even_share([6, 0], 1, 6) == 6
+    assert even_share([3, 1], 0, 1) == 0  # (3, 1) + 1 new: the share is 3, slot 0 holds 3 already
+    assert even_share([3, 1], 1, 1) == 2  # ... slot 1 may take it (and one more arriving later)
+    assert even_share([2, 2, 2, 1], 3, 0) == 1  # the remainder rounds up: nobody waits a whole round
+    assert even_share([5, 0, 0], 0, 0) == 0  # a slot above its share never admits; it never sheds either
 
 
 def test_decode_cost_fit_recovers_a_linear_decode_step_from_logged_forwards(tmp_path):

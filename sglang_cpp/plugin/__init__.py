@@ -1,7 +1,7 @@
 """sglang-cpp's SGLang plugin (entry point group `sglang.srt.plugins`).
 
 SGLang calls `register()` in every process before it builds a Scheduler. The hooks are AROUND/AFTER
-hooks on seventeen SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
+hooks on nineteen SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
 through unless SGLANG_CPP_ASYNC_RECV=1).
 """
 from __future__ import annotations
@@ -15,6 +15,9 @@ TARGETS = {
     # SGLANG_CPP_BATCH_POLICY: each micro-batch's prefill budget (plugin/batch.py)
     f"{SCHED}._get_new_batch_prefill_raw": ("Scheduler__get_new_batch_prefill_raw", "AROUND"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("PrefillAdder_add_chunked_req", "AROUND"),
+    # ... and its even decode split, as admission per micro-batch slot
+    f"{SCHED}.get_next_batch_to_run": ("Scheduler_get_next_batch_to_run", "AROUND"),
+    f"{SCHED}.get_num_allocatable_reqs": ("Scheduler_get_num_allocatable_reqs", "AROUND"),
     f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
     # a bad SGLANG_PP_LAYER_PARTITION named with its fix, at model build
     "sglang.srt.distributed.get_pp_indices": ("get_pp_indices", "AROUND"),

@@ -5,7 +5,9 @@ SGLang gives every micro-batch the same token budget (--chunked-prefill-size), p
 KV (Token Throttling eq. 3); with `time` (ours) that share is a budget in predicted milliseconds, and
 each request's chunk is sized with t(L, x) over its own prefix, so a chunk deep into a long prompt gets
 fewer tokens and every micro-batch takes about the same time. Both ride the slot's decodes in the
-prefill batch (--enable-mixed-chunk). The decision logic is the serving simulator's
+prefill batch (--enable-mixed-chunk), and both split the decodes evenly over the slots (eq. 4) the only
+way SGLang allows: a request stays in the slot that prefilled it, so a slot admits new requests only up
+to its even share of all running and waiting ones (`admit_cap`). The decision logic is the serving simulator's
 (`batch_policy.py`); this module only reads SGLang's state into it.
 
 Every input is replicated on every PP rank (the waiting queue, the chunked request, the KV pool's use,
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import envs
-from ..batch_policy import GLLMThrottle, View, time_budget, time_chunk
+from ..batch_policy import GLLMThrottle, View, even_share, time_budget, time_chunk
 
 BATCH_POLICIES = ("sglang", "gllm", "time")
 
@@ -91,5 +93,28 @@ class BatchPolicy:
                            chunk=int(x))
         return x
 
+    def admit_cap(self, loads: list[int], slot: int, waiting: int) -> int:
+        """How many more requests slot `slot` may admit (eq. 4's even split); logged as `admit_cap`."""
+        cap = even_share(loads, slot, waiting)
+        if self.log is not None:
+            self.log.write("admit_cap", turn=self.turn, slot=int(slot), loads=[int(n) for n in loads],
+                           waiting=int(waiting), cap=int(cap))
+        return cap
 
-__all__ = ["BATCH_POLICIES", "BatchConfig", "BatchPolicy"]
+
+def slot_loads(sched, slot: int, running_bs: int) -> list[int]:
+    """Each PP micro-batch slot's requests that will decode next: its running batch plus what its last
+    launched batch admitted (merged into the running batch only when the slot is scheduled again), minus
+    the request still being chunked. The slot being scheduled counts `running_bs`, as SGLang does.
+    All of it is replicated: every rank reaches this point with the same slots."""
+    loads = []
+    for j, (running, launched) in enumerate(zip(sched.running_mbs, sched.mbs)):
+        if j == slot:
+            loads.append(int(running_bs))
+            continue
+        reqs = {id(r): r for r in list(running.reqs) + list(launched.reqs if launched is not None else ())}
+        loads.append(sum(1 for r in reqs.values() if r is not sched.chunked_req and not r.finished()))
+    return loads
+
+
+__all__ = ["BATCH_POLICIES", "BatchConfig", "BatchPolicy", "slot_loads"]

@@ -19,7 +19,7 @@ from .cpu_compat import (  # noqa: F401 (hooks)
     alloc_with_host_register_cpu,
 )
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
-from .batch import BatchConfig, BatchPolicy
+from .batch import BatchConfig, BatchPolicy, slot_loads
 from .sizer import CppChunkSizer, DecisionLog, SizerConfig
 from .timing import DeviceTimer, LazyTimes
 
@@ -126,6 +126,26 @@ def Scheduler__get_new_batch_prefill_raw(original, self, *args, **kwargs):
         return original(self, *args, **kwargs)
     finally:
         _FORMING = None
+
+
+def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
+    """With a batch policy under PP: note which micro-batch slot is being scheduled (the index of its
+    running batch in running_mbs), for the admission cap below."""
+    if BATCH is not None:
+        running = kwargs.get("running_batch", args[0] if args else None)
+        self.sglang_cpp_slot = next((i for i, b in enumerate(getattr(self, "running_mbs", ()))
+                                     if b is running), None)
+    return original(self, *args, **kwargs)
+
+
+def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwargs):
+    """gLLM's even decode split (eq. 4), as admission: the slot being scheduled takes new requests only
+    up to its even share of all running and waiting ones (plugin/batch.py `slot_loads`)."""
+    res = original(self, running_bs, *args, **kwargs)
+    slot = getattr(self, "sglang_cpp_slot", None)
+    if BATCH is None or slot is None:
+        return res
+    return min(res, BATCH.admit_cap(slot_loads(self, slot, running_bs), slot, len(self.waiting_queue)))
 
 
 def _waiting_tokens(sched) -> int:
@@ -252,7 +272,7 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
         prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
         ext = [int(v) for v in (getattr(batch, "extend_lens", None) or [])]
         event, rec = "forward", {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext}
-    elif batch.forward_mode.is_decode() and log.path:
+    elif batch.forward_mode.is_decode() and log.path:  # seq_lens_sum is None after filter/merge_batch
         ctx = getattr(batch, "seq_lens_sum", None)
         event, rec = "decode_forward", {"batch_size": len(batch.reqs),
                                         "context": int(ctx if ctx is not None else sum(len(r.origin_input_ids) +
