@@ -10,7 +10,7 @@ gllm and time run with --enable-mixed-chunk (decodes ride in the throttled prefi
 plan policy's dynamic chunking (the time throttle's cost model); the default runs neither.
 
 Usage: python benchmarks/serve_policies.py [--num-requests 64] [--request-rate 0.5]
-       [--results results/serving_real.md]
+       [--results results/serving_real.md] [--runs sglang,gllm,time,gllm-even]
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ RUNS = {  # label: (SGLANG_CPP_BATCH_POLICY, plugin env, extra server args)
     "sglang": ("sglang", {"SGLANG_CPP_POLICY": "off"}, ()),
     "gllm": ("gllm", {"SGLANG_CPP_POLICY": "plan"}, ("--enable-mixed-chunk",)),
     "time": ("time", {"SGLANG_CPP_POLICY": "plan"}, ("--enable-mixed-chunk",)),
+    # gLLM's eq. 4 as a per-slot admission cap (opt-in); the simulator models gllm's own decode split
+    "gllm-even": ("gllm", {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_EVEN_DECODES": "1"}, ("--enable-mixed-chunk",)),
 }
 
 
@@ -88,8 +90,9 @@ def simulate(reqs, calibration: str, chunk: int, kv: int, decode=None) -> dict:
 
     cost = cost_from_profile(load_profile(calibration), calibration)
     stages = list(getattr(cost, "stages", (cost,)))
-    res = run_policies(reqs, stages, list(RUNS), chunk=chunk, kv_capacity=kv, decode=decode)
-    return {label: res[label].throughput()["total_tok_s"] for label in RUNS}
+    res = run_policies(reqs, stages, sorted({p for p, _, _ in RUNS.values()}), chunk=chunk, kv_capacity=kv,
+                       decode=decode)
+    return {label: res[policy].throughput()["total_tok_s"] for label, (policy, _, _) in RUNS.items()}
 
 
 def main() -> int:
@@ -103,7 +106,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--chunked-prefill-size", type=int, default=1024)
     ap.add_argument("--calib-max-len", type=int, default=16384, help="the plan servers' SGLANG_CPP_CALIB_MAX_LEN")
-    ap.add_argument("--runs", default=",".join(RUNS), help="which of " + ", ".join(RUNS))
+    ap.add_argument("--runs", default="sglang,gllm,time", help="which of " + ", ".join(RUNS))
     ap.add_argument("--results", default="results/serving_real.md")
     ap.add_argument("--cache-dir", default="", help="SGLANG_CPP_CACHE_DIR of the plan servers (a fresh one "
                                                     "calibrates at the first start)")

@@ -90,6 +90,11 @@ BATCH_POLICY = EnvVar("SGLANG_CPP_BATCH_POLICY", str, "sglang",
                       "Prefill budget per PP micro-batch under mixed load: sglang (SGLang's own), gllm (gLLM Token "
                       "Throttling, tokens), time (ours: the same predicted ms per micro-batch, chunks sized by "
                       "t(L, x)); gllm and time need --enable-mixed-chunk.", ("sglang", "gllm", "time"))
+EVEN_DECODES = EnvVar("SGLANG_CPP_EVEN_DECODES", _bool, False,
+                      "With SGLANG_CPP_BATCH_POLICY=gllm or time: gLLM's even decode split (eq. 4) as admission, "
+                      "each PP micro-batch slot admits new requests only up to its even share of the running and "
+                      "waiting ones. Off by default: it lowered throughput on the CPU mixed-load benchmark "
+                      "(results/serving_real-even-decodes.md).")
 
 CALIB_FAULT_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_RANK", int, -1,
                           "Fault injection for tests: the startup calibration raises on this PP rank (-1: never).")
@@ -98,4 +103,4 @@ FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "redundant (L+x)^2 query).")
 
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, MIN_CHUNK, MAX_CHUNK, PLANNER,
-       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, CALIB_FAULT_RANK)
+       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, CALIB_FAULT_RANK)

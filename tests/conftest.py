@@ -140,12 +140,14 @@ OFF_CHUNK, OFF_PROMPT, OFF_CTX = 2048, 6000, 65536
 QUAD_ABC, QUAD_PROMPT, QUAD_SIGMA = (2e-3, 1.5, 30.0), 3000, "0.75"
 
 
-def serve_hicache(spec: ServerSpec, tail: list[int] | None = None) -> dict:
-    """The three HiCache requests on a server, then `tail` (one new token) on a document it never saw."""
+def serve_hicache(spec: ServerSpec, tail: list[int] | None = None, more=()) -> dict:
+    """The three HiCache requests on a server, then `more` (as many new tokens), then `tail` (one new
+    token) on a document it never saw."""
     with launched(spec, 900) as srv:
-        res = [generate(srv.base_url, input_ids=p, max_new_tokens=HICACHE_NEW, stream=False) for p in HICACHE_PROMPTS]
+        res = [generate(srv.base_url, input_ids=p, max_new_tokens=HICACHE_NEW, stream=False)
+               for p in (*HICACHE_PROMPTS, *more)]
         last = generate(srv.base_url, input_ids=tail, max_new_tokens=1) if tail else None
-        return {"hicache": res, "tail": last, "log": srv.log()}
+        return {"hicache": res[:3], "more": res[3:], "tail": last, "log": srv.log()}
 
 
 @pytest.fixture(scope="session")

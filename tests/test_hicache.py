@@ -5,6 +5,10 @@ CUDA/HIP/XPU). A device KV pool of 8192 tokens holds one ~6K-token document, so 
 evicts the first from the device; the first's KV then lives only on the host tier. The document plus
 a new question must come back as a host hit, computed only past the cached length, with the same
 decisions on both stages and the greedy tokens of PP=1 without HiCache, under each chunk policy.
+
+The plan server also writes through to HiCache's L3 file backend (`--hicache-storage-backend file`):
+after two more documents push the first out of the host tier too, the first document comes back from
+the files, again computed only past the cached length with the same decisions on both stages.
 """
 from __future__ import annotations
 
@@ -14,7 +18,13 @@ import pytest
 
 from sglang_cpp.server import ServerSpec
 
+from sglang_cpp.client import random_ids
+
 from conftest import ASK, ASK2, DEVICE, DOC, HICACHE_ARGS, HICACHE_PROMPTS, read_events, serve_hicache
+
+# L3: two more 6K documents fill the host tier (2x the device pool), then the first document again
+L3_PROMPTS = (random_ids(6000, seed=65) + ASK, random_ids(6000, seed=66) + ASK, DOC + random_ids(40, seed=67))
+L3_ARGS = ("--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "wait_complete")
 
 pytestmark = pytest.mark.server
 
@@ -28,17 +38,20 @@ def _profile(path) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tiny) -> list[list[int]]:
-    """PP=1, no HiCache, the same three requests."""
-    return [r.output_ids for r in serve_hicache(ServerSpec(tiny, pp_size=1, chunk_size=2048, cores="0"))["hicache"]]
+    """PP=1, no HiCache, the same requests (the three, then the L3 ones)."""
+    out = serve_hicache(ServerSpec(tiny, pp_size=1, chunk_size=2048, cores="0"), more=L3_PROMPTS)
+    return [r.output_ids for r in out["hicache"] + out["more"]]
 
 
 @pytest.fixture(scope="module")
 def plan_run(tiny, tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("hicache_plan")
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_PROFILE": _profile(d / "profile.json"),
-           "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl")}
-    spec = ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=True, env=env, device=DEVICE, extra_args=HICACHE_ARGS)
-    return dict(serve_hicache(spec), dir=d)
+           "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
+           "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(d / "l3")}
+    spec = ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=True, env=env, device=DEVICE,
+                      extra_args=HICACHE_ARGS + L3_ARGS)
+    return dict(serve_hicache(spec, more=L3_PROMPTS), dir=d)
 
 
 def _extends(path, rid: str) -> list[tuple[int, int]]:
@@ -68,4 +81,24 @@ def test_host_tier_hit_is_served_from_the_cached_length_on_both_stages(request, 
         plans = [[(e["prefix"], e["chunk"]) for e in read_events(p, "decision") if e["rid"] == rid] for p in logs]
         assert plans[0] and plans[0][0][0] == cached  # the plan starts at the cached length
         assert plans[0] == plans[1] and plans[0] == runs[0]  # and ran as planned on both stages
-    assert [r.output_ids for r in res] == reference
+    assert [r.output_ids for r in res] == reference[:3]
+
+
+def test_l3_file_backend_hit_is_served_from_the_cached_length_on_both_stages(plan_run, reference):
+    """The first document, evicted from the device and the host tier, is prefetched from the L3 files
+    (plugin: the CPU host pool is unpinned, and PP stages no longer race to create the directory)."""
+    res, logs = plan_run["more"], [plan_run["dir"] / f"dec_{r}.jsonl" for r in (0, 1)]
+    hit = res[2].meta.get("cached_tokens_details") or {}
+    cached = res[2].meta["cached_tokens"]
+    assert hit.get("storage_backend") == "HiCacheFile" and hit.get("storage", 0) >= 1024, hit  # from the files
+    assert cached == len(DOC) and hit["device"] + hit["host"] + hit["storage"] == cached, res[2].meta
+    # pages written by both stages, each its own layers (file names end in _<pp_size>_<pp_rank>.bin)
+    assert {p.name.rsplit("_", 2)[-2:][1] for p in (plan_run["dir"] / "l3").iterdir()} == {"0.bin", "1.bin"}
+    assert "Scheduler hit an exception" not in plan_run["log"]
+    rid = res[2].meta["id"]
+    runs = [_extends(p, rid) for p in logs]
+    assert runs[0] == runs[1] and runs[0][0][0] == cached  # the same chunks on both stages, the suffix only
+    assert sum(x for _, x in runs[0]) == len(L3_PROMPTS[2]) - cached
+    plans = [[(e["prefix"], e["chunk"]) for e in read_events(p, "decision") if e["rid"] == rid] for p in logs]
+    assert plans[0] and plans[0] == plans[1] == runs[0]  # planned from the cached length, run as planned
+    assert [r.output_ids for r in res] == reference[3:]

@@ -2,7 +2,9 @@
 
 Runs on CPU (needs mooncake-transfer-engine-non-cuda + libibverbs1) and on CUDA. Greedy output through
 the PD pair must equal the non-disaggregated PP=1 reference server (conftest.pp1), and the prefill
-server must chunk the long prompt with sglang-cpp's decisions (KV is sent after every chunk).
+server must chunk the long prompt with sglang-cpp's decisions (KV is sent after every chunk). The
+prefill server runs HiCache (`--enable-hierarchical-cache`, a 4,096-token device pool): the long prompt,
+sent again after a filler, is a host-tier hit there, planned from the cached length on both stages.
 
 On CPU two SGLang 0.5.23 paths need help (docs/compatibility.md):
 * prefill: `_send_kv_chunk` (disaggregation/prefill.py:1753) allocates a pinned tensor + torch.cuda.Event
@@ -26,13 +28,14 @@ from pathlib import Path
 
 import pytest
 
-from sglang_cpp.client import ServerError, generate
+from sglang_cpp.client import ServerError, generate, random_ids
 from sglang_cpp.server import ServerSpec, free_port, launched, reported_calibration
 
 from conftest import CHAT, pd_long_ids, read_events
 
 pytestmark = pytest.mark.server
 TIMEOUT = 900
+PREFILL_TOKENS, FILLER = 4096, 3500  # the prefill server's device pool; a filler that overflows it
 CUDA = __import__("torch").cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 
@@ -60,9 +63,13 @@ def _spec(model, env, pp, extra, cores):
 
 
 def _requests(url: str, ids: list[int]) -> dict:
+    """Chat, the long prompt, then (HiCache on the prefill side) a filler that evicts part of the long
+    prompt from the prefill server's device pool, and the long prompt again: a host-tier hit."""
     chat = generate(url, text=CHAT, max_new_tokens=16, stream=False, timeout=600)
     long = generate(url, input_ids=ids, max_new_tokens=16, stream=False, timeout=900)
-    return {"chat": chat.text, "long": long.output_ids, "long_text": long.text}
+    generate(url, input_ids=random_ids(FILLER, seed=81), max_new_tokens=1, stream=False, timeout=900)
+    again = generate(url, input_ids=ids, max_new_tokens=16, stream=False, timeout=900)
+    return {"chat": chat.text, "long": long.output_ids, "long_text": long.text, "again": again.output_ids}
 
 
 def _router(prefill_url: str, bootstrap: int, decode_url: str, log: Path):
@@ -122,7 +129,8 @@ def pd_run(smollm2, tmp_path_factory):
     backend = ["--disaggregation-transfer-backend", "mooncake"]
     penv = dict(env, SGLANG_CPP_DECISION_LOG=str(tmp / "prefill_{rank}.jsonl"))
     pspec = _spec(smollm2, penv, 2, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
-                                    str(boot), *backend], "0|1")
+                                    str(boot), *backend, "--enable-hierarchical-cache",
+                                    "--max-total-tokens", str(PREFILL_TOKENS)], "0|1")
     dextra = ["--disaggregation-mode", "decode", *backend]
     if not CUDA:
         dextra += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
@@ -140,6 +148,7 @@ def pd_run(smollm2, tmp_path_factory):
                 router.wait(30)
         out.update(prefill_log=pre.log(), decode_log=dec.log(), router=bool(router), ids=ids,
                    sends=[read_events(tmp / f"prefill_{r}.jsonl", "kv_send") for r in (0, 1)],
+                   host_hits=[read_events(tmp / f"prefill_{r}.jsonl", "host_hit") for r in (0, 1)],
                    seconds=time.time() - t0)
         return out
 
@@ -155,16 +164,20 @@ def test_pd_chunked_long_prompt_equals_non_disaggregated(pd_run, pp1):
     assert len(pd_run["long"]) == 16
 
 
+def _long_plans(pd_run) -> list[tuple[int, list[int]]]:
+    """(prefix, chunks) the prefill server's PP0 planned for each run of the long prompt, in order."""
+    n = len(pd_run["ids"])
+    rows = re.findall(r"PP0 request rid=\S+ prompt=(\d+) prefix=(\d+) chunks=\[([\d, ]+)\] .*\(plan\)",
+                      pd_run["prefill_log"])
+    return [(int(prefix), [int(c) for c in chunks.split(",")]) for prompt, prefix, chunks in rows if int(prompt) == n]
+
+
 def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
     """The long prompt is prefilled in several chunks decided by the plugin (KV sent after each), and
     they are the chunks `sglang-cpp plan` gives for the cost model the prefill server reports."""
-    rows = re.findall(r"PP0 request rid=(\S+) prompt=(\d+) prefix=(\d+) chunks=\[([\d, ]+)\] .*\(plan\)",
-                      pd_run["prefill_log"])
     n = len(pd_run["ids"])
-    (long,) = [(int(prefix), [int(c) for c in chunks.split(",")]) for rid, prompt, prefix, chunks in rows
-               if int(prompt) == n]
-    prefix, chunks = long
-    assert len(chunks) >= 2 and all(c <= 512 for c in chunks), long
+    prefix, chunks = _long_plans(pd_run)[0]
+    assert len(chunks) >= 2 and all(c <= 512 for c in chunks), (prefix, chunks)
     assert prefix + sum(chunks) == n
     cal = reported_calibration(pd_run["prefill_log"])
     assert cal, "the prefill server did not report its cost model"
@@ -177,19 +190,29 @@ def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
 
 def test_kv_goes_to_decode_once_per_chunk(pd_run):
     """Each prefill rank hands Mooncake one KV transfer per chunk of the long prompt (its own layers),
-    each the size of its chunk (page size 1: one page per token), after one transfer of the radix-cached
-    prefix the chunks start from (SGLang sends cached KV before the first chunk runs)."""
-    n = len(pd_run["ids"])
-    (row,) = [r for r in re.findall(r"PP0 request rid=\S+ prompt=(\d+) prefix=(\d+) chunks=\[([\d, ]+)\]",
-                                    pd_run["prefill_log"]) if int(r[0]) == n]
-    prefix, chunks = int(row[1]), [int(c) for c in row[2].split(",")]
-    assert len(chunks) >= 2
+    each the size of its chunk (page size 1: one page per token), after one transfer of the cached
+    prefix the chunks start from (SGLang sends cached KV before the first chunk runs). Both runs of the
+    long prompt: the first after a 3-token radix hit, the second after a HiCache host-tier hit."""
+    n, plans = len(pd_run["ids"]), _long_plans(pd_run)
+    assert len(plans) == 2 and all(len(c) >= 1 for _, c in plans)
     for rank, sends in enumerate(pd_run["sends"]):
         rooms: dict = {}
         for e in sends:
             rooms.setdefault(e["room"], []).append(e["pages"])
-        (long,) = [p for p in rooms.values() if sum(p) == n]
-        assert long == [prefix] * (prefix > 0) + chunks, (rank, long, prefix, chunks)
+        longs = [p for p in rooms.values() if sum(p) == n]
+        assert longs == [[prefix] * (prefix > 0) + chunks for prefix, chunks in plans], (rank, longs, plans)
+
+
+def test_prefill_host_tier_hit_with_hicache(pd_run, pp1):
+    """PD + HiCache on the prefill side: after a filler overflows the prefill server's device pool, the
+    long prompt comes back partly from the host tier; both prefill stages log the same load back, plan
+    from device prefix + host hit, and the decode server's greedy tokens are unchanged."""
+    hits = [[(e["device_prefix"], e["host_hit"]) for e in pd_run["host_hits"][r]] for r in (0, 1)]
+    assert hits[0] and hits[0] == hits[1]
+    (first, _), (again, chunks) = _long_plans(pd_run)
+    assert [sum(h) for h in hits[0] if h[1] > 0][-1] == again > first  # planned from device + host
+    assert again + sum(chunks) == len(pd_run["ids"])
+    assert pd_run["again"] == pd_run["long"] == pp1["pd_long"].output_ids
 
 
 def test_pd_request_went_through_sglang_router(pd_run):

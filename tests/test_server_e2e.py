@@ -174,14 +174,15 @@ def test_async_recv_and_upstream_extend_output_equal_pp1(smollm2, pp1):
 
 
 def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, plan_run, pp1, tmp_path):
-    """SGLANG_CPP_BATCH_POLICY=time with --enable-mixed-chunk on the real PP=2 server (the plan policy's
-    cost model from plan_run's calibration cache): the 12 mixed prompts sent at once. Both stages log
+    """SGLANG_CPP_BATCH_POLICY=time and SGLANG_CPP_EVEN_DECODES=1 with --enable-mixed-chunk on the real PP=2
+    server (the plan policy's cost model from plan_run's calibration cache): the 12 mixed prompts sent at once. Both stages log
     the same micro-batch budgets, chunk cuts and admission caps, the budget cuts some request below
     what is left of it, the decodes are split evenly over the two slots (eq. 4), and every greedy output
     equals the PP=1 reference's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    env = {"SGLANG_CPP_BATCH_POLICY": "time", "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"),
+    env = {"SGLANG_CPP_BATCH_POLICY": "time", "SGLANG_CPP_EVEN_DECODES": "1",
+           "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"),
            "SGLANG_CPP_CACHE_DIR": str(plan_run["dir"] / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "3072"}
     spec = ServerSpec(smollm2, pp_size=2, chunk_size=MIXED_CHUNK, dynamic=True, env=env,
                       extra_args=("--enable-mixed-chunk",))

@@ -201,7 +201,11 @@ def test_batch_config_names_the_bad_setting_and_its_fix():
         BatchConfig("gllm", mixed_chunk=False)
     with pytest.raises(ValueError, match=r"time sizes chunks with the cost model.*SGLANG_CPP_POLICY=plan"):
         BatchConfig("time", mixed_chunk=True, has_cost=False)
+    with pytest.raises(ValueError, match=r"SGLANG_CPP_EVEN_DECODES=1 is part of gLLM's throttling: set "
+                                         r"SGLANG_CPP_BATCH_POLICY=gllm or time"):
+        BatchConfig("sglang", even_decodes=True)
     assert BatchConfig("sglang").policy == "sglang"  # the default needs neither
+    assert BatchConfig("gllm", mixed_chunk=True, even_decodes=True).even_decodes
 
 
 def test_gllm_budget_is_eq3_on_the_servers_state():

@@ -1,7 +1,7 @@
 """sglang-cpp's SGLang plugin (entry point group `sglang.srt.plugins`).
 
 SGLang calls `register()` in every process before it builds a Scheduler. The hooks are AROUND/AFTER
-hooks on nineteen SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
+hooks on twenty SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
 through unless SGLANG_CPP_ASYNC_RECV=1).
 """
 from __future__ import annotations
@@ -40,6 +40,8 @@ TARGETS = {
     f"{MHA_HOST}.__init__": ("MHATokenToKVPoolHost_init_cpu", "AFTER"),
     f"{MHA_HOST}.backup_from_device_all_layer": ("MHATokenToKVPoolHost_backup_from_device_all_layer", "AROUND"),
     "sglang.srt.mem_cache.l2_transfer.L2TransferEngine.__init__": ("L2TransferEngine_init_cpu", "AFTER"),
+    # HiCache L3 file backend: PP stages race to create its directory (plugin/hicache_file.py)
+    "sglang.srt.mem_cache.hicache_storage.HiCacheFile.__init__": ("HiCacheFile_init", "AROUND"),
 }
 
 

@@ -5,9 +5,9 @@ SGLang gives every micro-batch the same token budget (--chunked-prefill-size), p
 KV (Token Throttling eq. 3); with `time` (ours) that share is a budget in predicted milliseconds, and
 each request's chunk is sized with t(L, x) over its own prefix, so a chunk deep into a long prompt gets
 fewer tokens and every micro-batch takes about the same time. Both ride the slot's decodes in the
-prefill batch (--enable-mixed-chunk), and both split the decodes evenly over the slots (eq. 4) the only
-way SGLang allows: a request stays in the slot that prefilled it, so a slot admits new requests only up
-to its even share of all running and waiting ones (`admit_cap`). The decision logic is the serving simulator's
+prefill batch (--enable-mixed-chunk). With SGLANG_CPP_EVEN_DECODES=1 both also split the decodes evenly
+over the slots (eq. 4) the only way SGLang allows: a request stays in the slot that prefilled it, so a
+slot admits new requests only up to its even share of all running and waiting ones (`admit_cap`). The decision logic is the serving simulator's
 (`batch_policy.py`); this module only reads SGLang's state into it.
 
 Every input is replicated on every PP rank (the waiting queue, the chunked request, the KV pool's use,
@@ -33,6 +33,7 @@ class BatchConfig:
     policy: str = "sglang"
     mixed_chunk: bool = False  # --enable-mixed-chunk
     has_cost: bool = False  # a cost model t(L, x) is loaded (SGLANG_CPP_POLICY=plan with dynamic chunking)
+    even_decodes: bool = False  # SGLANG_CPP_EVEN_DECODES: eq. 4 as a per-slot admission cap
 
     def __post_init__(self):
         if self.policy not in BATCH_POLICIES:
@@ -41,6 +42,9 @@ class BatchConfig:
         if self.policy != "sglang" and not self.mixed_chunk:
             raise ValueError(f"SGLANG_CPP_BATCH_POLICY={self.policy} throttles the prefill that decodes ride "
                              "with: add --enable-mixed-chunk, or unset SGLANG_CPP_BATCH_POLICY")
+        if self.even_decodes and self.policy == "sglang":
+            raise ValueError("SGLANG_CPP_EVEN_DECODES=1 is part of gLLM's throttling: set SGLANG_CPP_BATCH_POLICY=gllm "
+                             "or time (with --enable-mixed-chunk), or unset SGLANG_CPP_EVEN_DECODES")
         if self.policy == "time" and not self.has_cost:
             raise ValueError("SGLANG_CPP_BATCH_POLICY=time sizes chunks with the cost model t(L, x): run with "
                              "--enable-dynamic-chunking and SGLANG_CPP_POLICY=plan (calibrated or "

@@ -25,7 +25,9 @@ Targets (registered with the other hooks, from `sglang_cpp/plugin/__init__.py` T
 * ``sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost.__init__`` (AFTER): binds the pure-torch
   kvcacheio ops (kvcacheio_cpu.py) into ``pool_host/mha.py``, which imports them only on CUDA/HIP
   (:60-73) or XPU (:75); on CPU the first backup died with ``NameError: transfer_kv_all_layer_lf_pf``.
-  Only names the module lacks are bound, so a CUDA/XPU build keeps its kernels.
+  Only names the module lacks are bound, so a CUDA/XPU build keeps its kernels. It also sets the pool's
+  ``pin_memory = False``: the L3 prefetch's ``get_dummy_flat_data_page`` (pool_host/mha.py:727) asks
+  for pinned pages and failed with "pin_memory=True requires a CUDA or other accelerator backend".
 
 * ``sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost.backup_from_device_all_layer`` (AROUND):
   the all-layer kernels of the `kernel` io backend read device *pointer tables*; on CPU the
@@ -66,7 +68,10 @@ def alloc_with_host_register_cpu(original_fn, *args, **kwargs):
 
 def MHATokenToKVPoolHost_init_cpu(result, self, *args, **kwargs):
     """AFTER MHATokenToKVPoolHost.__init__: on a CUDA-less host, give pool_host/mha.py the torch ops it
-    would have imported from sgl_kernel.kvcacheio (only those it lacks)."""
+    would have imported from sgl_kernel.kvcacheio (only those it lacks), and mark the pool unpinned: its
+    buffers are plain host memory already (alloc_with_host_register_cpu), and the L3 prefetch's
+    get_dummy_flat_data_page would otherwise ask torch for pinned pages ("pin_memory=True requires a
+    CUDA or other accelerator backend")."""
     if cuda_absent():
         import sys
 
@@ -76,6 +81,7 @@ def MHATokenToKVPoolHost_init_cpu(result, self, *args, **kwargs):
         for name in kvcacheio_cpu.OPS:
             if name not in vars(mod):
                 setattr(mod, name, getattr(kvcacheio_cpu, name))
+        self.pin_memory = False
     return None
 
 

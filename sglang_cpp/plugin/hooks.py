@@ -18,6 +18,7 @@ from .cpu_compat import (  # noqa: F401 (hooks)
     MooncakeKVSender_init_cpu,
     alloc_with_host_register_cpu,
 )
+from .hicache_file import HiCacheFile_init  # noqa: F401 (hook)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
 from .batch import BatchConfig, BatchPolicy, slot_loads
 from .sizer import CppChunkSizer, DecisionLog, SizerConfig
@@ -66,7 +67,8 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                                    context_len=self.model_config.context_len, align=_align(self),
                                    dynamic=bool(sch.enable_dynamic_chunking))
         batch_cfg = BatchConfig(envs.BATCH_POLICY.get(), mixed_chunk=bool(sch.enable_mixed_chunk),
-                                has_cost=bool(sch.enable_dynamic_chunking) and cfg.policy == "plan")
+                                has_cost=bool(sch.enable_dynamic_chunking) and cfg.policy == "plan",
+                                even_decodes=envs.EVEN_DECODES.get())
     except ValueError as exc:  # every rank fails, below, with every rank's reason
         error = str(exc)
     mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}
@@ -129,9 +131,9 @@ def Scheduler__get_new_batch_prefill_raw(original, self, *args, **kwargs):
 
 
 def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
-    """With a batch policy under PP: note which micro-batch slot is being scheduled (the index of its
-    running batch in running_mbs), for the admission cap below."""
-    if BATCH is not None:
+    """With SGLANG_CPP_EVEN_DECODES under PP: note which micro-batch slot is being scheduled (the index of
+    its running batch in running_mbs), for the admission cap below."""
+    if BATCH is not None and BATCH.cfg.even_decodes:
         running = kwargs.get("running_batch", args[0] if args else None)
         self.sglang_cpp_slot = next((i for i, b in enumerate(getattr(self, "running_mbs", ()))
                                      if b is running), None)
@@ -139,8 +141,8 @@ def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
 
 
 def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwargs):
-    """gLLM's even decode split (eq. 4), as admission: the slot being scheduled takes new requests only
-    up to its even share of all running and waiting ones (plugin/batch.py `slot_loads`)."""
+    """SGLANG_CPP_EVEN_DECODES: gLLM's even decode split (eq. 4), as admission: the slot being scheduled
+    takes new requests only up to its even share of all running and waiting ones (batch.py `slot_loads`)."""
     res = original(self, running_bs, *args, **kwargs)
     slot = getattr(self, "sglang_cpp_slot", None)
     if BATCH is None or slot is None:
