@@ -93,7 +93,7 @@ BATCH_POLICY = EnvVar("SGLANG_CPP_BATCH_POLICY", str, "sglang",
 EVEN_DECODES = EnvVar("SGLANG_CPP_EVEN_DECODES", _bool, False,
                       "With SGLANG_CPP_BATCH_POLICY=gllm or time: gLLM's even decode split (eq. 4) as admission, "
                       "each PP micro-batch slot admits new requests only up to its even share of the running and "
-                      "waiting ones. Off by default: it lowered throughput on the CPU mixed-load benchmark "
+                      "waiting ones. Off by default: no gain shown on the CPU mixed-load benchmark "
                       "(results/serving_real-even-decodes.md).")
 
 CALIB_FAULT_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_RANK", int, -1,
