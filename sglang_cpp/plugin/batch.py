@@ -7,8 +7,8 @@ each request's chunk is sized with t(L, x) over its own prefix, so a chunk deep 
 fewer tokens and every micro-batch takes about the same time. Both ride the slot's decodes in the
 prefill batch (--enable-mixed-chunk). With SGLANG_CPP_EVEN_DECODES=1 both also split the decodes evenly
 over the slots (eq. 4) the only way SGLang allows: a request stays in the slot that prefilled it, so a
-slot admits new requests only up to its even share of all running and waiting ones (`admit_cap`). The decision logic is the serving simulator's
-(`batch_policy.py`); this module only reads SGLang's state into it.
+slot admits new requests only up to its even share of all running and waiting ones (`admit_cap`). The
+decision logic is the serving simulator's (`batch_policy.py`); this module only reads SGLang's state.
 
 Every input is replicated on every PP rank (the waiting queue, the chunked request, the KV pool's use,
 the cost model rank 0 broadcast, the smallest KV capacity of all ranks), so every stage cuts the same
