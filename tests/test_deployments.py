@@ -13,7 +13,7 @@ from sglang_cpp.client import generate, random_ids
 from sglang_cpp.costmodel import load_profile
 from sglang_cpp.server import ServerSpec, launched
 
-from conftest import read_events
+from conftest import SMALL_POOL, read_events
 
 pytestmark = pytest.mark.server
 PAGE, MAX_PREFILL, CALIB = 16, 1024, 4096
@@ -111,7 +111,7 @@ def tp2(tiny, tmp_path_factory):
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}_pp{pp_rank}_tp{tp_rank}.jsonl"),
            "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "1024", "OMP_NUM_THREADS": "1"}
     spec = ServerSpec(tiny, pp_size=2, chunk_size=256, dynamic=True, env=env, cores="0|1|0|1",
-                      extra_args=("--tp-size", "2"))
+                      extra_args=("--tp-size", "2", *SMALL_POOL))
     with launched(spec, 600) as srv:
         out = generate(srv.base_url, input_ids=random_ids(1500, 5), max_new_tokens=4)
     return {"dir": d, "out": out, "calib": sorted((d / "cache" / "calibration").glob("*.json"))}

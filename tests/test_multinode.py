@@ -11,7 +11,7 @@ import pytest
 from sglang_cpp.client import ServerError, generate, random_ids, wait_healthy
 from sglang_cpp.server import ServerSpec, free_port, start
 
-from conftest import chunks_of, read_events
+from conftest import SMALL_POOL, chunks_of, read_events
 
 pytestmark = pytest.mark.server
 PROMPT = 1500
@@ -22,7 +22,8 @@ def _spec(model, rank, port, cache, logdir, env):
                       env={"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(cache),
                            "SGLANG_CPP_DECISION_LOG": str(logdir / "dec_{rank}.jsonl"),
                            "SGLANG_CPP_CALIB_MAX_LEN": "1024", **env},
-                      extra_args=("--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", f"127.0.0.1:{port}"))
+                      extra_args=("--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", f"127.0.0.1:{port}",
+                                  *SMALL_POOL))
 
 
 @contextlib.contextmanager

@@ -15,8 +15,8 @@ from sglang_cpp.client import generate
 from sglang_cpp.server import ServerSpec, launch_fails, launched
 from sglang_cpp.upstream import UpstreamPredictor
 
-from conftest import (CHAT, LONG, MIXED_CHUNK, OFF_CHUNK, OFF_CTX, OFF_PROMPT, QUAD_ABC, QUAD_PROMPT, QUAD_SIGMA, chunks_of,
-                      mixed_prompts, read_events, run_cached_pair, sglang_reference_chunks)
+from conftest import (CHAT, LONG, MIXED_CHUNK, OFF_CHUNK, OFF_CTX, OFF_PROMPT, QUAD_ABC, QUAD_PROMPT, QUAD_SIGMA,
+                      SMALL_POOL, chunks_of, mixed_prompts, read_events, run_cached_pair, sglang_reference_chunks)
 
 pytestmark = pytest.mark.server
 TIMEOUT = 900
@@ -149,7 +149,8 @@ def test_quadratic_reproduces_upstream_chunks(quadratic_run, monkeypatch):
 ])  # a bad sigma or SGLANG_CPP_* value: SizerConfig.from_env on each rank, then every rank fails with the
 #     reason (tests/test_sizer.py, tests/test_consensus.py); a value set on one node only: tests/test_multinode.py
 def test_bad_config_fails_fast_at_startup(tiny, env, needle):
-    rc, log = launch_fails(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env), 600)
+    rc, log = launch_fails(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env,
+                                      extra_args=SMALL_POOL), 600)
     assert rc != 0
     assert needle in log
 
