@@ -86,7 +86,7 @@ def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, o
     stages = stage_models(model, device, tp, point.pp_size, dtype=dtype)
     cost = stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
     chunks = chunks_for(point.policy, point.input_len, cost, point.pp_size, point.chunk, sigma=point.sigma,
-                        max_prefill=max(max_prefill, point.chunk), overhead_ms=overhead_ms)
+                        max_prefill=max_prefill, overhead_ms=overhead_ms)
     return simulate(chunks, stages, point.pp_size, SimConfig(cpu_overhead_ms=overhead_ms)).ttft_ms
 
 

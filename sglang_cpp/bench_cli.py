@@ -59,7 +59,7 @@ def simulate_ttft(args) -> list[dict]:
               "chunk_size": chunk, "sim_policy": policy, "chunk_overhead_ms": args.cpu_overhead_ms}
         for L in args.input_lens:
             chunks = chunks_for(policy, L, cost, P, chunk, sigma=args.sigma,
-                                max_prefill=max(args.max_prefill_tokens, chunk), overhead_ms=args.cpu_overhead_ms,
+                                max_prefill=args.max_prefill_tokens, overhead_ms=args.cpu_overhead_ms,
                                 coeffs=args.coeffs, profile=args.simulate)
             arrivals = [0.0] * min(C, n)
             res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)

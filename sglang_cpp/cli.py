@@ -55,8 +55,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-length", dest="context_len", type=parse_len, default=None)
     p.add_argument("--max-prefill-tokens", type=int, default=16384)
     p.add_argument("--align", type=int, default=None, help="chunk alignment (default max(page-size, 64))")
-    p.add_argument("--min-chunk", type=int, default=None, help="smallest non-final chunk (default chunk-size//4)")
-    p.add_argument("--max-chunk", type=int, default=None, help="largest chunk (default --max-prefill-tokens)")
+    p.add_argument("--min-chunk", type=int, default=None,
+                   help="smallest non-final chunk (default one alignment unit: the cost model decides)")
+    p.add_argument("--max-chunk", type=int, default=None,
+                   help="largest chunk (default SGLang's prefill-buffer ceiling: max(C, --max-prefill-tokens, "
+                        "1.25 C) with dynamic chunking on PP)")
     p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=0.0,
                    help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
     p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
@@ -93,17 +96,31 @@ def build_plan(args):
                          "quadratic")
         return ChunkPlan(**{**plan.__dict__, "meta": {"sigma": up.sigma, "target_ms": up.target_latency}})
     cost = load_cost_arg(args)
-    max_chunk = args.max_chunk or args.max_prefill_tokens
-    min_chunk = args.min_chunk if args.min_chunk is not None else (args.chunk_size or 0) // 4
-    cfg = PlanConfig(pp_size=args.pp_size, align=align, min_chunk=min(min_chunk, max_chunk),
-                     max_chunk=max_chunk, context_len=args.context_len, overhead_ms=args.overhead_ms,
-                     chunk_size=args.chunk_size, method=args.method)
+    cfg = plan_config_of(args)
     if args.policy == "fixed":
         if not args.chunk_size:
             raise ValueError("--policy fixed needs --chunked-prefill-size (the fixed chunk C)")
         return plan_fixed(args.prompt_len, cost, cfg, args.chunk_size, args.prefix_len)
     fn = plan_dp if args.method == "dp" else plan_equal_time
     return fn(args.prompt_len, cost, cfg, args.prefix_len)
+
+
+def plan_config_of(args, overhead_ms: float | None = None):
+    """The server's planner settings for a command's flags (--pp-size, --chunked-prefill-size,
+    --max-prefill-tokens, --page-size, --context-length, and where the command has them --min-chunk,
+    --max-chunk, --align, --method): `PlanConfig.from_server`, the plugin's own mapping."""
+    from .planner import PlanConfig
+
+    C = getattr(args, "chunk_size", None)
+    return PlanConfig.from_server(pp_size=args.pp_size, chunk_size=C or 0,
+                                  max_prefill_tokens=args.max_prefill_tokens,
+                                  page_size=getattr(args, "page_size", 1) or 1,
+                                  context_len=getattr(args, "context_len", None),
+                                  min_chunk=getattr(args, "min_chunk", None) or 0,
+                                  max_chunk=getattr(args, "max_chunk", None) or 0,
+                                  overhead_ms=args.overhead_ms if overhead_ms is None else overhead_ms,
+                                  method=getattr(args, "method", "equal-time"),
+                                  align=getattr(args, "align", None) or 64)
 
 
 def run_plan(args) -> int:

@@ -77,9 +77,11 @@ CHUNK_OVERHEAD_MS = EnvVar("SGLANG_CPP_CHUNK_OVERHEAD_MS", float, 0.0,
                            "(the flag --chunk-overhead-ms; old name SGLANG_CPP_P2P_MS).",
                            old_names=("SGLANG_CPP_P2P_MS",))
 MIN_CHUNK = EnvVar("SGLANG_CPP_MIN_CHUNK", int, 0,
-                   "Smallest non-final chunk the planner may use (0: a quarter of --chunked-prefill-size).")
+                   "Smallest non-final chunk the planner may use (0: one alignment unit; the cost model and "
+                   "the per-chunk overhead decide).")
 MAX_CHUNK = EnvVar("SGLANG_CPP_MAX_CHUNK", int, 0,
-                   "Largest chunk the planner may use (0: --max-prefill-tokens).")
+                   "Largest chunk the planner may use (0: SGLang's prefill-buffer ceiling, max(C, "
+                   "--max-prefill-tokens, 1.25 C) with dynamic chunking on PP).")
 PLANNER = EnvVar("SGLANG_CPP_PLANNER", str, "equal-time", "Planner: equal-time or dp.", ("equal-time", "dp"))
 DECISION_LOG = EnvVar("SGLANG_CPP_DECISION_LOG", str, "",
                       "JSONL file each scheduler appends its chunk decisions and measured forward times to "

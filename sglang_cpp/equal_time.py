@@ -7,6 +7,7 @@ continuous chunk count evenly in one pass. Every stage derives the same plan fro
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 from scipy.optimize import brentq  # imported with the module: never a first-plan stall in the scheduler
@@ -91,7 +92,7 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
     lo, hi, P, o = cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
     L = np.linspace(L0, L0 + R, 129)
     t_min = float(np.min(_times(cost, L0, lo, 0.0)))
-    t_max = float(np.max(_times(cost, L0 + R, hi, 0.0)))
+    t_max = float(np.max(_times(cost, L0 + R, R, 0.0)))  # R, not hi: the same grid under every ceiling
     trap = getattr(np, "trapezoid", None) or np.trapz
 
     c0, g, b, d, e, f = (col[:, None, None] for col in np.array(rows, float).T)  # (stages, 1, 1) each
@@ -110,7 +111,15 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
     T = np.geomspace(T[max(i - 1, 0), 0], T[min(i + 1, len(T) - 1), 0], 32)[:, None]
     J, n, x, arg = on(T)
     i = int(np.argmin(J))
-    return float(n[i]), float(T[i, 0]), L, x[i], sorted(set(np.unique(arg).tolist())), (t_min, t_max)
+
+    def x_for(K: int) -> np.ndarray:  # x(L, T_K) on the grid, T_K where the continuous count is K
+        if not hasattr(x_for, "ln"):
+            Ts = np.geomspace(max(t_min, 1e-9), max(t_max, t_min * 1.0001, 1e-9), 256)
+            x_for.ln, x_for.lt = np.log(on(Ts[:, None])[1])[::-1], np.log(Ts)[::-1]  # n falls as T grows
+        TK = float(np.exp(np.interp(math.log(K), x_for.ln, x_for.lt)))
+        return on(np.array([[TK]]))[2][0]
+
+    return float(n[i]), float(T[i, 0]), L, x[i], sorted(set(np.unique(arg).tolist())), (t_min, t_max), x_for
 
 
 def _equal_count_chunks(Lg: np.ndarray, xg: np.ndarray, L0: int, R: int, K: int, cfg: PlanConfig) -> list[int] | None:
@@ -183,6 +192,34 @@ def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: fl
     return out
 
 
+def _threshold_walks(cost, coefs, L0: int, R: int, cfg: PlanConfig, T_hi: float, k_cap: int,
+                     n: int = 64) -> list[tuple[float, list[int]]]:
+    """The exact DP's own shape, for thresholds just under T_hi: for each of `n` targets M, the greedy
+    walk of the largest aligned chunks whose time stays <= M (the last chunk takes the rest), scored on
+    sum + (P-1) max. Equal-time boundaries rounded to the nearest aligned point can put one chunk a unit
+    above the target, which the (P-1) max term then multiplies; rounding down under a threshold never
+    does. One numpy pass per chunk for all targets together; None of a walk past `k_cap` chunks."""
+    lo, hi, al, P, o = cfg.lo, cfg.hi, cfg.align, cfg.pp_size, cfg.overhead_ms
+    M = T_hi * np.linspace(0.7, 1.0, n)
+    cols = tuple(col[:, None] for col in np.array(coefs, float).reshape(-1, 6).T)
+    L, live = np.full(n, float(L0)), np.ones(n, bool)
+    chunks = np.zeros((k_cap, n), np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for k in range(k_cap):
+            x = np.floor(_roots(cols, L, M).min(axis=0) / al) * al
+            x = np.minimum(np.clip(x, lo, hi), L0 + R - L)
+            chunks[k] = np.where(live, x, 0)
+            L = L + np.where(live, x, 0)
+            live &= L < L0 + R
+            if not live.any():
+                break
+    out = []
+    for j in np.flatnonzero(~live):
+        ch = [int(c) for c in chunks[:, j] if c > 0]
+        out.append((ttft(ch, L0, cost, P, o), ch))
+    return out
+
+
 def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
                        target: tuple | None = None, guess: float | None = None) -> list[int] | None:
     """K chunks of (nearly) equal predicted time covering R tokens, boundaries aligned, no runt tail.
@@ -230,7 +267,9 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
     staged = cost  # every stage: the final choice and the predicted times
     if R <= cfg.lo:  # no room for a second chunk: a non-final chunk needs >= lo tokens
         return make_plan([R], prompt_len, prefix_len, staged, cfg, "plan:equal-time")
-    rows = _pacing_rows(cost, prefix_len, R, cfg.hi)
+    if cfg.hi > R:  # no chunk can exceed the prompt: a higher memory ceiling must not change the search
+        cfg = replace(cfg, max_chunk=-(-R // cfg.align) * cfg.align)
+    rows = _pacing_rows(cost, prefix_len, R, R)
     if len(rows) < len(getattr(cost, "rows", ())):  # search on the stages that can pace
         cost = PipelineCost(tuple(CostModel(*r) for r in rows)) if len(rows) > 1 else CostModel(*rows[0])
     k_min = max(1, -(-R // cfg.hi))
@@ -252,15 +291,30 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
             seen[K] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
         return seen[K][0]
 
-    n_est, t_est, Lg, xg, binding, t_range = _estimate(cost, rows, prefix_len, R, cfg)
+    n_est, t_est, Lg, xg, binding, t_range, x_for = _estimate(cost, rows, prefix_len, R, cfg)
     coefs = _as_coefs([rows[i] for i in binding])
     k0 = min(k_max, max(k_min, int(round(n_est))))
     targets = {} if k0 > 48 else _targets(coefs, prefix_len, R, cfg.lo, cfg.hi,
                                           range(max(k_min, k0 - MAX_K_TRIED), k0 + MAX_K_TRIED + 1), *t_range)
-    if k0 > 48:  # long plans: the continuous optimum is accurate; split its chunk count evenly
-        for k in (k0 - 1, k0, k0 + 1):
-            ch = _equal_count_chunks(Lg, xg, prefix_len, R, k, cfg) if k_min <= k <= k_max else None
-            seen[k] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
+    if k0 > 48:  # long plans: split the chunk count evenly (one numpy pass per count), and search the
+        # count from the continuous optimum in steps that halve, each count at its own equal-time target:
+        # alignment and the clamps move the discrete optimum off the continuous one (seeded test: 76
+        # chunks against the exact DP's 64)
+        def count_k(k: int) -> float:
+            if k not in seen:
+                ch = _equal_count_chunks(Lg, xg if k == k0 else x_for(k), prefix_len, R, k, cfg) \
+                    if k_min <= k <= k_max else None
+                seen[k] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
+            return seen[k][0]
+
+        best_k, step = k0, max(1, k0 // 4)
+        count_k(k0)
+        while step >= 1:
+            nb = min((best_k - step, best_k + step), key=count_k)
+            if seen[nb][0] < seen[best_k][0] * (1 - 1e-9):
+                best_k = nb
+            else:
+                step //= 2
     for k in ((k_min, k0 - 1, k0, k0 + 1) if k0 <= 48 or seen[k0][1] is None else ()):
         try_k(k)
     # short plans: hill-climb from the best candidate while a neighbour improves by more than rounding
@@ -275,9 +329,20 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
         if not improved:
             break
     cands = [(j, ch) for j, ch in seen.values() if ch is not None]
-    for c in fixed_candidates(cfg):  # never predicted worse than the feasible fixed chunks
-        fx = fixed_split(R, c)
-        cands.append((ttft(fx, prefix_len, cost, P, o), fx))
+    if cands and min(cands)[0] < math.inf:  # thresholds under the best plan's slowest chunk
+        j0, ch0 = min(cands, key=lambda c: c[0])
+        if len(ch0) <= REFINE_MAX_CHUNKS:
+            t0 = _times(cost, prefix_len + np.concatenate([[0], np.cumsum(ch0)[:-1]]), ch0, 0.0)
+            cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2)
+    fixed = sorted((ttft(fx, prefix_len, cost, P, o), fx) for fx in (fixed_split(R, c) for c in
+                                                                     fixed_candidates(cfg, R)))
+    cands += fixed  # a grid from the bounds alone: never predicted worse than fixed chunks of the grid
+    for c in fixed_candidates(cfg, R):  # and the same chunks with the short one first, where its prefix is
+        K = -(-R // c)                  # shortest (a prefix-squared cost re-pays every prefix)
+        first = -(-(R - (K - 1) * c) // cfg.align) * cfg.align
+        if K >= 2 and cfg.lo <= first < c:
+            ch = [first] + [c] * (K - 2) + [R - first - (K - 2) * c]
+            cands.append((ttft(ch, prefix_len, cost, P, o), ch))
     # refine the few best starting points with the exact objective (short plans only)
     top = sorted({tuple(ch): j for j, ch in cands}.items(), key=lambda kv: kv[1])[:REFINE_STARTS]
     budget = REFINE_MAX_MOVES  # shared by the starting points, best first: bounded planning time
@@ -289,12 +354,12 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
     # the final choice on the exact makespan when the stages differ: the objective above charges every
     # stage the slowest one's time, which can rank a plan ahead of a fixed chunk it loses to
     top = sorted({tuple(ch): j for j, ch in cands}.items(), key=lambda kv: kv[1])[:FINAL_CANDIDATES]
-    fixed = [tuple(fx) for j, fx in cands if len(set(fx[:-1])) <= 1]
+    fixed = [tuple(fx) for j, fx in fixed[:FINAL_CANDIDATES - 1]]  # the best fixed ones, re-ranked likewise
     best = min(dict(top + [(f, 0.0) for f in fixed]), key=lambda ch: makespan(ch, prefix_len, staged, P, o))
     return make_plan(list(best), prompt_len, prefix_len, staged, cfg, "plan:equal-time")
 
 
-REFINE_MAX_CHUNKS = 64
+REFINE_MAX_CHUNKS = 256
 FINAL_CANDIDATES = 3  # best plans by the objective, re-ranked (with the fixed chunks) by the exact makespan
 MAX_K_TRIED = 16  # chunk counts a short plan's hill-climb may evaluate (each is a root search over T)
 REFINE_STARTS = 3

@@ -17,7 +17,7 @@ import numpy as np
 from .equal_time import MAX_PLAN_CHUNKS, MAX_SEARCH_CHUNKS, plan_equal_time
 from .plan import ChunkPlan
 from .planner_base import (METHODS, PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan,
-                           plan_fixed, ttft)
+                           plan_fixed, prefill_buffer_tokens, ttft)
 
 
 # -- exact DP (reference) -------------------------------------------------------------------
@@ -84,4 +84,5 @@ def plan_chunks(prompt_len: int, cost, pp_size: int, *, prefix_len: int = 0, met
 
 
 __all__ = ["PlanConfig", "ChunkPlan", "METHODS", "plan_chunks", "plan_equal_time", "plan_dp", "plan_fixed", "ttft",
-           "make_plan", "fixed_split", "fixed_candidates", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS"]
+           "make_plan", "fixed_split", "fixed_candidates", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS",
+           "prefill_buffer_tokens"]

@@ -26,7 +26,6 @@ class PlanConfig:
     max_chunk: int = 16384
     context_len: int | None = None
     overhead_ms: float = 0.0
-    chunk_size: int | None = None  # the server's --chunked-prefill-size, a candidate we never lose to
     method: str = "equal-time"
 
     def __post_init__(self):
@@ -45,21 +44,23 @@ class PlanConfig:
         if self.lo > self.hi:
             raise ValueError(f"--min-chunk={self.min_chunk} rounds up to {self.lo} (--align {self.align}), above "
                              f"--max-chunk={self.max_chunk} rounded down to {self.hi}; widen the range")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise ValueError(f"--chunked-prefill-size={self.chunk_size} must be >= 1")
 
     @classmethod
     def from_server(cls, *, pp_size: int, chunk_size: int, max_prefill_tokens: int, page_size: int = 1,
                     context_len: int | None = None, min_chunk: int = 0, max_chunk: int = 0,
-                    overhead_ms: float = 0.0, method: str = "equal-time", align: int = 64) -> "PlanConfig":
-        """The planner settings an SGLang server with these arguments uses (the plugin and every what-if
-        tool call this, so a simulated plan is the served plan): chunks aligned to SGLang's grid, at most
-        --max-prefill-tokens, at least upstream's C/4 floor unless SGLANG_CPP_MIN_CHUNK says otherwise."""
-        cap = min(max_chunk or max_prefill_tokens, max_prefill_tokens)
+                    overhead_ms: float = 0.0, method: str = "equal-time", align: int = 64,
+                    buffer_tokens: int = 0) -> "PlanConfig":
+        """The planner settings an SGLang server with these arguments uses: the one mapping that the plugin,
+        `plan`, `simulate`, `bench` and `tune` all call, so a simulated plan is the served plan. Chunks are
+        aligned to SGLang's grid and bounded only by memory: at most the prefill-buffer ceiling
+        (`buffer_tokens` as the server reports it, else `prefill_buffer_tokens`), at least one alignment
+        unit. C enters only through that ceiling: it is a memory cap, not a hint, and no floor derives
+        from it (SGLANG_CPP_MIN_CHUNK / SGLANG_CPP_MAX_CHUNK stay explicit overrides)."""
+        ceiling = buffer_tokens or prefill_buffer_tokens(chunk_size, max_prefill_tokens, pp_size)
+        cap = min(max_chunk or ceiling, ceiling)
         align = math.lcm(max(1, align), max(1, page_size), 64)
-        floor = min_chunk or chunk_size // 4
-        return cls(pp_size=pp_size, align=align, min_chunk=min(floor, cap), max_chunk=max(cap, align),
-                   context_len=context_len, overhead_ms=overhead_ms, chunk_size=chunk_size, method=method)
+        return cls(pp_size=pp_size, align=align, min_chunk=min(min_chunk, cap), max_chunk=max(cap, align),
+                   context_len=context_len, overhead_ms=overhead_ms, method=method)
 
     @property
     def lo(self) -> int:
@@ -70,6 +71,20 @@ class PlanConfig:
     def hi(self) -> int:
         """Largest chunk: max_chunk rounded down to the alignment."""
         return self.max_chunk // self.align * self.align
+
+
+def prefill_buffer_tokens(chunk_size: int | None, max_prefill_tokens: int, pp_size: int,
+                          dynamic: bool = True) -> int:
+    """The most tokens one prefill forward may hold: SGLang 0.5.23's prefill-buffer ceiling
+    (`srt/arg_groups/overrides.py: max_prefill_buffer_tokens`, read by `runtime_context` and every
+    workspace sized for a prefill: MoE dispatch, FlashInfer autotune, the PD staging buffers). With dynamic
+    chunking on PP it is max(C, --max-prefill-tokens, ceil(1.25 C)); otherwise C (or
+    --max-prefill-tokens without chunked prefill). A mirror for the tools that run no server; the plugin
+    passes SGLang's own value, and tests/test_planner.py checks that the two agree."""
+    C = chunk_size if chunk_size and chunk_size > 0 else 0
+    if dynamic and pp_size > 1 and C:
+        return max(C, max_prefill_tokens or 0, math.ceil(1.25 * C))
+    return C or max_prefill_tokens
 
 
 def _check(prompt_len: int, prefix_len: int, cfg: PlanConfig) -> int:
@@ -124,14 +139,22 @@ def makespan(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0
     return float(C[-1])
 
 
-def fixed_candidates(cfg: PlanConfig) -> set[int]:
-    """Fixed chunk sizes inside the plan space: the largest chunk, and --chunk-size aligned down."""
-    out = {cfg.hi}
-    if cfg.chunk_size:
-        c = cfg.chunk_size // cfg.align * cfg.align
-        if cfg.lo <= c <= cfg.hi:
+def fixed_candidates(cfg: PlanConfig, n_tokens: int = 0) -> list[int]:
+    """Fixed chunk sizes the search weighs beside its equal-time plans: the largest chunk and the
+    alignment times the powers of two below it, from the smallest chunk up. The grid comes from the bounds alone, never from
+    --chunked-prefill-size, so the plan does not lean on the chunk the user picked. With `n_tokens`, sizes
+    that would cut more than MAX_FIXED_CHUNKS chunks are left out (bounded planning time)."""
+    out, c = {cfg.hi}, cfg.align
+    while c < cfg.hi:  # align * 2^k: the same grid under every ceiling
+        if c >= cfg.lo:
             out.add(c)
-    return out
+        c *= 2
+    if n_tokens:
+        out = {c for c in out if -(-n_tokens // c) <= MAX_FIXED_CHUNKS} or {cfg.hi}
+    return sorted(out)
+
+
+MAX_FIXED_CHUNKS = 4096
 
 
 def fixed_split(n: int, chunk: int) -> list[int]:
@@ -147,4 +170,4 @@ def plan_fixed(prompt_len: int, cost, cfg: PlanConfig, chunk: int, prefix_len: i
     return make_plan(fixed_split(R, chunk), prompt_len, prefix_len, cost, cfg, "fixed")
 
 
-__all__ = ["PlanConfig", "METHODS", "make_plan", "ttft", "makespan", "fixed_split", "fixed_candidates", "plan_fixed"]
+__all__ = ["PlanConfig", "METHODS", "prefill_buffer_tokens", "make_plan", "ttft", "makespan", "fixed_split", "fixed_candidates", "plan_fixed"]

@@ -26,21 +26,24 @@ def upstream_coeffs(cost, coeffs: str | None, profile: str | None, chunk: int) -
 
 def chunks_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0.75, ctx: int | None = None,
                max_prefill: int = 16384, overhead_ms: float = 0.0, coeffs=None, profile=None,
-               prefix_len: int = 0) -> list[int]:
+               prefix_len: int = 0, page_size: int = 1, method: str = "equal-time", max_chunk: int = 0,
+               min_chunk: int = 0) -> list[int]:
     """The chunk sequence a server with this policy runs for an L-token prompt after `prefix_len` cached
-    tokens: fixed C, upstream's dynamic chunking (quadratic), or the sglang-cpp plan."""
-    from .planner import PlanConfig, plan_equal_time, plan_fixed
+    tokens: fixed C, upstream's dynamic chunking (quadratic), or the sglang-cpp plan on the server's
+    planner settings (`PlanConfig.from_server`, the plugin's mapping)."""
+    from .planner import PlanConfig, plan_dp, plan_equal_time, plan_fixed
     from .upstream import UpstreamPredictor, check_sigma
 
     check_sigma(sigma)
-    pcfg = PlanConfig.from_server(pp_size=pp, chunk_size=chunk, max_prefill_tokens=max_prefill,
-                                  context_len=ctx or 1 << 62, overhead_ms=overhead_ms)  # the server's settings
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: choose one of {', '.join(POLICIES)}")
+    pcfg = PlanConfig.from_server(pp_size=pp, chunk_size=chunk, max_prefill_tokens=max_prefill, page_size=page_size,
+                                  context_len=ctx or 1 << 62, overhead_ms=overhead_ms, method=method,
+                                  max_chunk=max_chunk, min_chunk=min_chunk)
     if policy == "fixed":
         return list(plan_fixed(L, cost, pcfg, chunk, prefix_len).chunks)
     if policy == "plan":
-        return list(plan_equal_time(L, cost, pcfg, prefix_len).chunks)
+        return list((plan_dp if method == "dp" else plan_equal_time)(L, cost, pcfg, prefix_len).chunks)
     a, b, c = upstream_coeffs(cost, coeffs, profile, chunk)
     return UpstreamPredictor(a=a, b=b, c=c, chunk_size=chunk, context_len=ctx or 1 << 62, sigma=sigma,
-                             max_prefill_tokens=max_prefill).chunk_sequence(L, prefix_len)
+                             page_size=page_size, max_prefill_tokens=max_prefill).chunk_sequence(L, prefix_len)

@@ -19,7 +19,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
       help="fixed C; quadratic: upstream's dynamic chunking (its fit emulated from the cost model unless "
            "--coeffs A,B,C or the profile's 'upstream'); plan: the sglang-cpp planner")
     a("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
-    a("--max-prefill-tokens", type=parse_len, default=16384, help="SGLang's --max-prefill-tokens (quadratic)")
+    a("--max-prefill-tokens", type=parse_len, default=16384, help="SGLang's --max-prefill-tokens")
     a("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None,
       help="the base chunk C: the fixed chunk, or upstream's first chunk (default 8k)")
     a("--method", default="equal-time", help="planner method for --policy plan (equal-time, dp)")
@@ -111,29 +111,16 @@ def run_simulate(args) -> int:
     R = args.prompt_len - args.prefix_len
     if R < 1:
         raise ValueError(f"--input-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")
-    if args.policy == "fixed":
-        c = args.chunk_size or 8192
-        if c < 1:
-            raise ValueError("--chunked-prefill-size must be >= 1")
-        chunks = [c] * (R // c) + ([R % c] if R % c else [])
-    elif args.policy == "quadratic":  # upstream's algorithm, through the one policy dispatch
-        from .costmodel import PipelineCost
-        from .policy import chunks_for
+    from .costmodel import PipelineCost
+    from .policy import chunks_for
 
-        cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
-        chunks = chunks_for("quadratic", args.prompt_len, cost, P, args.chunk_size or 8192, sigma=args.sigma,
-                            max_prefill=args.max_prefill_tokens, coeffs=args.coeffs, profile=args.profile,
-                            prefix_len=args.prefix_len)
-    else:
-        from .costmodel import PipelineCost
-        from .planner import plan_chunks
-
-        kw = {"max_chunk": args.max_chunk} if args.max_chunk else {}
-        if args.chunk_size:
-            kw["chunk_size"] = args.chunk_size
-        cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
-        chunks = list(plan_chunks(args.prompt_len, cost, P, prefix_len=args.prefix_len, method=args.method,
-                                  overhead_ms=args.cpu_overhead_ms, **kw).chunks)
+    C = args.chunk_size or 8192
+    if C < 1:
+        raise ValueError("--chunked-prefill-size must be >= 1")
+    cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
+    chunks = chunks_for(args.policy, args.prompt_len, cost, P, C, sigma=args.sigma, max_prefill=args.max_prefill_tokens,
+                        overhead_ms=args.cpu_overhead_ms, coeffs=args.coeffs, profile=args.profile,
+                        prefix_len=args.prefix_len, method=args.method, max_chunk=args.max_chunk or 0)
     res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
     trace = str(res.save_trace(args.trace)) if args.trace else None
     if args.json:

@@ -173,7 +173,7 @@ def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Optio
 
     al = cfg.align
     mpt = max(cfg.max_prefill_tokens, C)
-    mins = {al, max(al, C // 4 // al * al)}  # C//4 is the plugin's default floor
+    mins = {al}  # the plugin's default: no floor beyond one alignment unit
     maxs = {mpt}
     if x_range:  # bounds that keep the planner inside the profiled chunk sizes
         mins.add(min(mpt, -(-int(x_range[0]) // al) * al))

@@ -66,6 +66,7 @@ INTERNALS = (
     "sglang.srt.plugins.hook_registry.HookType",
     "sglang.srt.runtime_context.get_parallel",
     "sglang.srt.runtime_context.get_schedule",
+    "sglang.srt.runtime_context.max_prefill_buffer_tokens",
     "sglang.srt.sampling.sampling_params.SamplingParams",
     "sglang.srt.utils.common.get_device_module",
 )

@@ -46,6 +46,14 @@ def _align(sched) -> int:
                     max(1, int(mamba_prefill_chunk_grid())))
 
 
+def _buffer_tokens() -> int:
+    """SGLang's own prefill-buffer ceiling (registered ceiling providers included): the most tokens a
+    prefill forward's workspaces hold, so the plan's largest chunk (docs/compatibility.md, 'Chunk bounds')."""
+    from sglang.srt.runtime_context import max_prefill_buffer_tokens
+
+    return int(max_prefill_buffer_tokens() or 0)
+
+
 def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     """Install our policy in place of upstream's sizer; every rank checks its settings against world
     rank 0's and fails fast on a difference, then all use rank 0's cost model (consensus.py)."""
@@ -65,7 +73,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
         cfg = SizerConfig.from_env(pp_size=par.pp_size, pp_rank=par.pp_rank, chunk_size=self.chunked_prefill_size,
                                    max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
                                    context_len=self.model_config.context_len, align=_align(self),
-                                   dynamic=bool(sch.enable_dynamic_chunking))
+                                   dynamic=bool(sch.enable_dynamic_chunking), buffer_tokens=_buffer_tokens())
         batch_cfg = BatchConfig(envs.BATCH_POLICY.get(), mixed_chunk=bool(sch.enable_mixed_chunk),
                                 has_cost=bool(sch.enable_dynamic_chunking) and cfg.policy == "plan",
                                 even_decodes=envs.EVEN_DECODES.get())

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from .. import envs
 from ..plan import ChunkPlan
-from ..planner import PlanConfig, plan_dp, plan_equal_time
+from ..planner import PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
 from ..upstream import UpstreamPredictor, check_sigma
 
 logger = logging.getLogger("sglang_cpp")
@@ -41,6 +41,7 @@ class SizerConfig:
     overhead_ms: float = 0.0
     method: str = "equal-time"
     align: int = 64  # SGLang's chunk grid (hooks._align): lcm of page, 64, truncation and mamba grids
+    buffer_tokens: int = 0  # SGLang's prefill-buffer ceiling (runtime_context.max_prefill_buffer_tokens); 0: derived
     dynamic: bool = True  # --enable-dynamic-chunking (without it nothing is planned)
 
     def __post_init__(self):
@@ -53,10 +54,12 @@ class SizerConfig:
         if self.min_chunk and self.max_chunk and self.min_chunk > self.max_chunk:
             raise ValueError(f"SGLANG_CPP_MIN_CHUNK={self.min_chunk} exceeds SGLANG_CPP_MAX_CHUNK={self.max_chunk}: "
                              "lower the first or raise the second")
-        if self.max_chunk > self.max_prefill_tokens:
-            raise ValueError(f"SGLANG_CPP_MAX_CHUNK={self.max_chunk} exceeds --max-prefill-tokens="
-                             f"{self.max_prefill_tokens}: SGLang never runs a longer prefill forward. Lower it, "
-                             "or raise --max-prefill-tokens")
+        ceiling = self.buffer_tokens or prefill_buffer_tokens(self.chunk_size, self.max_prefill_tokens, self.pp_size)
+        if self.max_chunk > ceiling:
+            raise ValueError(f"SGLANG_CPP_MAX_CHUNK={self.max_chunk} exceeds SGLang's prefill-buffer ceiling "
+                             f"{ceiling} (max(--chunked-prefill-size, --max-prefill-tokens, 1.25x the first) with "
+                             "dynamic chunking): no prefill workspace holds a longer forward. Lower it, or raise "
+                             "--max-prefill-tokens")
 
     @classmethod
     def from_env(cls, **server) -> "SizerConfig":
@@ -72,7 +75,7 @@ class SizerConfig:
                                       max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
                                       context_len=self.context_len, min_chunk=self.min_chunk,
                                       max_chunk=self.max_chunk, overhead_ms=self.overhead_ms, method=self.method,
-                                      align=self.align)
+                                      align=self.align, buffer_tokens=self.buffer_tokens)
 
 
 class DecisionLog:
