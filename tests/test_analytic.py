@@ -360,8 +360,8 @@ def test_plan_on_the_roofline_stops_cutting_memory_bound_chunks():
     flops, roof = stage_models(q, h20, 4, 8, roofline=False), stage_models(q, h20, 4, 8)
     ch_f = list(plan_chunks(131072, PipelineCost(tuple(flops)), 8).chunks)
     ch_r = list(plan_chunks(131072, PipelineCost(tuple(roof)), 8).chunks)
-    assert len(ch_f) > 1000 and min(ch_f) == 64
-    assert len(ch_r) < len(ch_f) / 2 and min(ch_r[:-1]) > 64
+    assert len(ch_f) > 1000 and min(ch_f) <= 128
+    assert len(ch_r) <= len(ch_f) / 2 and min(ch_r[:-1]) > 128
     assert simulate(ch_r, roof, 8, SimConfig()).ttft_ms < simulate(ch_f, roof, 8, SimConfig()).ttft_ms
 
 

@@ -83,7 +83,7 @@ def test_quadratic_policy_is_upstream(monkeypatch):
     (dict(policy="fast"), "SGLANG_CPP_POLICY"),
     (dict(sigma=2.0), "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"),
     (dict(chunk_size=0), "--chunked-prefill-size"),
-    (dict(max_chunk=32768), "SGLANG_CPP_MAX_CHUNK=32768 exceeds --max-prefill-tokens=16384"),
+    (dict(max_chunk=32768), "SGLANG_CPP_MAX_CHUNK=32768 exceeds SGLang.s prefill-buffer ceiling 16384"),
 ])
 def test_bad_config_is_named(kw, match):
     with pytest.raises(ValueError, match=match):
