@@ -89,9 +89,10 @@ def main() -> int:
             "choice the plan lost to DCK at 256K (1.024).",
             "- % of physical limit: the causal prefill FLOPs over 32 GPUs at dense peak (anchors.md 2.2) divided "
             "by the predicted TTFT.",
-            "- Roofline: every chunk here is >= 4.6K tokens (upstream's and the plan's C/4 floor), so the stages "
-            "are FLOP-bound and the byte terms do not bind; they bind for chunks below a few hundred tokens "
-            "(tests/test_analytic.py, the plan on the roofline without a chunk floor)."]
+            f"- Roofline: DCK's chunks are >= 4.6K tokens (upstream's C/4 floor); the plan has no floor (issue 25) "
+            f"and its smallest chunk at 128K is {min(chunks_for('plan', 131072, cost, 8, 18432, overhead_ms=args.overhead))} "
+            "tokens, still FLOP-bound: the byte terms bind for chunks below a few hundred tokens "
+            "(tests/test_analytic.py, the plan on the roofline)."]
     text = "\n".join(out) + "\n"
     Path(args.results).write_text(text)
     plt = pyplot()
