@@ -73,9 +73,20 @@ CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 0,
                        "Timed repeats per calibration point, minimum kept; above 1 every shape is warmed first "
                        "(0: 2 on GPUs, 1 on CPU).")
 CHUNK_OVERHEAD_MS = EnvVar("SGLANG_CPP_CHUNK_OVERHEAD_MS", float, 0.0,
-                           "Per-chunk overhead (ms) the planner adds to each chunk: P2P plus scheduling "
-                           "(the flag --chunk-overhead-ms; old name SGLANG_CPP_P2P_MS).",
+                           "Per-chunk overhead (ms) the planner adds to each chunk on top of the measured one "
+                           "(SGLANG_CPP_OVERHEAD_PROBE) (the flag --chunk-overhead-ms; old name SGLANG_CPP_P2P_MS).",
                            old_names=("SGLANG_CPP_P2P_MS",))
+def _count(raw: str) -> int:
+    v = int(raw)
+    if v < 0:
+        raise ValueError("expected a whole number >= 0")
+    return v
+
+
+OVERHEAD_PROBE = EnvVar("SGLANG_CPP_OVERHEAD_PROBE", _count, 8,
+                        "Chunks of the startup pipelined run that measures each stage's per-chunk overhead beyond "
+                        "its forward (P2P, batch set-up), charged on top of the calibration (0: off; then only "
+                        "SGLANG_CPP_CHUNK_OVERHEAD_MS is charged).")
 MIN_CHUNK = EnvVar("SGLANG_CPP_MIN_CHUNK", int, 0,
                    "Smallest non-final chunk the planner may use (0: one alignment unit; the cost model and "
                    "the per-chunk overhead decide).")
@@ -104,5 +115,5 @@ FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "torch_native backend: attend only a chunk's new queries over its cached prefix (0: upstream's "
                      "redundant (L+x)^2 query).")
 
-ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, MIN_CHUNK, MAX_CHUNK, PLANNER,
+ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER,
        DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, CALIB_FAULT_RANK)

@@ -162,12 +162,13 @@ def launched(spec: ServerSpec, timeout: float = 900.0, log_dir: str | None = Non
 
 
 _COST_SOURCE = re.compile(r"\[sglang-cpp\] (?:saved calibration to|cost model from calibration cache|"
-                          r"cost model from) (\S+)")
+                          r"cost model from|served cost model \(calibration \+ measured per-chunk overhead\) "
+                          r"saved to) (\S+)")
 
 
 def reported_calibration(log_text: str) -> str | None:
-    """The cost-model file a plan server says it used (saved, loaded from cache, or SGLANG_CPP_PROFILE):
-    the last one its log names. Experiments read this instead of guessing by file time."""
+    """The cost-model file a plan server says it used (saved, loaded from cache, or SGLANG_CPP_PROFILE;
+    with the measured per-chunk overhead, the served model written after them): the last one its log names. Experiments read this instead of guessing by file time."""
     found = _COST_SOURCE.findall(log_text)
     return found[-1] if found else None
 

@@ -167,3 +167,32 @@ def test_cpu_calibration_file_names_the_isa():
 
     isa = cpu_isa().replace(" ", "_").replace("(", "").replace(")", "")
     assert isa and isa.split("_")[0] in device_name("cpu")
+
+
+# -- issue 25: the per-chunk overhead of the pipelined startup probe -------------------------------------
+def test_overhead_is_the_median_of_what_a_step_costs_beyond_its_forward_and_its_waits():
+    from sglang_cpp.plugin.overhead import decide_overheads, stage_overhead
+
+    steps = [(40.0, 30.0, 6.0), (41.0, 30.5, 8.0), (39.0, 30.0, 5.5)]  # step, forward, blocked (ms)
+    assert stage_overhead(steps) == pytest.approx(3.5)  # medians of 4.0, 2.5, 3.5
+    got = [{"stage": 1, "steps": [(10.0, 9.0, 0.0)]}, {"stage": 0, "steps": steps},
+           {"stage": 1, "steps": [(10.0, 7.0, 0.5)]}]  # two TP ranks on stage 1: the slower one counts
+    assert decide_overheads(got) == [pytest.approx(3.5), pytest.approx(2.5)]
+
+
+@pytest.mark.parametrize("steps", [[(10.0, 12.0, 0.0)], []])
+def test_a_negative_or_missing_overhead_fails_naming_the_stage(steps):
+    from sglang_cpp.plugin.overhead import decide_overheads
+
+    with pytest.raises(RuntimeError, match=r"measured on PP1 is .*SGLANG_CPP_OVERHEAD_PROBE=0"):
+        decide_overheads([{"stage": 0, "steps": [(5.0, 4.0, 0.0)]}, {"stage": 1, "steps": steps}])
+
+
+def test_overhead_probe_setting_is_validated(monkeypatch):
+    from sglang_cpp import envs
+
+    monkeypatch.setenv("SGLANG_CPP_OVERHEAD_PROBE", "-1")
+    with pytest.raises(ValueError, match="SGLANG_CPP_OVERHEAD_PROBE='-1' is invalid"):
+        envs.OVERHEAD_PROBE.get()
+    monkeypatch.setenv("SGLANG_CPP_OVERHEAD_PROBE", "0")
+    assert envs.OVERHEAD_PROBE.get() == 0

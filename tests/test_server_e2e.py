@@ -12,7 +12,7 @@ import pytest
 
 from sglang_cpp.cli import main as cli_main
 from sglang_cpp.client import generate
-from sglang_cpp.server import ServerSpec, launch_fails, launched
+from sglang_cpp.server import ServerSpec, launch_fails, launched, reported_calibration
 from sglang_cpp.upstream import UpstreamPredictor
 
 from conftest import (CHAT, LONG, MIXED_CHUNK, OFF_CHUNK, OFF_CTX, OFF_PROMPT, QUAD_ABC, QUAD_PROMPT, QUAD_SIGMA,
@@ -74,12 +74,35 @@ def test_long_prompt_follows_cli_plan_on_both_stages(plan_run):
         per_stage.append(decided)
     assert per_stage[0] == per_stage[1], "PP stages made different chunk decisions"
     assert len(per_stage[0]) > 1  # LONG tokens at C=1024 is a multi-chunk plan
-    cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", str(plan_run["calib"][0]),
+    # the cost model the server planned on (the calibration plus each stage's measured overhead), as it reports
+    served = reported_calibration(plan_run["log"])
+    assert "/served/" in served
+    cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", str(served),
                           "--input-len", str(LONG), "--prefix-len", str(cached), "--pp-size", "2",
                           "--chunked-prefill-size", "1024", "--max-prefill-tokens", "16384", "--context-length", "8192",
                           "--json"], capture_output=True, text=True, check=True)
     plan = json.loads(cli.stdout)
     assert [c for _, c in per_stage[0]] == plan["chunks"]
+
+
+def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_run):
+    """Issue 25: the startup pipelined probe measures each stage's overhead beyond its forward (>= 0),
+    world rank 0's figures reach both stages, and each stage's planning model is its calibrated model
+    with that overhead added to c0 (a probe removed or not charged fails here)."""
+    d = plan_run["dir"]
+    over = [read_events(d / f"dec_{r}.jsonl", "overhead") for r in (0, 1)]
+    assert len(over[0]) == len(over[1]) == 1 and over[0][0]["stages_ms"] == over[1][0]["stages_ms"]
+    o = over[0][0]["stages_ms"]
+    assert len(o) == 2 and all(v >= 0 for v in o) and over[0][0]["chunks"] == 8
+    calib = json.loads(plan_run["calib"][0].read_text())["stages"]
+    saved = json.loads(open(reported_calibration(plan_run["log"])).read())["stages"]
+    for r in (0, 1):
+        served = read_events(d / f"dec_{r}.jsonl", "startup")[0]["cost"]["stages"]
+        assert [m["coeffs"] for m in served] == [m["coeffs"] for m in saved]
+        for st in (0, 1):
+            assert served[st]["coeffs"]["c0"] == pytest.approx(calib[st]["coeffs"]["c0"] + o[st], abs=1e-3)
+            assert served[st]["coeffs"]["b"] == calib[st]["coeffs"]["b"]
+    assert "per-chunk overhead measured in the pipeline" in plan_run["log"]
 
 
 def test_radix_hit_plans_only_the_suffix_from_the_cached_prefix(plan_run, pp1):

@@ -50,6 +50,7 @@ TARGETS = {
 INTERNALS = (
     "sglang.srt.distributed.parallel_state.GroupCoordinator",
     "sglang.srt.distributed.parallel_state.TensorMetadata",
+    "sglang.srt.distributed.parallel_state.get_pp_group",
     "sglang.srt.layers.dp_attention.is_dp_attention_enabled",
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
     "sglang.srt.managers.schedule_batch.Req",

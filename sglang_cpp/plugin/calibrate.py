@@ -69,6 +69,12 @@ def _random_proxies(tensors: dict, seed: int) -> dict:
 def _forward_timed(sched, req, proxy_cache: dict) -> float:
     """One forward of `req`'s current extend [prefix_len, extend_end) with random proxies; ms
     (device events on GPUs, see timing.py)."""
+    return forward(sched, req, proxy_cache)[0]
+
+
+def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple:
+    """(ms, ModelRunnerOutput) of one forward of `req`'s current extend, on `proxies` (the previous
+    stage's, as received) or on seeded random ones."""
     import torch
     from sglang.srt.layers.dp_attention import set_is_extend_in_batch
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -82,7 +88,7 @@ def _forward_timed(sched, req, proxy_cache: dict) -> float:
     n = req.extend_end - req.prefix_len
     batch = ScheduleBatch.init_new([req], sched.req_to_token_pool, sched.token_to_kv_pool_allocator,
                                    sched.tree_cache, sched.model_config, False, sched.spec_algorithm)
-    if n not in proxy_cache:
+    if proxies is None and n not in proxy_cache:
         with torch.device(sched.device):
             proxy_cache[n] = _random_proxies(allocate_pp_proxy_tensors(
                 max_num_tokens=n, max_hidden_tokens=n, hidden_size=cfg.hidden_size, dtype=cfg.dtype,
@@ -99,9 +105,10 @@ def _forward_timed(sched, req, proxy_cache: dict) -> float:
     _set_dp_fields(batch, n)
     fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
     set_is_extend_in_batch(batch.forward_mode.is_extend())
-    runner.forward(forward_batch=fb, pp_proxy_tensors=PPProxyTensors(proxy_cache[n]))
+    out = runner.forward(forward_batch=fb, pp_proxy_tensors=PPProxyTensors(proxy_cache[n] if proxies is None
+                                                                            else proxies))
     timer.stop()
-    return timer.wait_ms()
+    return timer.wait_ms(), out
 
 
 def default_repeats(device: str) -> tuple[int, bool]:
@@ -112,13 +119,26 @@ def default_repeats(device: str) -> tuple[int, bool]:
     return (1, False) if device == "cpu" else (2, True)
 
 
+def synthetic_req(sched, rng, n_tokens: int, rid: str):
+    """A request of random ids walked through the real chunked-prefill lifecycle (match, lock, then
+    extend / checkpoint per chunk); the same on every stage for the same rng."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    ids = array("q", rng.integers(10, 10000, size=n_tokens, dtype=np.int64).tobytes())
+    req = Req(rid=rid, origin_input_text="", origin_input_ids=ids,
+              sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+    req.skip_radix_cache_insert = True  # checkpoints keep the KV on the request, not the tree
+    req.init_next_round_input(sched.tree_cache)
+    req.lock = sched.tree_cache.lock(req.last_node)
+    return req
+
+
 def measure_stage(sched, max_len: int, repeats: int = 1, seed: int = 0, warmup: bool = True,
                   max_chunk: int = 0, warm_shapes: bool = False) -> list[dict]:
     """Time this stage's layers on the calibration schedule for `max_len`; samples {L, x, ms}, each
     the minimum over `repeats` walks (after one untimed walk per sequence with warm_shapes)."""
-    from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
-    from sglang.srt.sampling.sampling_params import SamplingParams
 
     rng = np.random.default_rng(seed + max_len)  # same on every stage: identical synthetic requests
     best: dict = {}
@@ -129,12 +149,7 @@ def measure_stage(sched, max_len: int, repeats: int = 1, seed: int = 0, warmup: 
         walks = 1 if first else max(1, repeats) + int(warm_shapes)
         for rep in range(walks):
             timed = not first and not (warm_shapes and rep == 0)
-            ids = array("q", rng.integers(10, 10000, size=sum(seq), dtype=np.int64).tobytes())
-            req = Req(rid=f"sglang-cpp-calib-{max_len}-{r}-{rep}", origin_input_text="", origin_input_ids=ids,
-                      sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
-            req.skip_radix_cache_insert = True  # checkpoints keep the KV on the request, not the tree
-            req.init_next_round_input(sched.tree_cache)
-            req.lock = sched.tree_cache.lock(req.last_node)
+            req = synthetic_req(sched, rng, sum(seq), f"sglang-cpp-calib-{max_len}-{r}-{rep}")
             try:
                 for k, x in enumerate(seq):
                     L = req.prefix_len

@@ -9,7 +9,8 @@ from dataclasses import asdict
 
 from .. import envs
 from ..machine import cpu_dtype_warning
-from .profiles import resolve_cost, resolve_upstream
+from .overhead import measure_overhead
+from .profiles import resolve_cost, resolve_upstream, save_served
 from .attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: F401 (hook)
 from .cpu_compat import (  # noqa: F401 (hooks)
     L2TransferEngine_init_cpu,
@@ -101,6 +102,9 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
         upstream = resolve_upstream(self, cfg, original)
     else:
         cost, calibrated_len = resolve_cost(self, cfg)
+        if envs.OVERHEAD_PROBE.get():  # every rank: a pipelined run through the real P2P path
+            cost, over = measure_overhead(self, cfg, cost, envs.OVERHEAD_PROBE.get(), log=LOG)
+            save_served(self, cfg, cost, over, calibrated_len)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=LOG, calibrated_len=calibrated_len)
     self.dynamic_chunk_sizer = sizer

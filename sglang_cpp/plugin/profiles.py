@@ -194,6 +194,25 @@ def resolve_cost(sched, cfg) -> tuple:
     return cost, reached
 
 
+def save_served(sched, cfg, cost, overheads: list[float], calibrated_len: int) -> None:
+    """World rank 0 writes the model the planner runs on (the calibration plus each stage's measured
+    per-chunk overhead) beside the cache, so `sglang-cpp plan --profile <it>` gives the server's chunks.
+    Best effort: a folder that cannot take it costs a WARNING, never the server."""
+    from .consensus import world_rank
+
+    if world_rank() != 0:
+        return
+    meta = server_meta(sched, cfg)
+    path = Path(envs.CACHE_DIR.get()) / "served" / cache_path(meta, calibrated_len).name
+    try:
+        save_profile(path, cost=cost, meta={**meta, "backend": "served", "overhead_ms": overheads,
+                                            "calibrated_len": calibrated_len})
+    except OSError as exc:
+        logger.warning("[sglang-cpp] could not write the served cost model to %s: %s", path, exc)
+        return
+    logger.info("[sglang-cpp] served cost model (calibration + measured per-chunk overhead) saved to %s", path)
+
+
 def _upstream_from_profile(path: str, kw: dict) -> dict:
     doc = load_profile(path)
     where = f"SGLANG_CPP_PROFILE={path}"
