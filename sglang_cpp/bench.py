@@ -206,13 +206,19 @@ def run_ttft(base_url: str, cfg: BenchConfig, log=_log) -> list[dict]:
         dur = time.perf_counter() - t0
         for i, (t, _, _, err) in enumerate(out):
             log(f"len {L} request {i}: " + (f"FAILED: {err}" if err else f"TTFT {t * 1e3:.1f} ms"))
-        plans = [m.get("sglang_cpp_plan") for _, _, m, _ in out]
+        plans = [_plan_of(m) for _, _, m, _ in out]
         rec = summarize([o[0] for o in out], [o[3] for o in out], L, dur, [o[1] for o in out])
         records.append({"backend": "sglang-native", "dataset_name": "random-ids", "base_url": base_url,
                         "max_concurrency": cfg.max_concurrency, "warmup": cfg.warmup, "seed": cfg.seed,
                         "shared_prefix": cfg.shared_prefix, **rec, "warmup_errors": warm_errors,
                         "chunk_plan": plans if any(p is not None for p in plans) else None, **meta})
     return records
+
+
+def _plan_of(meta: dict):
+    """The plan a sglang-cpp server reports in meta_info (SGLang delivers it as a one-element list)."""
+    p = meta.get("sglang_cpp_plan")
+    return p[0] if isinstance(p, list) and p else p
 
 
 def any_failed(records) -> bool:

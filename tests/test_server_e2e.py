@@ -40,10 +40,13 @@ def plan_run(smollm2, tmp_path_factory):
         rc = cli_main(["profile", "--backend", "server", "--base-url", srv.base_url, "--max-len", "2048",
                        "--chunks", "256,512", "--num-prefixes", "2", "--repeats", "1", "--warmup", "0",
                        "--quiet", "--out", str(prof)])
+        # `bench ttft` records the chunks each request ran, from the server's meta_info
+        ttft_rc = cli_main(["bench", "ttft", "--base-url", srv.base_url, "--input-lens", "2500", "--num-requests", "1",
+                            "--warmup", "0", "--output-jsonl", str(d / "ttft.jsonl")])
         log = srv.log()
     calib = sorted((d / "cache" / "calibration").glob("*.json"))
     return {"dir": d, "chat": chat, "log": log, "calib": calib, "cached": cached,
-            "profile": (rc, prof)}
+            "profile": (rc, prof), "ttft": (ttft_rc, d / "ttft.jsonl")}
 
 
 def test_pp2_plan_greedy_output_equals_pp1(plan_run, pp1):
@@ -83,6 +86,21 @@ def test_long_prompt_follows_cli_plan_on_both_stages(plan_run):
                           "--json"], capture_output=True, text=True, check=True)
     plan = json.loads(cli.stdout)
     assert [c for _, c in per_stage[0]] == plan["chunks"]
+    # the server reports what ran and what was decided in the response's meta_info (issue 29 part 3)
+    (meta,) = first.meta["sglang_cpp_plan"]
+    assert meta["ran"] == meta["chunks"] == plan["chunks"] and meta["ran_prefix"] == meta["prefix"] == cached
+    decided_ms = [d_["predicted_ms"] for d_ in read_events(d / "dec_0.jsonl", "decision") if d_["rid"] == rid]
+    assert meta["policy"] == "plan" and meta["predicted_ms"] == pytest.approx(sum(decided_ms), abs=1e-2)
+
+
+def test_bench_ttft_records_the_chunks_the_server_ran(plan_run):
+    rc, path = plan_run["ttft"]
+    assert rc == 0
+    (rec,) = [json.loads(line) for line in path.read_text().splitlines()]
+    (plan,) = rec["chunk_plan"]
+    ran = {rid: [c for _, c in v] for rid, v in chunks_of(plan_run["dir"] / "dec_0.jsonl").items()}
+    assert sum(plan["ran"]) == 2500 and len(plan["ran"]) > 1
+    assert plan["ran"] in ran.values() and plan["ran"] == plan["chunks"]
 
 
 def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_run):

@@ -297,10 +297,35 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
     timer.start()
     out = original(self, batch, *args, **kwargs)
     timer.stop()
+    if event == "forward":
+        _report_plans(log, batch.reqs, prefix, ext)
     _PENDING.add(timer, {"event": event, **rec, "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
     for rec in _PENDING.drain():
         log.write(rec.pop("event"), **rec)
     return out
+
+
+_RAN: dict = {}  # rid -> [first prefix, chunks that ran], until the prompt's last chunk has run
+
+
+def _report_plans(log: DecisionLog, reqs, prefix: list, ext: list) -> None:
+    """A request whose prompt's last chunk just ran carries its plan to the client: the chunks that ran,
+    and the decided plan with its policy and predicted ms, as `meta_info["sglang_cpp_plan"]` (SGLang's
+    per-request `customized_info`, which the tokenizer manager accumulates into meta_info)."""
+    for req, p, x in zip(reqs, prefix, ext):
+        n = len(req.origin_input_ids)
+        if p >= n:  # a decode token riding in a mixed batch
+            continue
+        ent = _RAN.setdefault(req.rid, [p, []])
+        ent[1].append(int(x))
+        if p + x >= n:
+            del _RAN[req.rid]
+            plan = {"ran_prefix": ent[0], "ran": ent[1], **log.finished.pop(req.rid, {})}
+            info = req.customized_info if isinstance(req.customized_info, dict) else {}
+            info["sglang_cpp_plan"] = [plan]
+            req.customized_info = info
+    while len(_RAN) > 4096:  # aborted requests never reach their last chunk
+        _RAN.pop(next(iter(_RAN)))
 
 
 def MooncakeKVSender_send(result, self, kv_indices, *args, **kwargs):

@@ -91,6 +91,7 @@ class DecisionLog:
         self._lock = threading.Lock()
         self._open: OrderedDict[str, list] = OrderedDict()  # rid -> [first prefix, chunks], until the last
         self._max_open = max_open
+        self.finished: OrderedDict[str, dict] = OrderedDict()  # rid -> its whole plan, until it has run
 
     def write(self, event: str, **rec) -> None:
         rec = {"event": event, "pp_rank": self.pp_rank, "t": round(time.time(), 6), **rec}
@@ -111,6 +112,10 @@ class DecisionLog:
             self._open.popitem(last=False)
         if rec["prefix"] + rec["chunk"] >= rec["prompt_len"]:
             self._open.pop(rec["rid"], None)
+            self.finished[rec["rid"]] = {"policy": rec.get("policy"), "prefix": ent[0], "chunks": list(ent[1]),
+                                         "predicted_ms": round(ent[2], 3)}
+            while len(self.finished) > self._max_open:
+                self.finished.popitem(last=False)
             logger.info("[sglang-cpp] PP%d request rid=%s prompt=%d prefix=%d chunks=%s predicted_ms=%.1f (%s)",
                         self.pp_rank, rec["rid"], rec["prompt_len"], ent[0], ent[1], ent[2], rec.get("policy"))
 
