@@ -75,17 +75,32 @@ def main() -> int:
     b = med[best.key]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cmd = "python benchmarks/tuning_free_compare.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    import glob
+
+    from sglang_cpp.costmodel import load_cost
+    from sglang_cpp.planner_base import fixed_split, makespan
+
+    served = sorted(glob.glob(f"{cache}/served/*.json"))
+    model = load_cost(served[0]) if served else None
+
+    def predicted(run) -> float | None:  # the served model's makespan of the chunks that ran (s)
+        ch = fixed_split(L, run.chunk) if run.kind == "fixed" else (plans[run.key][0] or {}).get("ran")
+        return makespan(ch, 0, model, 2, 0.0) / 1e3 if model is not None and ch else None
+
     out = ["# The plan without a sweep on the real CPU PP=2 server (issue 25 part 4)", "",
            *provenance_lines(cmd.strip()), f"- commit: {commit}",
            f"- SmolLM2-135M, PP=2, fp32, torch_native, {L}-token prompts; {args.rounds} rounds, each starting every "
            f"configuration in turn ({', '.join(r.key.split(':L=')[0] for r in order)}), one {args.warmup_len}-token "
            f"warm-up and one measured request per start; {wall / 60:.0f} min of servers", "",
-           "| config | TTFT per round (s) | median (s) | spread (min / max vs median) | vs best fixed median |",
-           "|---|---|---:|---:|---:|"]
+           "| config | TTFT per round (s) | median (s) | spread (min / max vs median) | vs best fixed median | "
+           "served model's prediction (s) | measured / predicted |",
+           "|---|---|---:|---:|---:|---:|---:|"]
     for r in order:
         lo, hi = spread[r.key]
+        pr = predicted(r)
         out.append(f"| {r.label()} | {' / '.join(f'{t:.2f}' for t in got[r.key])} | {med[r.key]:.2f} | "
-                   f"{lo:+.1%} / {hi:+.1%} | {med[r.key] / b:.3f} |")
+                   f"{lo:+.1%} / {hi:+.1%} | {med[r.key] / b:.3f} | "
+                   + (f"{pr:.2f} | {med[r.key] / pr:.3f} |" if pr else "— | — |"))
     pm = [med[r.key] for r in plan]
     out += ["", f"Best fixed chunk: C={best.chunk} (median {b:.2f} s, spread {spread[best.key][0]:+.1%} / "
             f"{spread[best.key][1]:+.1%}).", "",

@@ -20,6 +20,8 @@ def test_schedule_covers_prefixes_and_chunk_sizes(M):
     assert len(xs) >= 3 and len(Ls) >= 5  # enough to identify all six cost terms
     assert max(L + x for L, x in points) == M
     assert len({x for x in xs if x % 64 == 0}) >= 3
+    # small chunks after a long prefix: what a plan runs late in a long prompt
+    assert any(L >= 3 * M // 4 and x <= max(64, M // 16) for L, x in points)
 
 
 def test_levels_quadruple_to_the_target():

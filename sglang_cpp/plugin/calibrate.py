@@ -22,14 +22,21 @@ logger = logging.getLogger("sglang_cpp")
 
 
 def calibration_schedule(max_len: int, align: int = 64, max_chunk: int = 0) -> list[list[int]]:
-    """Chunk sequences (one per synthetic request) covering prefixes 0..max_len with 3 chunk sizes.
+    """Chunk sequences (one per synthetic request) covering prefixes 0..max_len with 3 chunk sizes, and
+    small chunks after a long prefix.
 
-    Samples land at L in {0, M/8, M/4, M/2, 3M/4, 7M/8} and x in {M/8, M/4, M/2}; the total work is
-    about six prefills of M tokens. With max_chunk (the plan's largest chunk), longer chunks are cut
-    into pieces of at most max_chunk: SGLang sizes its prefill workspaces for that, not for M/2."""
+    Samples land at L in {0, M/8, M/4, M/2, 3M/4, 7M/8} and x in {M/8, M/4, M/2}, plus x = M/32 and M/16
+    at L = 3M/4: without those, the small chunks a plan takes late in a long prompt were priced by
+    extrapolation, and c0, b and e traded off freely (SmolLM2 PP=2 at 8K: a fitted c0 of 1 ms on one
+    stage, fixed 512-token chunks 1.21x their prediction; results/tuning_free_compare.md). The total
+    work is about eight prefills of M tokens. With max_chunk (the plan's largest chunk), longer chunks
+    are cut into pieces of at most max_chunk: SGLang sizes its prefill workspaces for that, not for M/2."""
     u = max(align, (max_len // 8) // align * align)
     r = max(0, max_len - 8 * u)  # the remainder goes to a last chunk, so the largest L + x is max_len
+    q, p = max(align, (u // 4) // align * align), -(-(3 * max_len // 4) // align) * align
     seqs = [[4 * u, 2 * u, u, u + r], [u, u, 2 * u, 4 * u + r], [2 * u, 2 * u, 2 * u, 2 * u + r]]
+    if max_len - p - 3 * q >= 1:  # too short a target has no room for it
+        seqs.append([p, q, 2 * q, max_len - p - 3 * q])
     if max_chunk <= 0:
         return seqs
     cap = max(align, max_chunk // align * align)
