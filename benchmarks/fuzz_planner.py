@@ -114,7 +114,7 @@ def plan_case(case: dict) -> list[int]:
     models = [CostModel(**s) for s in case["stages"]]
     cost = models[0] if len(models) == 1 else PipelineCost(tuple(models))
     cfg = PlanConfig(pp_size=case["P"], align=case["align"], min_chunk=case["min"], max_chunk=case["max"],
-                     context_len=case["ctx"], overhead_ms=case["o"], chunk_size=case["C"])
+                     context_len=case["ctx"], overhead_ms=case["o"])
     return list(plan_equal_time(case["N"], cost, cfg, case["prefix"]).chunks)
 
 

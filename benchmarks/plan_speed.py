@@ -48,7 +48,7 @@ def main() -> None:
     for name, (cost, P) in costs.items():
         for N in (131072, 1 << 20):
             for min_chunk in (3072, 64):
-                cfg = PlanConfig(pp_size=P, align=64, min_chunk=min_chunk, max_chunk=16384, chunk_size=12288)
+                cfg = PlanConfig(pp_size=P, align=64, min_chunk=min_chunk, max_chunk=16384)
                 plan_equal_time(N, cost, cfg)  # warm caches
                 plan, med, best = timed(lambda: plan_equal_time(N, cost, cfg), a.repeats)
                 starts = plan.starts
@@ -60,7 +60,7 @@ def main() -> None:
                 rows.append((name, N, min_chunk, len(plan.chunks), plan.ttft_ms / 1e3, med * 1e3, best * 1e3,
                              look * 1e9))
                 print(rows[-1], flush=True)
-    cfg = PlanConfig(pp_size=8, align=1024, min_chunk=3072, max_chunk=16384, chunk_size=12288)
+    cfg = PlanConfig(pp_size=8, align=1024, min_chunk=3072, max_chunk=16384)
     dp, dp_med, _ = timed(lambda: plan_dp(131072, stage, cfg), 3)
     eq = plan_equal_time(131072, stage, cfg)
     lines = [
