@@ -92,14 +92,18 @@ class DecisionLog:
         self._open: OrderedDict[str, list] = OrderedDict()  # rid -> [first prefix, chunks], until the last
         self._max_open = max_open
         self.finished: OrderedDict[str, dict] = OrderedDict()  # rid -> its whole plan, until it has run
+        self._fh = None
 
     def write(self, event: str, **rec) -> None:
         rec = {"event": event, "pp_rank": self.pp_rank, "t": round(time.time(), 6), **rec}
         if event == "decision":
             self._summarise(rec)
         if self.path:
-            with self._lock, open(self.path, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+            line = json.dumps(rec) + "\n"
+            with self._lock:
+                if self._fh is None:  # opened once, line-buffered: no open() per line on the scheduler's path
+                    self._fh = open(self.path, "a", buffering=1)
+                self._fh.write(line)
 
     def _summarise(self, rec: dict) -> None:
         logger.debug("[sglang-cpp] PP%d decision rid=%s prefix=%d chunk=%d predicted_ms=%.1f (%s)",
