@@ -109,7 +109,8 @@ def tp2(tiny, tmp_path_factory):
     """TP2 x PP2: four ranks on two cores (two TP ranks per stage share one core)."""
     d = tmp_path_factory.mktemp("tp2")
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}_pp{pp_rank}_tp{tp_rank}.jsonl"),
-           "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "1024", "OMP_NUM_THREADS": "1"}
+           "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "1024", "OMP_NUM_THREADS": "1",
+           "SGLANG_CPP_MAX_CHUNK": "512"}  # a multi-chunk plan whatever the (noisy, tiny) calibration says
     spec = ServerSpec(tiny, pp_size=2, chunk_size=256, dynamic=True, env=env, cores="0|1|0|1",
                       extra_args=("--tp-size", "2", *SMALL_POOL))
     with launched(spec, 600) as srv:

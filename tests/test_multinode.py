@@ -21,7 +21,7 @@ def _spec(model, rank, port, cache, logdir, env):
     return ServerSpec(model, pp_size=2, chunk_size=256, dynamic=True, cores=str(rank),
                       env={"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(cache),
                            "SGLANG_CPP_DECISION_LOG": str(logdir / "dec_{rank}.jsonl"),
-                           "SGLANG_CPP_CALIB_MAX_LEN": "1024", **env},
+                           "SGLANG_CPP_CALIB_MAX_LEN": "1024", "SGLANG_CPP_MAX_CHUNK": "512", **env},
                       extra_args=("--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", f"127.0.0.1:{port}",
                                   *SMALL_POOL))
 

@@ -51,7 +51,9 @@ except ImportError as exc:  # installed but broken (e.g. libibverbs.so.1 missing
 
 def _env(tmp: Path) -> dict:
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CALIB_MAX_LEN": "1024", "MOONCAKE_PROTOCOL": "tcp",
-           "MC_TCP_ENABLE_CONNECTION_POOL": "true"}
+           "MC_TCP_ENABLE_CONNECTION_POOL": "true",
+           # chunks of at most 512 whatever the calibration says: the test follows a multi-chunk prefill
+           "SGLANG_CPP_MAX_CHUNK": "512"}
     if not CUDA:
         env["OMP_NUM_THREADS"] = "1"
     return env
@@ -183,7 +185,8 @@ def test_prefill_chunks_follow_sglang_cpp_plan(pd_run):
     assert cal, "the prefill server did not report its cost model"
     cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", cal, "--input-len", str(n),
                           "--prefix-len", str(prefix), "--pp-size", "2", "--chunked-prefill-size", "512",
-                          "--max-prefill-tokens", "16384", "--context-length", "8192", "--json"],
+                          "--max-prefill-tokens", "16384", "--max-chunk", "512", "--context-length", "8192",
+                          "--json"],
                          capture_output=True, text=True, check=True)
     assert chunks == json.loads(cli.stdout)["chunks"]
 
