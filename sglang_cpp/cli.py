@@ -105,7 +105,7 @@ def build_plan(args):
     return fn(args.prompt_len, cost, cfg, args.prefix_len)
 
 
-def plan_config_of(args, overhead_ms: float | None = None):
+def plan_config_of(args):
     """The server's planner settings for a command's flags (--pp-size, --chunked-prefill-size,
     --max-prefill-tokens, --page-size, --context-length, and where the command has them --min-chunk,
     --max-chunk, --align, --method): `PlanConfig.from_server`, the plugin's own mapping."""
@@ -118,7 +118,7 @@ def plan_config_of(args, overhead_ms: float | None = None):
                                   context_len=getattr(args, "context_len", None),
                                   min_chunk=getattr(args, "min_chunk", None) or 0,
                                   max_chunk=getattr(args, "max_chunk", None) or 0,
-                                  overhead_ms=args.overhead_ms if overhead_ms is None else overhead_ms,
+                                  overhead_ms=args.overhead_ms,
                                   method=getattr(args, "method", "equal-time"),
                                   align=getattr(args, "align", None) or 64)
 

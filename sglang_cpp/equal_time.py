@@ -198,7 +198,7 @@ def _threshold_walks(cost, coefs, L0: int, R: int, cfg: PlanConfig, T_hi: float,
     walk of the largest aligned chunks whose time stays <= M (the last chunk takes the rest), scored on
     sum + (P-1) max. Equal-time boundaries rounded to the nearest aligned point can put one chunk a unit
     above the target, which the (P-1) max term then multiplies; rounding down under a threshold never
-    does. One numpy pass per chunk for all targets together; None of a walk past `k_cap` chunks."""
+    does. One numpy pass per chunk for all targets together; a walk not done within `k_cap` chunks is dropped."""
     lo, hi, al, P, o = cfg.lo, cfg.hi, cfg.align, cfg.pp_size, cfg.overhead_ms
     M = T_hi * np.linspace(0.7, 1.0, n)
     cols = tuple(col[:, None] for col in np.array(coefs, float).reshape(-1, 6).T)
@@ -329,15 +329,14 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
         if not improved:
             break
     cands = [(j, ch) for j, ch in seen.values() if ch is not None]
-    if cands and min(cands)[0] < math.inf:  # thresholds under the best plan's slowest chunk
-        j0, ch0 = min(cands, key=lambda c: c[0])
-        if len(ch0) <= REFINE_MAX_CHUNKS:
-            t0 = _times(cost, prefix_len + np.concatenate([[0], np.cumsum(ch0)[:-1]]), ch0, 0.0)
-            cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2)
-    fixed = sorted((ttft(fx, prefix_len, cost, P, o), fx) for fx in (fixed_split(R, c) for c in
-                                                                     fixed_candidates(cfg, R)))
+    j0, ch0 = min(cands, key=lambda c: c[0], default=(math.inf, None))
+    if j0 < math.inf and len(ch0) <= REFINE_MAX_CHUNKS:  # thresholds under the best plan's slowest chunk
+        t0 = _times(cost, prefix_len + np.concatenate([[0], np.cumsum(ch0)[:-1]]), ch0, 0.0)
+        cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2)
+    sizes = fixed_candidates(cfg, R)
+    fixed = sorted((ttft(fx, prefix_len, cost, P, o), fx) for fx in (fixed_split(R, c) for c in sizes))
     cands += fixed  # a grid from the bounds alone: never predicted worse than fixed chunks of the grid
-    for c in fixed_candidates(cfg, R):  # and the same chunks with the short one first, where its prefix is
+    for c in sizes:  # and the same chunks with the short one first, where its prefix is
         K = -(-R // c)                  # shortest (a prefix-squared cost re-pays every prefix)
         first = -(-(R - (K - 1) * c) // cfg.align) * cfg.align
         if K >= 2 and cfg.lo <= first < c:

@@ -102,8 +102,9 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
         upstream = resolve_upstream(self, cfg, original)
     else:
         cost, calibrated_len = resolve_cost(self, cfg)
-        if envs.OVERHEAD_PROBE.get():  # every rank: a pipelined run through the real P2P path
-            cost, over = measure_overhead(self, cfg, cost, envs.OVERHEAD_PROBE.get(), log=LOG)
+        probe = envs.OVERHEAD_PROBE.get()
+        if probe:  # every rank: a pipelined run through the real P2P path
+            cost, over = measure_overhead(self, cfg, cost, probe, log=LOG)
             save_served(self, cfg, cost, over, calibrated_len)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=LOG, calibrated_len=calibrated_len)
