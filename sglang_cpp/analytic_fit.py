@@ -49,9 +49,69 @@ class Measured:
                              "e.g. 1,128k,55.5 or 8,128k,10.54,quadratic,18k,0.8") from None
         if m.pp_size < 1 or m.input_len < 1 or not (m.ttft_ms > 0 and math.isfinite(m.ttft_ms)) or m.chunk < 1:
             raise ValueError(f"--measured {text!r}: PP, INPUT_LEN, TTFT_S and CHUNK must be > 0")
-        if m.policy not in ("fixed", "quadratic", "plan"):
+        if m.policy not in POLICIES:
             raise ValueError(f"--measured {text!r}: policy {m.policy!r} is not fixed, quadratic or plan")
         return m
+
+    @property
+    def value(self) -> float:
+        return self.ttft_ms
+
+
+POLICIES = ("fixed", "quadratic", "plan")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A measured TTFT ratio of two chunk policies at one PP size and length (a over b).
+
+    Why: a paper often publishes a comparison, not both times. The blog's one figure for small chunks is
+    fixed 6K against DCK 18K at 128K on PP8: 69.6% and 76.9% strong-scaling efficiency, i.e. 1.105."""
+
+    pp_size: int
+    input_len: int
+    a: tuple  # (policy, chunk, sigma)
+    b: tuple
+    ratio: float
+
+    @staticmethod
+    def _config(text: str) -> tuple:
+        from .args import parse_len
+
+        f = [t.strip() for t in text.split(":")]
+        if not 2 <= len(f) <= 3 or f[0] not in POLICIES:
+            raise ValueError(f"{text!r} is not POLICY:CHUNK[:SIGMA] with POLICY one of {', '.join(POLICIES)}")
+        return f[0], parse_len(f[1]), float(f[2]) if len(f) == 3 else 0.8
+
+    @classmethod
+    def parse(cls, text: str) -> "Ratio":
+        """'PP,INPUT_LEN,POLICY:CHUNK[:SIGMA]/POLICY:CHUNK[:SIGMA],RATIO', e.g. '8,128k,fixed:6k/quadratic:18k:0.8,1.105'."""
+        from .args import parse_len
+
+        parts = [p.strip() for p in str(text).split(",")]
+        try:
+            if len(parts) != 4 or parts[2].count("/") != 1:
+                raise ValueError("expected 4 fields, the third two configurations joined by '/'")
+            a, b = (cls._config(t) for t in parts[2].split("/"))
+            r = cls(int(parts[0]), parse_len(parts[1]), a, b, float(parts[3]))
+        except ValueError as exc:
+            raise ValueError(f"--measured-ratio {text!r}: {exc}; give PP,INPUT_LEN,POLICY:CHUNK[:SIGMA]/"
+                             "POLICY:CHUNK[:SIGMA],RATIO, e.g. 8,128k,fixed:6k/quadratic:18k:0.8,1.105") from None
+        if r.pp_size < 1 or r.input_len < 1 or min(a[1], b[1]) < 1 or not (r.ratio > 0 and math.isfinite(r.ratio)):
+            raise ValueError(f"--measured-ratio {text!r}: PP, INPUT_LEN, the chunks and RATIO must be > 0")
+        return r
+
+    def points(self) -> tuple:
+        return tuple(Measured(self.pp_size, self.input_len, 1.0, *c) for c in (self.a, self.b))
+
+    @property
+    def value(self) -> float:
+        return self.ratio
+
+    def __str__(self) -> str:
+        def name(c):
+            return f"{c[0]} C={c[1]}" + (f" sigma={c[2]:g}" if c[0] == "quadratic" else "")
+        return f"PP{self.pp_size} {self.input_len} tokens {name(self.a)} / {name(self.b)}"
 
 
 def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=None, dtype: str | None = None,
@@ -74,6 +134,15 @@ def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=N
     return out
 
 
+def predict(model: ModelSpec, device: DeviceSpec, tp: int, point, overhead_ms: float | None = None,
+            max_prefill: int = 16384, dtype: str | None = None) -> float:
+    """The simulated counterpart of `point.value`: a TTFT in ms (Measured) or a TTFT ratio (Ratio)."""
+    if isinstance(point, Ratio):
+        a, b = (predict_ms(model, device, tp, p, overhead_ms, max_prefill, dtype) for p in point.points())
+        return a / b
+    return predict_ms(model, device, tp, point, overhead_ms, max_prefill, dtype)
+
+
 def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, overhead_ms: float | None = None,
                max_prefill: int = 16384, dtype: str | None = None) -> float:
     """Simulated TTFT of `point`'s configuration: its chunk policy on the per-stage models, replayed by
@@ -94,25 +163,28 @@ def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, o
 class Fit:
     efficiency: float
     overhead_ms: float
-    rows: tuple  # (point, predicted ms)
+    rows: tuple  # (point, predicted value: ms for a Measured, the ratio for a Ratio)
 
 
-def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list[Measured], *, overhead_ms: float | None = None,
+def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list, *, overhead_ms: float | None = None,
         fit_overhead: bool = False, max_prefill: int = 16384, dtype: str | None = None) -> Fit:
-    """Least squares on log(predicted / measured) over the points: one efficiency for GEMMs and attention
-    (device.efficiency; attention kernels follow it), and the per-chunk overhead when `fit_overhead`."""
+    """Least squares on log(predicted / measured) over the points (Measured TTFTs and Ratios): one
+    efficiency for GEMMs and attention (device.efficiency; attention kernels follow it), and the per-chunk
+    overhead when `fit_overhead`. A Ratio alone says nothing of the efficiency: give a Measured too."""
     from scipy.optimize import minimize, minimize_scalar
 
     if not points:
         raise ValueError("give at least one --measured point")
+    if not any(isinstance(p, Measured) for p in points):
+        raise ValueError("a --measured-ratio fixes no time scale: give at least one --measured TTFT as well")
     overhead_ms = device.chunk_overhead_ms if overhead_ms is None else overhead_ms
     if fit_overhead and len(points) < 2:
-        raise ValueError("fitting the per-chunk overhead needs two or more --measured points (one fixes the "
-                         "efficiency only); drop --fit-overhead or add a point")
+        raise ValueError("fitting the per-chunk overhead needs two or more --measured points or ratios (one fixes "
+                         "the efficiency only); drop --fit-overhead or add a point")
 
     def loss(eff: float, o: float) -> float:
         dev = replace(device, efficiency=float(min(max(eff, 1e-3), 1.0)), attn_efficiency=None)
-        return sum(math.log(predict_ms(model, dev, tp, p, o, max_prefill, dtype) / p.ttft_ms) ** 2 for p in points)
+        return sum(math.log(predict(model, dev, tp, p, o, max_prefill, dtype) / p.value) ** 2 for p in points)
 
     if fit_overhead:
         res = minimize(lambda v: loss(v[0], max(v[1], 0.0)), x0=np.array([0.5, 10.0]), method="Nelder-Mead",
@@ -125,7 +197,7 @@ def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list[Measured], *
         raise ValueError(f"the fitted efficiency {eff:.3f} sits at a bound of (0, 1]: the measurements cannot be "
                          f"reached by this model on {device.name} (check --device, --tp-size and the TTFTs)")
     dev = replace(device, efficiency=eff, attn_efficiency=None)
-    return Fit(eff, o, tuple((p, predict_ms(model, dev, tp, p, o, max_prefill, dtype)) for p in points))
+    return Fit(eff, o, tuple((p, predict(model, dev, tp, p, o, max_prefill, dtype)) for p in points))
 
 
-__all__ = ["Measured", "Fit", "fit", "predict_ms", "stage_models"]
+__all__ = ["Measured", "Ratio", "Fit", "fit", "predict", "predict_ms", "stage_models"]

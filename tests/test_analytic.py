@@ -384,3 +384,52 @@ def test_bench_side_by_side_from_the_tune_analytic_json(tmp_path, capsys):
     lin, att = prefill_flops(MODELS["qwen3-235b-a22b-fp8"], 131072)
     t_min = (lin / (32e12 * 296) + att / (32e12 * 148))
     assert float(cells[4].rstrip("%")) == pytest.approx(100 * t_min / float(cells[1]), abs=0.1)
+
+
+# -- a measured ratio (issue 25 part 5) ---------------------------------------------------------------
+def test_measured_ratio_parsing_and_errors():
+    from sglang_cpp.analytic_fit import Ratio, fit
+
+    r = Ratio.parse("8, 128k, fixed:6k/quadratic:18k:0.75, 1.105")
+    assert (r.pp_size, r.input_len, r.a, r.b, r.ratio) == (8, 131072, ("fixed", 6144, 0.8),
+                                                         ("quadratic", 18432, 0.75), 1.105)
+    assert [p.chunk for p in r.points()] == [6144, 18432]
+    for bad in ("8,128k,fixed:6k,1.1", "8,128k,fixed:6k/greedy:18k,1.1", "8,128k,fixed/quadratic:18k,1.1",
+                "8,128k,fixed:6k/quadratic:18k,-1", "8,128k,fixed:6k/quadratic:18k"):
+        with pytest.raises(ValueError, match="--measured-ratio"):
+            Ratio.parse(bad)
+    with pytest.raises(ValueError, match="fixes no time scale"):
+        fit(MODELS["llama3-8b"], DEVICES["H100"], 1, [r], fit_overhead=False)
+
+
+def test_fit_recovers_efficiency_and_overhead_from_one_ttft_and_one_ratio():
+    """Synthetic truth (efficiency 0.6, 50 ms per chunk): its PP1 TTFT and its fixed 2K / DCK 8K ratio at PP8
+    pin both parameters; a fit that ignored the ratio could not find the overhead (one TTFT fixes only one)."""
+    from sglang_cpp.analytic_fit import Measured, Ratio, fit, predict
+
+    q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
+    truth = replace(h20, efficiency=0.6)
+    pp1 = Measured(1, 32768, 1.0)
+    pp1 = replace(pp1, ttft_ms=predict(q, truth, 4, pp1, 50.0))
+    r = Ratio(8, 32768, ("fixed", 2048, 0.8), ("quadratic", 8192, 0.8), 1.0)
+    r = replace(r, ratio=predict(q, truth, 4, r, 50.0))
+    assert r.ratio > 1.02  # the overhead shows in the ratio: fixed 2K cuts more chunks than DCK 8K
+    f = fit(q, h20, 4, [pp1, r], fit_overhead=True)
+    assert f.efficiency == pytest.approx(0.6, rel=0.01)
+    assert f.overhead_ms == pytest.approx(50.0, rel=0.05)
+    assert f.rows[1][1] == pytest.approx(r.ratio, rel=1e-3)
+
+
+def test_tune_analytic_fits_the_overhead_on_a_ttft_and_a_ratio(tmp_path, capsys):
+    from sglang_cpp.cli import main
+
+    rc = main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--tp-size", "4",
+               "--measured", "1,32k,8.0", "--measured-ratio", "8,32k,fixed:2k/quadratic:8k:0.8,1.08",
+               "--fit-overhead", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("PP8 32768 tokens fixed C=2048 / quadratic C=8192"))
+    measured, predicted, ratio = (float(v) for v in line.split()[-3:])
+    assert measured == 1.08 and predicted == pytest.approx(1.08, abs=0.002)
+    overhead = float(out.split("per-chunk overhead ")[1].split(" ms")[0])
+    assert overhead > 2.0  # more than the H20 preset's: the ratio asks for a per-chunk cost

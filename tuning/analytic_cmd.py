@@ -2,7 +2,8 @@
 
 Fits the fraction of peak the stack reaches (one efficiency for GEMMs and attention) and, with
 --fit-overhead and two or more points, the per-chunk overhead, so that the simulated TTFT of each
---measured configuration matches it (least squares on the log ratio). Prints predicted vs measured,
+--measured configuration (and the TTFT ratio of each --measured-ratio pair) matches it (least squares
+on the log ratio). Prints predicted vs measured,
 optionally predicts --input-lens at --pp-size, and writes the per-device JSON (the --pp-size stage
 models, overhead folded into each chunk's constant) that `simulate --profile`, `bench ttft --simulate`
 and `plan --profile` load.
@@ -23,6 +24,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (default: the model's)")
     p.add_argument("--measured", action="append", required=True, metavar="PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]]",
                    help="a measured TTFT, e.g. 1,128k,55.5 (repeat the flag for more points)")
+    p.add_argument("--measured-ratio", action="append", default=[],
+                   metavar="PP,INPUT_LEN,POLICY:CHUNK[:SIGMA]/POLICY:CHUNK[:SIGMA],RATIO",
+                   help="a measured TTFT ratio of two chunk policies, e.g. the blog's "
+                        "8,128k,fixed:6k/quadratic:18k:0.8,1.105 (repeatable; counts as a point)")
     p.add_argument("--fit-overhead", action="store_true", help="also fit the per-chunk overhead (>= 2 points)")
     p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=None,
                    help="per-chunk overhead when it is not fitted (SGLANG_CPP_CHUNK_OVERHEAD_MS; default: the "
@@ -41,7 +46,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..analytic import DEVICES, MODELS
-    from ..analytic_fit import Measured, fit, predict_ms, stage_models
+    from ..analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
     from ..costmodel import PipelineCost, add_constant, save_profile
     from ..files import device_file_name
 
@@ -50,17 +55,20 @@ def run(args) -> int:
     if args.device not in DEVICES:
         raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
     model, device = MODELS[args.analytic], DEVICES[args.device]
-    points = [Measured.parse(m) for m in args.measured]
+    points = [Measured.parse(m) for m in args.measured] + [Ratio.parse(r) for r in args.measured_ratio]
     f = fit(model, device, args.tp, points, overhead_ms=args.overhead_ms, fit_overhead=args.fit_overhead,
             max_prefill=args.max_prefill_tokens, dtype=args.dtype)
     print(f"{model.name} on {device.name}, TP{args.tp}: efficiency {f.efficiency:.4f} of peak, per-chunk overhead "
           f"{f.overhead_ms:.2f} ms ({'fitted' if args.fit_overhead else 'given'})")
     print(f"{'measured configuration':<44} {'measured (s)':>12} {'predicted (s)':>13} {'ratio':>7}")
-    for p, ms in f.rows:
+    for p, v in f.rows:
+        if isinstance(p, Ratio):
+            print(f"{str(p) + ' (ratio)':<44} {p.ratio:>12.3f} {v:>13.3f} {v / p.ratio:>7.3f}")
+            continue
         name = f"PP{p.pp_size} {p.input_len} tokens {p.policy} C={p.chunk}" + (f" sigma={p.sigma:g}"
                                                                                 if p.policy == "quadratic" else "")
-        print(f"{name:<44} {p.ttft_ms / 1e3:>12.2f} {ms / 1e3:>13.2f} {ms / p.ttft_ms:>7.3f}")
-    P = args.pp_size or max(p.pp_size for p in points)
+        print(f"{name:<44} {p.ttft_ms / 1e3:>12.2f} {v / 1e3:>13.2f} {v / p.ttft_ms:>7.3f}")
+    P = args.pp_size or max(p.pp_size for p in points)  # a Ratio's PP counts
     dev = replace(device, efficiency=f.efficiency, attn_efficiency=None)
     for L in args.input_lens:
         q = Measured(P, L, 1.0, args.policy, args.chunk, args.sigma)
@@ -69,7 +77,8 @@ def run(args) -> int:
     stages = [add_constant(m, f.overhead_ms) for m in stage_models(model, dev, args.tp, P, dtype=args.dtype)]
     meta = {"model": model.name, "device_name": device.name, "dtype": stages[0].meta.get("dtype"), "tp": args.tp,
             "pp": P, "backend": "analytic-fit", "efficiency": f.efficiency, "overhead_ms": f.overhead_ms,
-            "measured": [vars(p) for p in points]}
+            "measured": [vars(p) for p in points if isinstance(p, Measured)],
+            "measured_ratio": [vars(p) for p in points if isinstance(p, Ratio)]}
     path = Path(args.out_dir) / device_file_name(model.name, P, args.tp, device.name, meta["dtype"])
     save_profile(path, meta=meta, cost=PipelineCost(tuple(stages)) if P > 1 else stages[0])
     print(f"wrote {path} (load it with simulate --profile, bench ttft --simulate or plan --profile)")
