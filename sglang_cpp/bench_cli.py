@@ -254,6 +254,10 @@ def add_experiment_args(p, preset) -> None:
       help="seconds a server may take to become healthy (the plan server calibrates at its first start)")
     a("--request-timeout", type=float, default=d.request_timeout, help="seconds per request")
     a("--fresh", action="store_true", help="ignore the saved state of an earlier, interrupted run")
+    a("--plan-chunks", type=parse_ints, default=d.plan_chunks,
+      help="the tuning-free mode: the plan server at each of these --chunked-prefill-size values beside the "
+           "--fixed-chunks, interleaved over --rounds rounds, with no sweep (no upstream or PP1 rows)")
+    a("--rounds", type=int, default=d.rounds, help="tuning-free mode: rounds, each starting every configuration once")
     alias(p, "--model-path", "--model")
     alias(p, "--fixed-chunks", "--fixed")
     alias(p, "--sigmas", "--sigma")

@@ -1,9 +1,13 @@
-"""One resumable runner of server configurations, with two presets.
+"""One resumable runner of server configurations, with two presets and a tuning-free mode.
 
 `bench compare` and `tune sweep` are the same experiment: a fixed-chunk sweep on fresh PP servers, the
 best fixed chunk C* per length, then the sglang-cpp plan at C*, upstream dynamic chunking at
 dynamic_base*C* for each sigma, and optionally PP=1 on one core at C*. The presets only differ in
 their defaults. State is saved after every server, so an interrupted run resumes where it stopped.
+
+With --plan-chunks (the tuning-free mode) there is no sweep to hand the plan its answer: the plan server
+runs at each of those --chunked-prefill-size values beside the fixed chunks, interleaved (fixed and plan
+alternate within a round, --rounds rounds), so a drifting host drifts under every row alike.
 """
 from __future__ import annotations
 
@@ -48,13 +52,17 @@ class ExperimentConfig:
     timeout_per_server: float = 900.0
     request_timeout: float = 3600.0
     fresh: bool = False
+    plan_chunks: tuple = ()  # the tuning-free mode: the plan at each of these C beside the fixed chunks
+    rounds: int = 3  # tuning-free mode: interleaved rounds, each starting every configuration once
 
     def __post_init__(self):
         from .upstream import check_sigma
 
         object.__setattr__(self, "model", os.path.expanduser(str(self.model)))
         object.__setattr__(self, "sigmas", tuple(check_sigma(s, "--sigmas") for s in self.sigmas))
-        for name in ("pp_size", "num_requests", "dynamic_base"):
+        if self.plan_chunks and min(self.plan_chunks) < 1:
+            raise ValueError(f"--plan-chunks {self.plan_chunks}: give --chunked-prefill-size values >= 1")
+        for name in ("pp_size", "num_requests", "dynamic_base", "rounds"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
         if not self.fixed_chunks or min(self.fixed_chunks) < 1:
@@ -106,11 +114,13 @@ class Run:
     chunk: int
     lens: tuple
     sigma: float | None = None
+    round: int | None = None  # the tuning-free mode's round
 
     @property
     def key(self) -> str:
         return f"{self.kind}:C={self.chunk}:L={','.join(map(str, self.lens))}" + (
-            f":sigma={self.sigma:g}" if self.sigma is not None else "")
+            f":sigma={self.sigma:g}" if self.sigma is not None else "") + (
+            f":round={self.round}" if self.round is not None else "")
 
     def label(self) -> str:
         if self.kind == "dynamic":
@@ -230,6 +240,8 @@ def experiment(cfg: ExperimentConfig, *, launch=None, log=_log, command: str = "
     if not Path(cfg.model).exists():
         raise ValueError(f"--model-path {cfg.model} does not exist; build it (examples/cpu/setup.sh) or pass a model folder")
     runner, lens = Runner(cfg, launch, log), tuple(cfg.input_lens)
+    if cfg.plan_chunks:
+        return tuning_free(cfg, runner, command)
     fixed = {C: runner.run(Run("fixed", C, lens)) for C in cfg.fixed_chunks}
     best, groups = {}, {}
     for L in lens:
@@ -279,3 +291,30 @@ def experiment(cfg: ExperimentConfig, *, launch=None, log=_log, command: str = "
     bad = any(e is None or e["status"] != "ok" or any_failed(e["records"]) for e in ents)
     return 1 if bad or None in best.values() else 0
 
+
+
+def interleaved(cfg: ExperimentConfig) -> list[Run]:
+    """One round's order: fixed and plan alternate (fixed C1, plan C1', fixed C2, ...), the rest after."""
+    lens = tuple(cfg.input_lens)
+    fixed = [Run("fixed", C, lens) for C in cfg.fixed_chunks]
+    plan = [Run("plan", C, lens) for C in cfg.plan_chunks]
+    return [r for pair in zip(fixed + [None] * len(plan), plan + [None] * len(fixed)) for r in pair if r]
+
+
+def tuning_free(cfg: ExperimentConfig, runner: Runner, command: str = "") -> int:
+    """The plan at several C beside the fixed chunks, interleaved over cfg.rounds rounds; 0 when every
+    server ran and every request succeeded."""
+    from dataclasses import replace
+
+    from .experiment_report import write_tuning_free
+
+    order = interleaved(cfg)
+    ents: dict[str, list] = {r.key: [] for r in order}
+    for i in range(cfg.rounds):  # rounds outside, configurations inside: the interleaving
+        for r in order:
+            ents[r.key].append(runner.run(replace(r, round=i)))
+    cal, stages, cal_err = calibration_stages(cfg, runner, [e for r in order if r.kind == "plan" for e in ents[r.key]])
+    out = write_tuning_free(cfg, order, ents, stages, cal, cal_err, command)
+    runner.log(f"wrote {out}")
+    bad = any(e["status"] != "ok" or any_failed(e["records"]) for es in ents.values() for e in es)
+    return 1 if bad else 0

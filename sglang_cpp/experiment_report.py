@@ -157,3 +157,97 @@ def write_report(cfg, rows: list[Row], best: dict, cal, cal_err: str, command: s
     if cfg.plot:
         print(f"wrote {plot_bars(cfg, rows, cfg.plot)}")
     return out
+
+
+# -- the tuning-free mode (--plan-chunks): interleaved rounds, no sweep --------------------------------
+def _ttfts(ents: list, L: int) -> list[float]:
+    """Every measured TTFT (s) of one configuration at length L, over its rounds' servers."""
+    return [t for e in ents if e and e["status"] == "ok" and (r := record(e, L)) for t in r["ttfts"] if t > 0]
+
+
+def _ran(ents: list, L: int) -> list:
+    """The chunk sequences a plan configuration's requests ran (response meta_info), in order."""
+    return [(p or {}).get("ran") for e in ents if e and e["status"] == "ok" and (r := record(e, L))
+            for p in (r.get("chunk_plan") or [])]
+
+
+def render_tuning_free(cfg, order: list, ents: dict, stages, cal, cal_err: str, command: str) -> str:
+    import numpy as np
+
+    from .costmodel import PipelineCost
+    from .planner_base import fixed_split, makespan
+
+    P = cfg.pp_size
+    cost = None if not stages else (stages[0] if len(stages) == 1 else PipelineCost(tuple(stages)))
+    secs = sum(e.get("seconds", 0.0) for es in ents.values() for e in es)
+    names = ", ".join(r.key.split(":L=")[0] for r in order)
+    out = ["# The plan without a sweep: plan at several C beside fixed chunks, interleaved "
+           f"(PP={P}, {cfg.device})", "", *provenance_lines(command, f" ({platform.node()})"),
+           f"- model: `{cfg.model}`; context length {cfg.ctx or 'model default'}",
+           f"- {cfg.rounds} rounds, each starting every configuration in turn ({names}); per start "
+           f"{cfg.warmup} warm-up request(s)" + (f" of {cfg.warmup_len} tokens" if cfg.warmup_len else "") +
+           f" and {cfg.num_requests} measured; random token ids, seed {cfg.seed}, max_new_tokens=1",
+           f"- served cost model: {f'`{cal}`' if cal else 'none reported'}{f' ({cal_err})' if cal_err else ''}",
+           f"- server time: {secs / 60:.1f} min over {sum(map(len, ents.values()))} server starts", ""]
+    for L in cfg.input_lens:
+        got = {r.key: _ttfts(ents[r.key], L) for r in order}
+        med = {k: float(np.median(v)) for k, v in got.items() if v}
+        fixed = [r for r in order if r.kind == "fixed" and r.key in med]
+        plan = [r for r in order if r.kind == "plan"]
+        out += [f"## {L} tokens", "", "| config | TTFT per request (s) | median (s) | spread (min / max vs median) | "
+                "vs best fixed | served model's prediction (s) | measured / predicted |", "|---|---|---:|---:|---:|---:|---:|"]
+        best = min(fixed, key=lambda r: med[r.key]) if fixed else None
+        b = med[best.key] if best else None
+        for r in order:
+            v = got[r.key]
+            if not v:
+                out.append(f"| {r.label()} | no successful request | — | — | — | — | — |")
+                continue
+            m = med[r.key]
+            ch = fixed_split(L, r.chunk) if r.kind == "fixed" else next((c for c in _ran(ents[r.key], L) if c), None)
+            pr = makespan(ch, 0, cost, P) / 1e3 if cost is not None and ch else None
+            out.append(f"| {r.label()} | {' / '.join(f'{t:.2f}' for t in v)} | {m:.2f} | {min(v) / m - 1:+.1%} / "
+                       f"{max(v) / m - 1:+.1%} | {_ratio(m, b)} | {_f(pr, '.2f')} | {_ratio(m, pr)} |")
+        if best is None or not any(r.key in med for r in plan):
+            out += ["", "No best fixed chunk or no plan result at this length: no targets.", ""]
+            continue
+        out += ["", f"Best fixed chunk: C={best.chunk}, median {b:.2f} s.", "", "| target | value | verdict |",
+                "|---|---:|---|"]
+        for r in plan:
+            if r.key not in med:
+                continue
+            ratio, v, w = med[r.key] / b, got[r.key], got[best.key]
+            tie = min(v) <= max(w) and max(v) >= min(w)
+            verdict = "met" if ratio <= 1.01 else ("tie (the spreads overlap)" if tie else "MISSED")
+            out.append(f"| plan C={r.chunk}: median <= 1.01x the best fixed | {ratio:.3f} | {verdict} |")
+        pm = [med[r.key] for r in plan if r.key in med]
+        out.append(f"| plan medians across C within 3% | {max(pm) / min(pm) - 1:.1%} | "
+                   f"{'met' if max(pm) / min(pm) - 1 <= 0.03 else 'MISSED'} |")
+        pooled = float(np.median([t for r in plan for t in got[r.key]]))
+        out += ["", "Regret of each fixed chunk against the plan (its median over every C and round):", "",
+                "| fixed C | median (s) | / plan |", "|---:|---:|---:|"]
+        out += [f"| {r.chunk} | {med[r.key]:.2f} | {med[r.key] / pooled:.3f} |" for r in fixed]
+        out += ["", "Chunks the plan servers ran (response meta_info):", ""]
+        for r in plan:
+            ran = _ran(ents[r.key], L)
+            same = bool(ran) and all(c == ran[0] for c in ran)
+            out.append(f"- C={r.chunk}: {ran[0] if ran else 'not reported'} (the same in all {len(ran)} requests: "
+                       f"{'yes' if same else 'no'})")
+        out.append("")
+    out += ["A difference inside a row's spread is a tie, whichever way it points. Raw records: the `.jsonl` beside "
+            "this file."]
+    fails = [(r.label(), e["reason"]) for r in order for e in ents[r.key] if e["status"] != "ok"]
+    if fails:
+        out += ["", "## Failed servers", ""]
+        for label, reason in dict.fromkeys(fails):
+            out += [f"- {label}:", "", "```", reason.strip()[-3000:], "```"]
+    return "\n".join(out) + "\n"
+
+
+def write_tuning_free(cfg, order, ents, stages, cal, cal_err: str, command: str) -> Path:
+    out = Path(cfg.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = render_tuning_free(cfg, order, ents, stages, cal, cal_err, command)
+    out.write_text(text)
+    print(text, flush=True)
+    return out

@@ -311,6 +311,52 @@ def test_compare_uses_the_calibration_the_plan_server_reports(fake, tmp_path):
     assert f"simulator cost model: `{reported}`" in md and "unusable" not in md
 
 
+def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fake, tmp_path):
+    """bench compare --plan-chunks: no sweep, fixed and plan alternate inside every round, each plan
+    request's chunks come from meta_info into the records and the table; a failed start fails the run and
+    is retried alone on resume."""
+    ran = [192, 192, 128]
+    plain = fake(info={"context_len": 8192, "version": "0.5.23"})
+    planned = fake(info={"context_len": 8192, "version": "0.5.23"},
+                   meta={"sglang_cpp_plan": {"ran": ran, "ran_prefix": 0, "policy": "plan"}})
+    launches, fail = [], {"on": 3}
+
+    @contextlib.contextmanager
+    def launch(spec, timeout, log_dir):
+        launches.append(spec)
+        if len(launches) == fail["on"]:
+            raise ServerError("server process exited with code 1 before becoming healthy")
+        is_plan = spec.env["SGLANG_CPP_POLICY"] == "plan"
+        yield SimpleNamespace(base_url=(planned if is_plan else plain).url, log_path=tmp_path / "log",
+                              log=lambda: "")
+
+    (tmp_path / "model").mkdir()
+    cfg = experiment.ExperimentConfig(model=str(tmp_path / "model"), input_lens=(512,), num_requests=2, warmup=0,
+                                      fixed_chunks=(128, 256), plan_chunks=(128, 1024, 4096), rounds=2,
+                                      results=str(tmp_path / "res" / "tf.md"), profile=str(_profile(tmp_path)))
+    assert experiment.experiment(cfg, launch=launch, log=lambda m: None) == 1  # the third start failed
+    one_round = [("off", 128), ("plan", 128), ("off", 256), ("plan", 1024), ("plan", 4096)]
+    assert [(s.env["SGLANG_CPP_POLICY"], s.chunk_size) for s in launches] == one_round * 2
+    assert all(s.dynamic == (s.env["SGLANG_CPP_POLICY"] == "plan") and s.pp_size == 2 for s in launches)
+    md = (tmp_path / "res" / "tf.md").read_text()
+    assert "## Failed servers" in md and "exited with code 1" in md
+    launches.clear()  # resume: only the failed start runs again
+    fail["on"] = 0
+    assert experiment.experiment(cfg, launch=launch, log=lambda m: None) == 0
+    assert [(s.env["SGLANG_CPP_POLICY"], s.chunk_size) for s in launches] == [("off", 256)]
+    md = (tmp_path / "res" / "tf.md").read_text()
+    assert "Failed servers" not in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| fixed C=128 |"))
+    assert len(row.split("|")[2].split(" / ")) == 4  # 2 rounds x 2 measured requests
+    # the served model's makespan of 4 chunks of 128 on two equal stages, by hand: sum + max = 45.77 ms
+    assert row.split("|")[6].strip() == "0.05"
+    assert f"- C=128: {ran} (the same in all 4 requests: yes)" in md
+    assert md.count("median <= 1.01x the best fixed") == 3 and "plan medians across C within 3%" in md
+    assert "| fixed C | median (s) | / plan |" in md and "upstream dynamic" not in md
+    recs = [json.loads(x) for x in (tmp_path / "res" / "tf.jsonl").read_text().splitlines()]
+    assert [r["chunk_plan"][0]["ran"] for r in recs if r["policy"].startswith("sglang-cpp plan")] == [ran] * 6
+
+
 def test_simulator_check_beyond_8k_when_the_model_context_suffices(tmp_path):
     """The 32K compare on a 64K-context model (no --context-length needed, so cfg.ctx is None) must still
     get the simulator's prediction for every row: the prediction takes no 8192-token context from nowhere."""

@@ -28,7 +28,7 @@ def calibration_schedule(max_len: int, align: int = 64, max_chunk: int = 0) -> l
     Samples land at L in {0, M/8, M/4, M/2, 3M/4, 7M/8} and x in {M/8, M/4, M/2}, plus x = M/32 and M/16
     at L = 3M/4: without those, the small chunks a plan takes late in a long prompt were priced by
     extrapolation, and c0, b and e traded off freely (SmolLM2 PP=2 at 8K: a fitted c0 of 1 ms on one
-    stage, fixed 512-token chunks 1.21x their prediction; results/tuning_free_compare.md). The total
+    stage, fixed 512-token chunks 1.21x their prediction; results/tuning_free_compare.md, historical). The total
     work is about eight prefills of M tokens. With max_chunk (the plan's largest chunk), longer chunks
     are cut into pieces of at most max_chunk: SGLang sizes its prefill workspaces for that, not for M/2."""
     u = max(align, (max_len // 8) // align * align)
