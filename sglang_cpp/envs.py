@@ -66,7 +66,12 @@ CACHE_DIR = EnvVar("SGLANG_CPP_CACHE_DIR", str, os.path.expanduser("~/.cache/sgl
                    "Where calibrations and built test models are cached (per node; world rank 0's is used).",
                    node_local=True)
 CALIB_MAX_LEN = EnvVar("SGLANG_CPP_CALIB_MAX_LEN", int, 0,
-                       "Largest prefix+chunk the startup calibration measures (0: min(context length - 1, 8192)).")
+                       "Largest prefix+chunk the startup calibration measures (0: the context length); clamped "
+                       "to the request table's context and the smallest stage's KV pool, with an INFO line.")
+CALIB_PREFIX = EnvVar("SGLANG_CPP_CALIB_PREFIX", str, "random",
+                      "How a calibration sample gets its prefix of L tokens: random (KV slots filled with random "
+                      "values, one forward of the chunk per sample) or computed (the prefix run through the model "
+                      "first; the equivalence check of results/calibration_grid.md).", ("random", "computed"))
 CALIB_BUDGET_S = EnvVar("SGLANG_CPP_CALIB_BUDGET_S", float, 300.0,
                         "Startup calibration time budget in seconds (0: none); levels 4x apart up to the max length.")
 CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 0,
@@ -109,11 +114,14 @@ EVEN_DECODES = EnvVar("SGLANG_CPP_EVEN_DECODES", _bool, False,
                       "waiting ones. Off by default: no gain shown on the CPU mixed-load benchmark "
                       "(results/serving_real-even-decodes.md).")
 
+ONLINE = EnvVar("SGLANG_CPP_ONLINE", _bool, True,
+                "Refine each stage's cost model from its logged prefill forwards while serving (world rank 0 fits, "
+                "every rank switches at the same point of the request stream; 0: the startup model throughout).")
 CALIB_FAULT_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_RANK", int, -1,
                           "Fault injection for tests: the startup calibration raises on this PP rank (-1: never).")
 FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "torch_native backend: attend only a chunk's new queries over its cached prefix (0: upstream's "
                      "redundant (L+x)^2 query).")
 
-ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER,
-       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, CALIB_FAULT_RANK)
+ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER,
+       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, ONLINE, CALIB_FAULT_RANK)

@@ -165,6 +165,7 @@ class Runner:
             return doc
         if doc is not None:
             self.log(f"{p} was written with other parameters or is unreadable: starting over")
+        Path(cfg.results).with_suffix(".jsonl").unlink(missing_ok=True)  # a new run's records, not appended to old
         return {"params": cfg.params(), "runs": {}}
 
     def save(self) -> None:

@@ -334,6 +334,8 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
     cfg = experiment.ExperimentConfig(model=str(tmp_path / "model"), input_lens=(512,), num_requests=2, warmup=0,
                                       fixed_chunks=(128, 256), plan_chunks=(128, 1024, 4096), rounds=2,
                                       results=str(tmp_path / "res" / "tf.md"), profile=str(_profile(tmp_path)))
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "tf.jsonl").write_text('{"stale": "an earlier run"}\n')  # a new run does not append to it
     assert experiment.experiment(cfg, launch=launch, log=lambda m: None) == 1  # the third start failed
     one_round = [("off", 128), ("plan", 128), ("off", 256), ("plan", 1024), ("plan", 4096)]
     assert [(s.env["SGLANG_CPP_POLICY"], s.chunk_size) for s in launches] == one_round * 2
@@ -354,6 +356,7 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
     assert md.count("median <= 1.01x the best fixed") == 3 and "plan medians across C within 3%" in md
     assert "| fixed C | median (s) | / plan |" in md and "upstream dynamic" not in md
     recs = [json.loads(x) for x in (tmp_path / "res" / "tf.jsonl").read_text().splitlines()]
+    assert len(recs) == 10 and all("stale" not in r for r in recs)  # 5 configurations x 2 rounds, resumed once
     assert [r["chunk_plan"][0]["ran"] for r in recs if r["policy"].startswith("sglang-cpp plan")] == [ran] * 6
 
 

@@ -3,25 +3,76 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_cpp.plugin.calibrate import calibration_levels, calibration_schedule
+from types import SimpleNamespace
+
+from sglang_cpp.plugin.calibrate import calibration_grid, calibration_levels, level_grids
 
 
-@pytest.mark.parametrize("M", [1024, 2048, 4096, 8192, 8128, 131072])
-def test_schedule_covers_prefixes_and_chunk_sizes(M):
-    sched = calibration_schedule(M)
-    points = []
-    for seq in sched:
-        assert sum(seq) <= M
-        L = 0
-        for x in seq:
-            points.append((L, x))
-            L += x
-    Ls, xs = {p[0] for p in points}, {p[1] for p in points}
-    assert len(xs) >= 3 and len(Ls) >= 5  # enough to identify all six cost terms
-    assert max(L + x for L, x in points) == M
-    assert len({x for x in xs if x % 64 == 0}) >= 3
-    # small chunks after a long prefix: what a plan runs late in a long prompt
-    assert any(L >= 3 * M // 4 and x <= max(64, M // 16) for L, x in points)
+@pytest.mark.parametrize("M,cap,lo", [(1024, 0, 0), (2048, 0, 0), (8128, 16384, 0), (8192, 1024, 0),
+                                       (32768, 16384, 0), (131072, 12288, 128), (1048576, 16384, 0), (8192, 1000, 100)])
+def test_grid_varies_prefix_and_chunk_independently(M, cap, lo):
+    """Issue 26: at every sampled prefix, at least 3 chunk sizes from the planner's smallest to its largest
+    that fit; prefixes log-spaced from 0 to 7M/8; nothing beyond the target or the plan's largest chunk."""
+    pts = calibration_grid(M, 64, cap, lo)
+    by_L: dict = {}
+    for L, x in pts:
+        by_L.setdefault(L, []).append(x)
+    smallest = max(64, -(-lo // 64) * 64)
+    largest = cap // 64 * 64 if cap else M
+    assert all(L + x <= M and x % 64 == 0 and L % 64 == 0 for L, x in pts)
+    assert max(x for _, x in pts) == min(largest, M // 64 * 64)
+    assert sorted(by_L)[0] == 0 and max(by_L) >= 7 * M // 8 - 64 and len(by_L) >= 5
+    ratios = [b / a for a, b in zip(sorted(by_L)[1:], sorted(by_L)[2:])]
+    assert all(r <= 2.1 for r in ratios)  # log-spaced or closer: no gap of more than 2x in L (aligned down)
+    for L, xs in by_L.items():
+        room = min(largest, M - L) // 64 * 64
+        assert min(xs) == smallest and max(xs) == room
+        assert len(set(xs)) == 3 or room < 3 * smallest  # 3 sizes wherever 3 fit
+
+
+def test_level_grids_measure_nothing_twice_and_each_level_is_complete():
+    grids = level_grids(32768, 64, 16384)
+    assert [lv for lv, _ in grids] == calibration_levels(32768)
+    seen = [p for _, pts in grids for p in pts]
+    assert len(seen) == len(set(seen))
+    done: set = set()
+    for lv, pts in grids:  # a budget that stops after this level still has this level's whole grid
+        done |= set(pts)
+        assert set(calibration_grid(lv, 64, 16384)) <= done
+
+
+def test_calibration_target_is_the_context_clamped_to_every_bound():
+    from sglang_cpp.plugin.profiles import calibration_target
+
+    assert calibration_target(0, 8192, 8196, 10**6) == (8128, "the context length - 1")
+    assert calibration_target(0, 65536, 65540, 40000) == (38720, "the smallest stage's KV pool (40000 tokens) "
+                                                                 "less 1250")
+    assert calibration_target(0, 131072, 32769, 10**7)[1] == "the request table's max context"
+    assert calibration_target(4096, 8192, 8196, 10**6) == (4096, "SGLANG_CPP_CALIB_MAX_LEN")
+    # README's old advice, "set it to your longest prompt", no longer aborts a stage: the pool bounds it
+    assert calibration_target(10**6, 10**6 + 1, 10**6 + 5, 200000)[0] == 193728
+
+
+def test_random_prefix_fills_exactly_the_given_slots():
+    import torch
+
+    from sglang_cpp.plugin.calibrate import fill_random
+
+    pool = SimpleNamespace(k_buffer=[torch.zeros(20, 2, 4) for _ in range(2)],
+                           v_buffer=[torch.zeros(20, 2, 4, dtype=torch.bfloat16) for _ in range(2)],
+                           kv_buffer=[torch.zeros(20, 8, dtype=torch.uint8)])  # fp8 kept as bytes
+    loc = torch.tensor([3, 4, 9])
+    assert fill_random(pool, loc, seed=1) == 4
+    for buf in pool.k_buffer + pool.v_buffer:
+        assert (buf[loc].float().abs().sum(dim=(1, 2)) > 0).all() and buf[loc].float().std() > 0.5
+        assert buf[[0, 1, 2, 5, 10, 19]].abs().sum() == 0
+    assert pool.kv_buffer[0].sum() == 0  # integer storage left as it is
+    again = SimpleNamespace(k_buffer=[torch.zeros(20, 2, 4)])
+    fill_random(again, loc, seed=1)
+    assert torch.equal(again.k_buffer[0], pool.k_buffer[0])  # seeded: the same on every rank of a stage
+    big = SimpleNamespace(k_buffer=[torch.zeros(10000, 1, 2)])
+    fill_random(big, torch.arange(5000, 10000), seed=0)  # more slots than one random block: tiled
+    assert big.k_buffer[0][:5000].abs().sum() == 0 and (big.k_buffer[0][5000:].abs().sum(dim=(1, 2)) > 0).all()
 
 
 def test_levels_quadruple_to_the_target():
@@ -72,18 +123,6 @@ def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatc
     full = cache_path(_meta(), 8128)
     save_profile(full, samples=samples, meta={**_meta(), "max_len": 8128})
     assert find_cached(_meta(), 8128, 300.0) == full  # the complete one wins
-
-
-@pytest.mark.parametrize("M,cap", [(4096, 1024), (8192, 1000), (16384, 4096), (2048, 4096)])
-def test_no_calibration_chunk_exceeds_the_plans_largest(M, cap):
-    """SGLang sizes its prefill workspaces for --max-prefill-tokens, not for M/2."""
-    free = calibration_schedule(M)
-    capped = calibration_schedule(M, max_chunk=cap)
-    assert [sum(s) for s in capped] == [sum(s) for s in free]  # same prefixes walked, to the same length
-    assert max(x for s in capped for x in s) <= cap
-    assert all(x % 64 == 0 for s in capped for x in s[:-1])
-    if cap >= M // 2:
-        assert capped == free
 
 
 def test_dp_attention_fields_match_upstreams_profiler():
@@ -140,6 +179,14 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     save_profile(cache_path(meta, 4096), samples=samples, meta={**meta, "max_len": 4096})
     src = resolve_source(meta, cfg)
     assert src["kind"] == "cache" and len(src["doc"]["samples"]) == len(samples)
+    # issue 26: rank 0 fits and sends coefficients; the samples never leave it, and no other rank refits
+    from sglang_cpp.costmodel import cost_from_profile, model_from_dict
+    from sglang_cpp.plugin.profiles import _rank0_source
+
+    sent = _rank0_source(meta, cfg, 0, 0)
+    assert sent["doc"] is None and sent["covered"] == 4096
+    got, ref = model_from_dict(sent["model"]), cost_from_profile(src["doc"])
+    assert [m.coeffs for m in got.stages] == [m.coeffs for m in ref.stages]
     bad = tmp_path / "bad.json"
     bad.write_text("{oops")
     monkeypatch.setenv("SGLANG_CPP_PROFILE", str(bad))

@@ -252,3 +252,78 @@ def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, p
     assert dec[0] and dec[0] == dec[1]
     assert all(1 <= b <= 6 and c > b for b, c in dec[0])
     assert [r.output_ids for r in res] == pp1["mixed"]
+
+
+# -- issue 26: online refinement on the real PP=2 server ---------------------------------------------------
+ONLINE_LENS = (1600, 1700, 1800, 1900, 2000)
+
+
+@pytest.fixture(scope="module")
+def online_run(tiny, tmp_path_factory):
+    """Tiny PP=2, plan policy on a profile 100x too cheap (what a stale or foreign profile does), online
+    refinement on (the default): the first request's tiny chunks give world rank 0 both stages' forwards."""
+    from sglang_cpp.client import random_ids
+
+    d = tmp_path_factory.mktemp("online")
+    cheap = {"coeffs": {"c0": 0.05, "b": 1e-4, "e": 2e-8, "f": 1e-8}}
+    (d / "cheap.json").write_text(json.dumps({"format": "sglang-cpp-profile", "stages": [cheap, cheap]}))
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_PROFILE": str(d / "cheap.json"),
+           "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
+           "SGLANG_CPP_MAX_CHUNK": "256"}  # 7+ chunks per request: forwards at several prefixes, two sizes
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=512, dynamic=True, env=env), TIMEOUT) as srv:
+        res = [generate(srv.base_url, input_ids=random_ids(n, seed=70 + i), max_new_tokens=1)
+               for i, n in enumerate(ONLINE_LENS)]
+        log = srv.log()
+    return {"dir": d, "res": res, "log": log}
+
+
+def _stream(path) -> list[tuple]:
+    """The order in which a stage switched models and planned requests: ('refit', version) and
+    ('plan', prompt length) at each request's first decision."""
+    out, seen = [], set()
+    for e in map(json.loads, path.read_text().splitlines()):
+        if e["event"] == "refit":
+            out.append(("refit", e["version"]))
+        elif e["event"] == "decision" and e["rid"] not in seen:
+            seen.add(e["rid"])
+            out.append(("plan", e["prompt_len"]))
+    return out
+
+
+def test_online_refit_reaches_every_stage_at_the_same_request(online_run):
+    """World rank 0 gets both stages' forwards (stage 1's over the side group), refits, and every rank
+    switches to the refined model between the same two requests; the requests planned after it are
+    planned on it, and both stages decide every request alike."""
+    from sglang_cpp.costmodel import model_from_dict
+
+    d, log = online_run["dir"], online_run["log"]
+    logs = [d / f"dec_{r}.jsonl" for r in (0, 1)]
+    streams = [_stream(p) for p in logs]
+    # a refit after the last request reaches stage 1 only with the next iteration's requests, which the
+    # shutdown cuts off: compare up to each stage's last planned request
+    cut = [max(i for i, (k, _) in enumerate(st) if k == "plan") + 1 for st in streams]
+    assert streams[0][:cut[0]] == streams[1][:cut[1]] and streams[0][0][0] == "plan"  # 1st: the startup model
+    assert [n for k, n in streams[0] if k == "plan" and n in ONLINE_LENS] == list(ONLINE_LENS)  # (and health checks)
+    applied = sum(k == "refit" for k, _ in streams[0][:cut[0]])
+    refits = [[(e["version"], e["cost"], e["covered"]) for e in read_events(p, "refit")][:applied] for p in logs]
+    assert applied >= 1 and refits[0] == refits[1]
+    assert [v for v, *_ in refits[0]] == list(range(1, applied + 1))
+    assert "online stage 0: refit accepted" in log and "online stage 1: refit" in log
+    assert log.count("forwards drift from the cost model") <= 2  # once per stage at most
+    decided = [_decisions(p) for p in logs]
+    assert decided[0] == decided[1]
+    # the first request after a switch is planned on the refined model: its predicted times are that model's
+    events = list(map(json.loads, logs[0].read_text().splitlines()))
+    i = next(k for k, e in enumerate(events) if e["event"] == "refit")
+    planned = {e["rid"] for e in events[:i] if e["event"] == "decision"}  # their plans were made before it
+    j = next(k for k in range(i, len(events)) if events[k]["event"] == "decision" and events[k]["rid"] not in planned)
+    first = events[j]
+    cost = model_from_dict(next(e for e in reversed(events[:j]) if e["event"] == "refit")["cost"])  # in force
+    assert first["predicted_ms"] == pytest.approx(float(cost.time(first["prefix"], first["chunk"])), rel=1e-9)
+    # it follows the forwards, not the profile: the profile's part of a 256-token chunk is 0.08 ms; the
+    # refined model's is what a real forward costs, more than ten times that
+    startup = model_from_dict(read_events(logs[0], "startup")[0]["cost"])
+    over = read_events(logs[0], "overhead")[0]["stages_ms"]
+    for s_ in (0, 1):
+        fwd_now = float(cost.stages[s_].time(0, 256)) - over[s_]
+        assert fwd_now > 10 * (float(startup.stages[s_].time(0, 256)) - over[s_])

@@ -19,6 +19,10 @@ TARGETS = {
     f"{SCHED}.get_next_batch_to_run": ("Scheduler_get_next_batch_to_run", "AROUND"),
     f"{SCHED}.get_num_allocatable_reqs": ("Scheduler_get_num_allocatable_reqs", "AROUND"),
     f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
+    # SGLANG_CPP_ONLINE: samples to world rank 0, and its refined model through the request stream (online.py)
+    "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._pull_raw_reqs":
+        ("SchedulerRequestReceiver__pull_raw_reqs", "AROUND"),
+    f"{SCHED}.process_input_requests": ("Scheduler_process_input_requests", "AROUND"),
     # a bad SGLANG_PP_LAYER_PARTITION named with its fix, at model build
     "sglang.srt.distributed.get_pp_indices": ("get_pp_indices", "AROUND"),
     "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit":

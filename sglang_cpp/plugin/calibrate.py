@@ -1,11 +1,12 @@
 """Startup calibration on extend-over-prefix shapes (replaces DynamicChunkSizer._profile_prefill_latency).
 
 Upstream times 128 fresh prefills up to 1.25*C on stage 0 only, then extrapolates. Here every stage
-times its own layers, at the same moment, on chunk sequences that walk one synthetic request
-through the real chunked-prefill lifecycle (extend over a cached prefix, checkpoint, extend again),
-so each forward is a sample t(L, x) at a prefix L up to the target length. The samples are
-all-gathered, every rank fits the same per-stage models, and the pipeline model is their max.
-A failure on any rank fails every rank: no silent fallback.
+times its own layers, at the same moment, on a grid of samples t(L, x) where the prefix L and the chunk
+x vary independently: log-spaced L up to the target, three chunk sizes at every L from the planner's
+smallest chunk to its largest. A sample costs one chunk, not a prefill of L: the prefix's KV slots are
+allocated through SGLang's own extend path and filled with random values (attention time does not
+depend on KV values), then the chunk runs over them as a real extend. The samples are all-gathered,
+and the per-stage models are fitted from them. A failure on any rank fails every rank: no silent fallback.
 """
 from __future__ import annotations
 
@@ -21,27 +22,40 @@ from .. import envs
 logger = logging.getLogger("sglang_cpp")
 
 
-def calibration_schedule(max_len: int, align: int = 64, max_chunk: int = 0) -> list[list[int]]:
-    """Chunk sequences (one per synthetic request) covering prefixes 0..max_len with 3 chunk sizes, and
-    small chunks after a long prefix.
+def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0) -> list[tuple]:
+    """(L, x) samples for a target of max_len tokens: L in {0, M/8, M/4, M/2, 3M/4, 7M/8}, and at
+    every L three chunk sizes from the planner's smallest (min_chunk, at least one alignment unit) to its
+    largest (max_chunk; 0: no cap) that still fit under max_len, the middle one their geometric mean.
 
-    Samples land at L in {0, M/8, M/4, M/2, 3M/4, 7M/8} and x in {M/8, M/4, M/2}, plus x = M/32 and M/16
-    at L = 3M/4: without those, the small chunks a plan takes late in a long prompt were priced by
-    extrapolation, and c0, b and e traded off freely (SmolLM2 PP=2 at 8K: a fitted c0 of 1 ms on one
-    stage, fixed 512-token chunks 1.21x their prediction; results/tuning_free_compare.md, historical). The total
-    work is about eight prefills of M tokens. With max_chunk (the plan's largest chunk), longer chunks
-    are cut into pieces of at most max_chunk: SGLang sizes its prefill workspaces for that, not for M/2."""
-    u = max(align, (max_len // 8) // align * align)
-    r = max(0, max_len - 8 * u)  # the remainder goes to a last chunk, so the largest L + x is max_len
-    q, p = max(align, (u // 4) // align * align), -(-(3 * max_len // 4) // align) * align
-    seqs = [[4 * u, 2 * u, u, u + r], [u, u, 2 * u, 4 * u + r], [2 * u, 2 * u, 2 * u, 2 * u + r]]
-    if max_len - p - 3 * q >= 1:  # too short a target has no room for it
-        seqs.append([p, q, 2 * q, max_len - p - 3 * q])
-    if max_chunk <= 0:
-        return seqs
-    cap = max(align, max_chunk // align * align)
-    return [[piece for x in seq for piece in [cap] * (x // cap) + ([x % cap] if x % cap else [])]
-            for seq in seqs]
+    Why independent: along one request's chunk walk (the old design) every long-prefix sample had the same
+    chunk size, so the prefix terms g L, d L^2 and e L x could not be told apart exactly where a plan for a
+    long prompt needs them, and small chunks late in a prompt were extrapolated."""
+    a = max(1, int(align))
+    M = int(max_len) // a * a
+    lo = max(a, -(-int(min_chunk) // a) * a)
+    cap = int(max_chunk) // a * a if max_chunk and max_chunk >= a else M
+    Ls = {0, 3 * M // 4 // a * a, 7 * M // 8 // a * a} | {(M >> k) // a * a for k in range(1, 4)}
+    points = []
+    for L in sorted(Ls):
+        hi = min(cap, M - L) // a * a
+        if hi < lo:
+            continue
+        mid = int(round(math.sqrt(lo * hi) / a)) * a
+        points += [(L, x) for x in sorted({lo, min(max(mid, lo), hi), hi})]
+    return points
+
+
+def level_grids(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0) -> list[tuple]:
+    """[(level, its new samples)] for targets 4x apart up to max_len, shortest first: each level's own
+    grid minus the samples an earlier level took, so a budget that stops early still has a complete grid
+    for the length it reached, and nothing is measured twice."""
+    seen: set = set()
+    out = []
+    for level in calibration_levels(max_len):
+        pts = [p for p in calibration_grid(level, align, max_chunk, min_chunk) if p not in seen]
+        seen.update(pts)
+        out.append((level, pts))
+    return out
 
 
 def dp_global_num_tokens(n: int, dp_size: int, dp_rank: int) -> list[int]:
@@ -141,36 +155,95 @@ def synthetic_req(sched, rng, n_tokens: int, rid: str):
     return req
 
 
-def measure_stage(sched, max_len: int, repeats: int = 1, seed: int = 0, warmup: bool = True,
-                  max_chunk: int = 0, warm_shapes: bool = False) -> list[dict]:
-    """Time this stage's layers on the calibration schedule for `max_len`; samples {L, x, ms}, each
-    the minimum over `repeats` walks (after one untimed walk per sequence with warm_shapes)."""
-    from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+def fill_random(pool, loc, seed: int) -> int:
+    """Random values in every layer's K and V (or MLA latent) slots at `loc` of this stage's KV pool; the
+    number of buffers filled. One random block is generated and tiled (generating L x layers values
+    costs more than the copy). Integer storage (fp8 kept as bytes) is left as it is: its values do not
+    change attention time either, and random bytes could spell NaN."""
+    import torch
 
-    rng = np.random.default_rng(seed + max_len)  # same on every stage: identical synthetic requests
+    n, filled = int(loc.numel()), 0
+    for name in ("k_buffer", "v_buffer", "kv_buffer"):
+        for buf in getattr(pool, name, None) or []:
+            if not isinstance(buf, torch.Tensor) or not buf.is_floating_point() or n == 0:
+                continue
+            gen = torch.Generator(device=buf.device).manual_seed(seed + filled)
+            block = torch.randn((min(n, 4096), *buf.shape[1:]), generator=gen, device=buf.device,
+                                dtype=torch.float32).to(buf.dtype)
+            for i in range(0, n, block.shape[0]):
+                idx = loc[i:i + block.shape[0]]
+                buf[idx] = block[:idx.numel()]
+            filled += 1
+    return filled
+
+
+def random_prefix(sched, req, L: int, seed: int = 0) -> None:
+    """Give `req` a prefix of L tokens without computing it: SGLang's own extend allocation writes the
+    request's KV row (the slots a computed prefix would have), the slots get random values, and the
+    request is checkpointed as after a real chunk."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+    req.extend_end = req.prefix_len + L
+    batch = ScheduleBatch.init_new([req], sched.req_to_token_pool, sched.token_to_kv_pool_allocator,
+                                   sched.tree_cache, sched.model_config, False, sched.spec_algorithm)
+    batch.prepare_for_extend()
+    fill_random(sched.tp_worker.model_runner.token_to_kv_pool, batch.out_cache_loc, seed)
+    checkpoint_kv_cache(req, sched.tree_cache)
+    req.init_next_round_input()
+
+
+def computed_prefix(sched, req, L: int, max_chunk: int, proxies: dict) -> None:
+    """Give `req` a prefix of L tokens the way serving does: forwards of at most max_chunk tokens."""
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+    end, step = req.prefix_len + L, max_chunk or L
+    while req.prefix_len < end:
+        req.extend_end = min(end, req.prefix_len + step)
+        _forward_timed(sched, req, proxies)
+        checkpoint_kv_cache(req, sched.tree_cache)
+        req.init_next_round_input()
+
+
+def _alloc_error(sched, L: int, x: int, exc: Exception) -> RuntimeError:
+    pool = int(getattr(sched, "max_total_num_tokens", 0) or 0)
+    return RuntimeError(f"cannot allocate {L + x} KV slots for the calibration sample L={L}, x={x} ({exc}); this "
+                        f"stage's KV pool holds {pool} tokens: lower SGLANG_CPP_CALIB_MAX_LEN below that, or give "
+                        "the KV cache more memory (--mem-fraction-static)")
+
+
+def measure_stage(sched, points: list, repeats: int = 1, seed: int = 0, warmup: bool = True,
+                  max_chunk: int = 0, warm_shapes: bool = False, prefix: str = "random") -> list[dict]:
+    """Time this stage's layers at every (L, x) of `points`; samples {L, x, ms}, each the minimum over
+    `repeats` timed forwards (after one untimed one per shape with warm_shapes). Each forward gets a
+    fresh synthetic request whose prefix is random (default) or computed, and gives its KV back after."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    rng = np.random.default_rng(seed + len(points))  # same on every stage: identical synthetic requests
     best: dict = {}
     proxies: dict = {}
-    schedule = ([[64]] if warmup else []) + calibration_schedule(max_len, max_chunk=max_chunk)
-    for r, seq in enumerate(schedule):
-        first = warmup and r == 0  # a cold first forward is not timed
-        walks = 1 if first else max(1, repeats) + int(warm_shapes)
-        for rep in range(walks):
-            timed = not first and not (warm_shapes and rep == 0)
-            req = synthetic_req(sched, rng, sum(seq), f"sglang-cpp-calib-{max_len}-{r}-{rep}")
+    todo = ([(0, 64, False)] if warmup else [])  # a cold first forward is not timed
+    for L, x in points:
+        todo += [(L, x, not (warm_shapes and rep == 0)) for rep in range(max(1, repeats) + int(warm_shapes))]
+    for i, (L, x, timed) in enumerate(todo):
+        req = synthetic_req(sched, rng, L + x, f"sglang-cpp-calib-{L}-{x}-{i}")
+        try:
             try:
-                for k, x in enumerate(seq):
-                    L = req.prefix_len
-                    req.extend_end = L + x
-                    ms = _forward_timed(sched, req, proxies)
-                    if timed:
-                        prev = best.get((r, k))
-                        best[(r, k)] = (int(L), int(x), ms if prev is None else min(ms, prev[2]))
-                    if k < len(seq) - 1:
-                        checkpoint_kv_cache(req, sched.tree_cache)
-                        req.init_next_round_input()
-            finally:
-                release_kv_cache(req, sched.tree_cache, checkpoint=False)
-    return [{"L": L, "x": x, "ms": ms} for (L, x, ms) in best.values()]
+                if L and prefix == "random":
+                    random_prefix(sched, req, L, seed=seed + i)
+                elif L:
+                    computed_prefix(sched, req, L, max_chunk, proxies)
+                req.extend_end = L + x
+                ms = _forward_timed(sched, req, proxies)
+            except RuntimeError as exc:
+                if "out of memory" in str(exc).lower() or "alloc" in str(exc).lower():
+                    raise _alloc_error(sched, L, x, exc) from exc
+                raise
+            if timed:
+                best[(L, x)] = min(ms, best.get((L, x), math.inf))
+        finally:
+            release_kv_cache(req, sched.tree_cache, checkpoint=False)
+    return [{"L": L, "x": x, "ms": ms} for (L, x), ms in best.items()]
 
 
 def calibration_levels(max_len: int, start: int = 1024, factor: int = 4) -> list[int]:
@@ -199,10 +272,11 @@ def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
 
 
 def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0,
-                         max_chunk: int = 0) -> tuple[list[dict], int]:
-    """Every rank measures its own stage at lengths 4x apart up to max_len; after each level all ranks
-    all-gather their samples and times, and stop together once the next level would overrun
-    `budget_s` (0: no budget). No forward is longer than max_chunk. repeats 0: default_repeats.
+                         max_chunk: int = 0, align: int = 64, min_chunk: int = 0,
+                         prefix: str = "random") -> tuple[list[dict], int]:
+    """Every rank measures its own stage on the grids of lengths 4x apart up to max_len; after each
+    level all ranks all-gather their samples and times, and stop together once the next level would
+    overrun `budget_s` (0: no budget). No forward is longer than max_chunk. repeats 0: default_repeats.
     Returns the stage-tagged samples and the length actually reached."""
     from .consensus import all_gather
 
@@ -211,19 +285,21 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
     warm_shapes = warm_shapes or repeats > 1
     t0 = time.time()
     samples: list[dict] = []
-    levels = calibration_levels(max_len)
+    grids = level_grids(max_len, align, max_chunk, min_chunk)
+    levels = [lv for lv, _ in grids]
     times: list[float] = []  # from gathered times only, so every rank takes the same stop decision
-    logger.info("[sglang-cpp] calibrating t(L, x) on every stage: %d levels up to %d tokens (%s), budget %s; "
-                "cached for the next start", len(levels), max_len, ", ".join(map(str, levels)),
-                f"{budget_s:.0f}s" if budget_s else "none")
-    for i, level in enumerate(levels):
+    logger.info("[sglang-cpp] calibrating t(L, x) on every stage: %d samples (%s prefixes) in %d levels up to %d "
+                "tokens (%s), budget %s; cached for the next start", sum(len(g) for _, g in grids), prefix,
+                len(levels), max_len, ", ".join(map(str, levels)), f"{budget_s:.0f}s" if budget_s else "none")
+    for i, (level, points) in enumerate(grids):
         t_level = time.time()
         try:
             if envs.CALIB_FAULT_RANK.get() == pp_rank:
                 raise RuntimeError("fault injected by SGLANG_CPP_CALIB_FAULT_RANK")
             local = {"ok": True, "t": 0.0, "samples": [dict(s, stage=pp_rank) for s in
-                                                        measure_stage(sched, level, repeats, warmup=i == 0,
-                                                                      max_chunk=max_chunk, warm_shapes=warm_shapes)]}
+                                                        measure_stage(sched, points, repeats, seed=level,
+                                                                      warmup=i == 0, max_chunk=max_chunk,
+                                                                      warm_shapes=warm_shapes, prefix=prefix)]}
         except Exception as exc:  # travel to every rank, then fail everywhere
             logger.exception("[sglang-cpp] calibration failed on PP%d", pp_rank)
             local = {"ok": False, "error": f"PP{pp_rank}: {exc!r}"}

@@ -30,6 +30,7 @@ logger = logging.getLogger("sglang_cpp")
 ACTIVE: CppChunkSizer | None = None  # one scheduler per process
 LOG: DecisionLog | None = None
 BATCH: BatchPolicy | None = None  # SGLANG_CPP_BATCH_POLICY other than sglang
+ONLINE = None  # online.Online: SGLANG_CPP_ONLINE with the plan policy
 _FORMING = None  # the Scheduler forming a prefill batch (set around _get_new_batch_prefill_raw)
 
 
@@ -58,7 +59,7 @@ def _buffer_tokens() -> int:
 def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     """Install our policy in place of upstream's sizer; every rank checks its settings against world
     rank 0's and fails fast on a difference, then all use rank 0's cost model (consensus.py)."""
-    global ACTIVE, LOG, BATCH
+    global ACTIVE, LOG, BATCH, ONLINE
     from sglang.srt.runtime_context import get_parallel, get_schedule
 
     from .consensus import check_agreement, env_snapshot, on_every_rank, world_rank
@@ -84,7 +85,9 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     mine["enable_dynamic_chunking"] = bool(sch.enable_dynamic_chunking)
     mine["enable_mixed_chunk"] = bool(sch.enable_mixed_chunk)
     gathered = on_every_rank(lambda: {"env": env_snapshot(), "config": mine, "error": error,
-                                      "kv_tokens": int(self.max_total_num_tokens)})
+                                      "kv_tokens": int(self.max_total_num_tokens),
+                                      "max_context": int(self.req_to_token_pool.max_context_len),
+                                      "pp_rank": int(par.pp_rank)})
     check_agreement(gathered)
     policy = cfg.policy
     active = bool(sch.enable_dynamic_chunking)
@@ -97,11 +100,12 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     if not active or policy == "off":
         return original(self)
     cost = upstream = None
-    calibrated_len = 0
+    calibrated_len, samples, over = 0, [], [0.0] * par.pp_size
     if policy == "quadratic":
         upstream = resolve_upstream(self, cfg, original)
     else:
-        cost, calibrated_len = resolve_cost(self, cfg)
+        cost, calibrated_len, samples = resolve_cost(self, cfg, max_context=min(g["max_context"] for g in gathered),
+                                                     kv_tokens=min(g["kv_tokens"] for g in gathered))
         probe = envs.OVERHEAD_PROBE.get()
         if probe:  # every rank: a pipelined run through the real P2P path
             cost, over = measure_overhead(self, cfg, cost, probe, log=LOG)
@@ -112,10 +116,57 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     ACTIVE = sizer
     if BATCH is not None:
         BATCH.cost = cost  # rank 0's cost model, the same on every rank
+    if policy == "plan" and envs.ONLINE.get():  # every rank alike (the settings agree): the side group is collective
+        ONLINE = _start_online(cost, samples, over, gathered)
     LOG.write("startup", **sizer.describe())
     logger.info("[sglang-cpp] PP%d policy=%s ready: %s", par.pp_rank, policy,
                 cost if cost is not None else f"upstream a={upstream.a!r} b={upstream.b!r} c={upstream.c!r}")
     return None
+
+
+def _start_online(cost, samples: list, overheads: list, gathered: list):
+    """Every rank: the side group (a collective, so all call it here), then each its part of online.Online."""
+    import torch.distributed as dist
+    from sglang.srt.runtime_context import get_parallel
+
+    from ..costmodel import PipelineCost
+    from .consensus import world_rank
+    from .online import Online, side_group
+
+    P = len(overheads)
+    if not isinstance(cost, PipelineCost) or len(cost.stages) != P:  # one model for every stage: refined per stage
+        cost = PipelineCost((cost,) * P)
+    leaders = [min(r for r, g in enumerate(gathered) if g["pp_rank"] == s) for s in range(P)]
+    group = side_group(dist, len(gathered))
+    return Online(cost, samples, overheads, rank=world_rank(), leaders=leaders, pp_rank=get_parallel().pp_rank,
+                  log=LOG, group=group, dist=dist)
+
+
+def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):
+    """AROUND the request pull, every scheduler step on every rank: online refinement moves its samples to
+    world rank 0, which puts an accepted model into the requests it pulls from the tokenizer (online.py)."""
+    out = original(self, *args, **kwargs)
+    online = ONLINE
+    if online is not None:
+        online.pump()
+        if online.rank == 0 and isinstance(out, list):
+            upd = online.take_update()
+            if upd is not None:
+                out.append(upd)
+    return out
+
+
+def Scheduler_process_input_requests(original, self, recv_reqs, *args, **kwargs):
+    """AROUND: a refined cost model that came with these requests is applied before they are processed,
+    on every rank alike; SGLang never sees it. The list itself, which later stages receive, keeps it."""
+    from .online import ModelUpdate, apply
+
+    if recv_reqs and any(isinstance(r, ModelUpdate) for r in recv_reqs):
+        for r in recv_reqs:
+            if isinstance(r, ModelUpdate) and ACTIVE is not None:
+                apply(r, ACTIVE, BATCH, LOG)
+        recv_reqs = [r for r in recv_reqs if not isinstance(r, ModelUpdate)]
+    return original(self, recv_reqs, *args, **kwargs)
 
 
 def get_pp_indices(original, num_hidden_layers, pp_rank, pp_size, *args, **kwargs):
@@ -301,7 +352,10 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
     if event == "forward":
         _report_plans(log, batch.reqs, prefix, ext)
     _PENDING.add(timer, {"event": event, **rec, "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
+    online = ONLINE
     for rec in _PENDING.drain():
+        if online is not None and rec["event"] == "forward" and len(rec["chunk"]) == 1 and rec["chunk"][0] > 0:
+            online.record(rec["prefix"][0], rec["chunk"][0], rec["ms"])
         log.write(rec.pop("event"), **rec)
     return out
 

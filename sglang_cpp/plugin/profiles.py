@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import envs
 from ..machine import cpu_model
-from ..costmodel import PipelineCost, cost_from_profile, load_profile, save_profile
+from ..costmodel import PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
 from ..files import device_file_name
 from ..upstream import UpstreamPredictor
 
@@ -55,13 +55,29 @@ def server_meta(sched, cfg) -> dict:
             "quantization": str(getattr(sa, "quantization", None)),
             "moe_runner_backend": str(getattr(sa, "moe_runner_backend", None)),
             "fast_extend": bool(envs.FAST_EXTEND.get()),
+            "calib_design": CALIB_DESIGN, "calib_prefix": envs.CALIB_PREFIX.get(),
             "layer_partition": os.environ.get("SGLANG_PP_LAYER_PARTITION", ""),
             "sglang_version": sglang.__version__, "torch_version": torch.__version__}
 
 
 KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_size", "device_name",
               "attention_backend", "kv_cache_dtype", "quantization", "moe_runner_backend", "fast_extend",
-              "layer_partition", "sglang_version", "torch_version")
+              "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version")
+CALIB_DESIGN = "grid-1"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
+
+
+def calibration_target(requested: int, context_len: int, max_context: int, kv_tokens: int) -> tuple[int, str]:
+    """(the calibration's target length, what bounds it). The default is the context length: what users
+    plan. Every sample needs L + x KV slots on every stage and a request-table row that long, so the
+    target is clamped to min(context - 1, the request table's max context, the smallest stage's KV pool
+    less a margin), as upstream clamps its own profiling; an explicit request is clamped the same way."""
+    margin = max(256, kv_tokens // 32)  # the warm-up forward, page rounding, slack in the allocator
+    bounds = [("the context length - 1", context_len - 1), ("the request table's max context", max_context - 1),
+              (f"the smallest stage's KV pool ({kv_tokens} tokens) less {margin}", kv_tokens - margin)]
+    if requested:
+        bounds.insert(0, ("SGLANG_CPP_CALIB_MAX_LEN", requested))
+    name, value = min(((n, v) for n, v in bounds if v > 0), key=lambda b: b[1], default=("nothing", 512))
+    return max(512, value // 64 * 64), name
 
 
 def cache_path(meta: dict, max_len: int) -> Path:
@@ -131,9 +147,10 @@ def find_cached(meta: dict, max_len: int, budget_s: float) -> Path | None:
     return None
 
 
-def resolve_source(meta: dict, cfg) -> dict:
+def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) -> dict:
     """World rank 0 only: where the cost model comes from. {'kind': 'profile'|'cache', 'where', 'doc'}
-    or {'kind': 'calibrate', 'max_len', 'budget_s', 'repeats'}; a bad profile raises ValueError."""
+    or {'kind': 'calibrate', 'max_len', 'budget_s', 'repeats', 'bound'}; a bad profile raises ValueError.
+    max_context / kv_tokens: the smallest request-table row and KV pool over every rank (0: unknown)."""
     path = envs.PROFILE.get()
     if path:
         where = f"SGLANG_CPP_PROFILE={path}"
@@ -144,44 +161,60 @@ def resolve_source(meta: dict, cfg) -> dict:
         except ValueError as exc:
             msg = str(exc)
             raise ValueError(msg if msg.startswith("SGLANG_CPP_PROFILE") else f"{where}: {msg}") from None
-        return {"kind": "profile", "where": path, "doc": doc}
-    max_len = envs.CALIB_MAX_LEN.get() or min(cfg.context_len - 1, 8192)
-    max_len = max(512, max_len // 64 * 64)
+        return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc)}
+    max_len, bound = calibration_target(envs.CALIB_MAX_LEN.get(), cfg.context_len, max_context or cfg.context_len + 1,
+                                        kv_tokens or 1 << 62)
     budget_s = envs.CALIB_BUDGET_S.get()
     cached = find_cached(meta, max_len, budget_s)
     if cached is not None:  # a corrupt cache is an error too: delete the file to recalibrate
-        return {"kind": "cache", "where": str(cached), "doc": load_profile(cached), "max_len": max_len,
+        doc = load_profile(cached)
+        return {"kind": "cache", "where": str(cached), "doc": doc, "covered": covered_len(doc), "max_len": max_len,
                 "budget_s": budget_s}
     check_writable(cache_path(meta, max_len).parent)  # before minutes of calibration, not after
-    return {"kind": "calibrate", "max_len": max_len, "budget_s": budget_s, "repeats": envs.CALIB_REPEATS.get()}
+    return {"kind": "calibrate", "max_len": max_len, "budget_s": budget_s, "repeats": envs.CALIB_REPEATS.get(),
+            "bound": bound, "prefix": envs.CALIB_PREFIX.get()}
 
 
-def resolve_cost(sched, cfg) -> tuple:
-    """(cost model, calibrated length) for this server. World rank 0 resolves the source (its own
-    profile file or cache) and every rank receives it, so ranks on other nodes, with other caches,
-    never decide alone; a calibration runs on all ranks together and rank 0 saves it."""
+def _fitted(doc: dict, where: str) -> dict:
+    """World rank 0's fit of a profile, as a dict every rank rebuilds bit for bit (model_from_dict)."""
+    return cost_from_profile(doc, where).to_dict()
+
+
+_RANK0: dict = {}  # world rank 0's own copy of what it does not send: the samples of a profile or cache
+
+
+def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
+    """(cost model, calibrated length, samples) for this server; the samples (what online refinement
+    starts from) are world rank 0's only, [] elsewhere. World rank 0 resolves the source (its own
+    profile file or cache), fits it, and every rank receives the coefficients: no rank fits alone, so
+    BLAS or scipy differences between nodes cannot give two stages different plans. A calibration runs
+    on all ranks together, rank 0 fits the gathered samples and saves them."""
     from .calibrate import calibrate_all_stages
     from .consensus import from_rank0, world_rank
 
     meta = server_meta(sched, cfg)
-    src = from_rank0(lambda: resolve_source(meta, cfg))
+    src = from_rank0(lambda: _rank0_source(meta, cfg, max_context, kv_tokens))
     if src["kind"] == "profile":
-        cost = cost_from_profile(src["doc"], f"SGLANG_CPP_PROFILE={src['where']}")
-        logger.info("[sglang-cpp] cost model from %s (world rank 0's): %s", src["where"], cost)
-        return cost, covered_len(src["doc"])
+        cost = model_from_dict(src["model"], f"SGLANG_CPP_PROFILE={src['where']}")
+        logger.info("[sglang-cpp] cost model from %s (world rank 0's fit): %s", src["where"], cost)
+        return cost, src["covered"], _RANK0.pop("samples", [])
     if src["kind"] == "cache":
-        doc, reached = src["doc"], covered_len(src["doc"])
+        reached = src["covered"]
         logger.info("[sglang-cpp] cost model from calibration cache %s on world rank 0 (measured up to %d tokens)",
                     src["where"], reached)
         if reached < src["max_len"]:
             logger.warning("[sglang-cpp] the cached calibration reached %d of %d tokens (cut by the %.0fs "
                            "SGLANG_CPP_CALIB_BUDGET_S); raise the budget to measure further", reached,
                            src["max_len"], src["budget_s"])
-        return cost_from_profile(doc, f"calibration cache {src['where']}"), reached
+        return model_from_dict(src["model"], f"calibration cache {src['where']}"), reached, _RANK0.pop("samples", [])
     max_len, budget_s = src["max_len"], src["budget_s"]
+    logger.info("[sglang-cpp] calibration target %d tokens, bounded by %s", max_len, src["bound"])
+    pc = cfg.plan_config()
     samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
-                                            max_chunk=cfg.plan_config().max_chunk)
-    cost = cost_from_profile({"samples": samples, "meta": meta}, "startup calibration")
+                                            max_chunk=pc.max_chunk, align=pc.align, min_chunk=pc.min_chunk,
+                                            prefix=src["prefix"])
+    cost = model_from_dict(from_rank0(lambda: _fitted({"samples": samples, "meta": meta}, "startup calibration")),
+                           "startup calibration")
     if not isinstance(cost, PipelineCost) and cfg.pp_size > 1:
         logger.warning("[sglang-cpp] calibration returned one stage for pp=%d", cfg.pp_size)
     if world_rank() == 0:
@@ -191,7 +224,17 @@ def resolve_cost(sched, cfg) -> tuple:
                      meta={**meta, "backend": "sglang-startup", "max_len": reached, "requested_max_len": max_len,
                            "budget_s": budget_s})
         logger.info("[sglang-cpp] saved calibration to %s", out)
-    return cost, reached
+    return cost, reached, samples
+
+
+def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int) -> dict:
+    """resolve_source, with a profile or cache already fitted (the samples stay on rank 0)."""
+    src = resolve_source(meta, cfg, max_context, kv_tokens)
+    if src["kind"] == "calibrate":
+        return src
+    where = f"SGLANG_CPP_PROFILE={src['where']}" if src["kind"] == "profile" else f"calibration cache {src['where']}"
+    _RANK0["samples"] = list(src["doc"].get("samples") or [])
+    return {**src, "model": _fitted(src["doc"], where), "doc": None}
 
 
 def save_served(sched, cfg, cost, overheads: list[float], calibrated_len: int) -> None:

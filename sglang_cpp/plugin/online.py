@@ -1,0 +1,170 @@
+"""Online refinement while serving (SGLANG_CPP_ONLINE, on by default): each stage's logged prefill forwards
+refine its cost model, and every rank switches to a refined model at the same point of the request stream.
+
+How the pieces travel, with no collective that one rank could skip:
+- samples: each stage's leader (its lowest world rank) sends its single-request forwards to world rank 0
+  with non-blocking point-to-point sends on a gloo group of its own (made at startup by every rank);
+  world rank 0 polls for them once per scheduler step.
+- the fit: world rank 0 only (sglang_cpp.refine.Refiner), on a background thread, so the scheduler never
+  waits for it; a refit is accepted only if it predicts held-back forwards better than the model in force.
+- the switch: world rank 0 puts the accepted coefficients (a ModelUpdate) into the request list it pulls
+  from the tokenizer. That list reaches every TP rank and every later stage in the same scheduler
+  iteration it would anyway, and each rank applies the update before it processes the requests that came
+  with it. A plan is made once per request, so every stage plans every request on the same model.
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..costmodel import model_from_dict
+
+logger = logging.getLogger("sglang_cpp")
+TAG = 26026  # the sample messages' tag on the side group
+SEND_EVERY_S = 0.2  # a stage leader ships its samples at most this often (a forward is milliseconds or more)
+MAX_SENDS = 64  # sends kept alive before the oldest is waited for
+
+
+@dataclass
+class ModelUpdate:
+    """Rides in the request stream from world rank 0; every rank applies it where it meets it."""
+
+    version: int
+    model: dict  # PipelineCost.to_dict(): the served model (forward fit + each stage's overhead)
+    covered: int  # the longest L + x the refined model has seen
+    notes: list = field(default_factory=list)
+
+
+class Online:
+    def __init__(self, cost, calibration: list[dict], overheads: list[float], *, rank: int, leaders: list[int],
+                 pp_rank: int, log, group=None, dist=None, refine_cfg=None):
+        self.rank, self.leaders, self.pp_rank, self.log = rank, list(leaders), pp_rank, log
+        self.group, self.dist = group, dist
+        self.is_leader = rank == leaders[pp_rank]
+        self.outbox: list = []
+        self._backlog: list = []  # samples that came in while the refit thread had the refiner
+        self._sends: deque = deque()  # (works, tensors) of recent sends, kept alive until surely delivered
+        self._last_send = 0.0
+        self._recvs: dict = {}  # source rank -> (work, header tensor)
+        self.refiner = None
+        self._thread: threading.Thread | None = None
+        self._pending: ModelUpdate | None = None
+        self._lock = threading.Lock()
+        self.fit_s: list[float] = []  # seconds per refit (rank 0): its cost, measured
+        if rank == 0:
+            from ..refine import Refiner
+
+            self.refiner = Refiner(cost, calibration, overheads, refine_cfg)
+            self.covered = max((d["L"] + d["x"] for d in calibration), default=0)
+            for src in sorted(set(leaders) - {0}):
+                self._post_recv(src)
+
+    # -- every stage leader ------------------------------------------------------------------
+    def record(self, L: int, x: int, ms: float) -> None:
+        """One single-request prefill forward of this stage (leaders only; cheap: an append)."""
+        if self.is_leader:
+            self.outbox.append((self.pp_rank, int(L), int(x), float(ms)))
+
+    def pump(self) -> None:
+        """Once per scheduler step: leaders ship their samples, world rank 0 takes them in and refits."""
+        if self.rank == 0:
+            self._take(self.outbox)
+            self.outbox = []
+            self._poll()
+            self._maybe_fit()
+        elif self.is_leader and self.outbox and time.monotonic() - self._last_send >= SEND_EVERY_S:
+            self._send(self.outbox)
+            self.outbox = []
+
+    def _send(self, samples: list) -> None:
+        """Header (the payload's size) then payload, both non-blocking. gloo's send works never report
+        completion without a wait(), so the oldest are waited for only once MAX_SENDS newer ones went out:
+        by then world rank 0, which drains every scheduler step, has long received them."""
+        import torch
+
+        data = torch.frombuffer(bytearray(pickle.dumps(samples)), dtype=torch.uint8)
+        head = torch.tensor([data.numel()], dtype=torch.int64)
+        works = [self.dist.isend(t, dst=0, group=self.group, tag=TAG) for t in (head, data)]
+        self._sends.append((works, (head, data)))
+        self._last_send = time.monotonic()
+        while len(self._sends) > MAX_SENDS:
+            for w in self._sends.popleft()[0]:
+                w.wait()
+
+    def _post_recv(self, src: int) -> None:
+        import torch
+
+        head = torch.full((1,), -1, dtype=torch.int64)  # -1 until a header lands: gloo's is_completed() is no help
+        self._recvs[src] = (self.dist.irecv(head, src=src, group=self.group, tag=TAG), head)
+
+    def _poll(self) -> None:
+        import torch
+
+        for src, (work, head) in list(self._recvs.items()):
+            if int(head[0]) < 0:
+                continue
+            work.wait()  # landed: returns at once
+            data = torch.empty(int(head[0]), dtype=torch.uint8)
+            self.dist.recv(data, src=src, group=self.group, tag=TAG)  # sent right after its header
+            self._take(pickle.loads(data.numpy().tobytes()))
+            self._post_recv(src)
+
+    # -- world rank 0 ------------------------------------------------------------------------
+    def _take(self, samples: list) -> None:
+        self._backlog.extend(samples)
+        if self._thread is not None and self._thread.is_alive():
+            return  # the refit thread reads the refiner: hand it the samples once it is done
+        samples, self._backlog = self._backlog, []
+        for stage, L, x, ms in samples:
+            self.covered = max(self.covered, L + x)
+            if self.refiner.add(stage, L, x, ms):
+                logger.warning("[sglang-cpp] PP%d forwards drift from the cost model: measured / predicted outside "
+                               "+-%.0f%% for %d forwards in a row (once per stage); the online refit follows them",
+                               stage, 100 * self.refiner.cfg.drift_band, self.refiner.cfg.drift_run)
+                self.log.write("drift", stage=stage, L=L, x=x, ms=ms)
+
+    def _maybe_fit(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        if not any(st.new >= self.refiner.cfg.min_new and st.held for st in self.refiner.stages):
+            return
+        self._thread = threading.Thread(target=self._fit, name="sglang-cpp-refit", daemon=True)
+        self._thread.start()
+
+    def _fit(self) -> None:
+        t0, before = time.perf_counter(), self.refiner.version
+        notes = self.refiner.refit()
+        self.fit_s.append(time.perf_counter() - t0)
+        for n in notes:
+            logger.info("[sglang-cpp] online %s (refit thread: %.1f ms)", n, 1e3 * self.fit_s[-1])
+        if self.refiner.version != before:
+            with self._lock:
+                self._pending = ModelUpdate(self.refiner.version, self.refiner.model.to_dict(), self.covered, notes)
+
+    def take_update(self) -> ModelUpdate | None:
+        """The accepted model not yet sent (world rank 0, when it pulls requests from the tokenizer)."""
+        with self._lock:
+            upd, self._pending = self._pending, None
+        return upd
+
+
+def apply(update: ModelUpdate, sizer, batch, log) -> None:
+    """Every rank, at the same point of the request stream: plan new requests on the refined model."""
+    cost = model_from_dict(update.model, f"online model v{update.version}")
+    sizer.cost = cost
+    sizer.calibrated_len = max(sizer.calibrated_len, int(update.covered))
+    if batch is not None:
+        batch.cost = cost
+    log.write("refit", version=update.version, cost=update.model, covered=update.covered, notes=update.notes)
+
+
+def side_group(dist, world_size: int):
+    """A gloo group of every rank for the samples' point-to-point sends (created by every rank at once)."""
+    return dist.new_group(ranks=list(range(world_size)), backend="gloo")
+
+
+__all__ = ["ModelUpdate", "Online", "apply", "side_group"]

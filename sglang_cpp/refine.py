@@ -1,0 +1,133 @@
+"""Online refinement of the per-stage cost models from the forwards a server logs while serving.
+
+Why: the startup calibration times isolated forwards on synthetic requests; serving runs the stages
+side by side, at prefixes and chunk sizes the grid only brackets. vllm-ascend refits its 2-D chunk cost
+model online from 5-30 samples, on by default. Here one owner (world rank 0 in the plugin) keeps every
+stage's samples, refits a stage when enough new ones came in, and accepts the refit only if it predicts
+held-back samples better than the model in force; the plugin then sends the accepted coefficients to
+every rank. Pure numpy: no torch, no SGLang.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costmodel import COEFS, CostModel, PipelineCost, fit_cost_model
+
+
+@dataclass(frozen=True)
+class RefineConfig:
+    min_new: int = 5  # new forwards of a stage before it is refitted
+    holdback: int = 4  # every holdback-th online sample is kept out of the fit, to judge it
+    max_online: int = 512  # online samples kept per stage (the most recent)
+    drift_band: float = 0.20  # |measured / predicted - 1| above this ...
+    drift_run: int = 20  # ... this many forwards in a row is drift (one WARNING)
+
+    def __post_init__(self):
+        if self.min_new < 1 or self.holdback < 2 or self.max_online < self.min_new or self.drift_run < 1:
+            raise ValueError(f"RefineConfig {self}: need min_new >= 1, holdback >= 2, max_online >= min_new, "
+                             "drift_run >= 1")
+        if not 0 < self.drift_band < 1:
+            raise ValueError(f"RefineConfig.drift_band={self.drift_band} must be in (0, 1)")
+
+
+def _median_rel_err(model, pts, overhead_ms: float = 0.0) -> float:
+    """Median |predicted / measured - 1| of a stage's forward times (the per-chunk overhead in the model's
+    c0 is no part of a logged forward, so it is taken out)."""
+    if not pts:
+        return math.inf
+    L, x, y = (np.array(v, dtype=float) for v in zip(*pts))
+    return float(np.median(np.abs((model.time(L, x) - overhead_ms) / y - 1.0)))
+
+
+@dataclass
+class StageRefit:
+    """One stage's samples: the calibration's (kept), and the online ones (fitted or held back)."""
+
+    base: list  # [(L, x, ms)] from the calibration
+    overhead_ms: float  # the per-chunk overhead charged on top of the fitted forward model
+    fitted: deque  # online samples the refit uses (the most recent max_online)
+    held: deque  # every holdback-th online sample: the refit's judge
+    new: int = 0
+    seen: int = 0
+    streak: int = 0
+
+
+class Refiner:
+    """Samples in, accepted models out. `model` is the PipelineCost (or CostModel) the planner runs on,
+    the per-chunk overhead folded into c0; `overheads` says how much of each stage's c0 that is."""
+
+    def __init__(self, model, calibration: list[dict], overheads=None, cfg: RefineConfig | None = None):
+        self.cfg = cfg or RefineConfig()
+        stages = list(model.stages) if isinstance(model, PipelineCost) else [model]
+        over = list(overheads) if overheads is not None else [0.0] * len(stages)
+        if len(over) != len(stages):
+            raise ValueError(f"{len(over)} overheads for {len(stages)} stages")
+        self.models = stages
+        self.version = 0
+        self.stages = []
+        for s, o in enumerate(over):
+            self.stages.append(StageRefit([(d["L"], d["x"], d["ms"]) for d in calibration if d.get("stage", 0) == s],
+                                          float(o), deque(maxlen=self.cfg.max_online),
+                                          deque(maxlen=max(8, self.cfg.max_online // 4))))
+        self.drifted: set = set()
+
+    @property
+    def model(self):
+        return self.models[0] if len(self.models) == 1 else PipelineCost(tuple(self.models))
+
+    def add(self, stage: int, L: int, x: int, ms: float) -> bool:
+        """One logged forward of `stage`; True the first time this stage drifts (the caller warns once)."""
+        if not (0 <= stage < len(self.stages)) or not (ms > 0 and math.isfinite(ms)) or x < 1 or L < 0:
+            return False
+        st = self.stages[stage]
+        st.seen += 1
+        (st.held if st.seen % self.cfg.holdback == 0 else st.fitted).append((int(L), int(x), float(ms)))
+        st.new += 1
+        ratio = ms / max(float(self.models[stage].time(L, x)) - st.overhead_ms, 1e-9)
+        st.streak = st.streak + 1 if abs(ratio - 1.0) > self.cfg.drift_band else 0
+        if st.streak >= self.cfg.drift_run and stage not in self.drifted:
+            self.drifted.add(stage)
+            return True
+        return False
+
+    def refit(self) -> list[str]:
+        """Refit every stage with enough new samples; returns one line per decision (accepted or why not).
+        The model changes (and `version` grows) only on an accepted refit."""
+        notes, changed = [], False
+        for s, st in enumerate(self.stages):
+            if st.new < self.cfg.min_new or not st.held:
+                continue
+            st.new = 0
+            pts = st.base + list(st.fitted)
+            try:
+                fwd = fit_cost_model(*zip(*pts), holdout=0.0, name=f"online refit of stage {s}")
+            except ValueError as exc:
+                notes.append(f"stage {s}: refit skipped ({exc})")
+                continue
+            co = {k: getattr(fwd, k) for k in COEFS}
+            co["c0"] += st.overhead_ms
+            if not all(math.isfinite(v) and v >= 0 for v in co.values()):
+                notes.append(f"stage {s}: refit rejected, a coefficient is negative or not finite ({co}); the "
+                             "old model is kept")
+                continue
+            new = CostModel(**co, meta=dict(self.models[s].meta, refit=self.version + 1), fit=fwd.fit)
+            held = [(L, x, ms) for L, x, ms in st.held]
+            old_err = _median_rel_err(self.models[s], held, st.overhead_ms)
+            new_err = _median_rel_err(new, held, st.overhead_ms)
+            if new_err >= old_err:
+                notes.append(f"stage {s}: refit rejected, held-back error {new_err:.1%} >= the model's {old_err:.1%}")
+                continue
+            self.models[s] = new
+            changed = True
+            notes.append(f"stage {s}: refit accepted on {len(pts)} samples, held-back error {old_err:.1%} -> "
+                         f"{new_err:.1%}")
+        if changed:
+            self.version += 1
+        return notes
+
+
+__all__ = ["RefineConfig", "Refiner"]

@@ -1,0 +1,96 @@
+"""Online refinement's decisions (sglang_cpp/refine.py), on synthetic forwards with a known cost."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sglang_cpp.costmodel import CostModel, PipelineCost
+from sglang_cpp.refine import RefineConfig, Refiner
+
+TRUE = CostModel(c0=20.0, b=0.5, e=2e-4, f=1e-4)  # what the forwards cost while serving
+CALIB = CostModel(c0=5.0, b=0.4, e=1e-4, f=0.5e-4)  # what the startup calibration measured: too cheap
+
+
+def _grid(model, stage):
+    return [{"L": L, "x": x, "ms": float(model.time(L, x)), "stage": stage}
+            for L in (0, 1024, 2048, 3072) for x in (128, 512, 1024)]
+
+
+def _serve(r: Refiner, model, n: int, rng, stage: int = 0, noise: float = 0.02, lo: int = 128):
+    """n forwards of a long prompt's chunks, timed on `model` with a little noise."""
+    for _ in range(n):
+        L, x = int(rng.integers(0, 8192)), int(rng.integers(lo, 2048))
+        r.add(stage, L, x, float(model.time(L, x)) * (1 + noise * rng.standard_normal()))
+
+
+def test_a_refit_follows_the_serving_forwards_and_is_accepted_on_held_back_ones():
+    rng = np.random.default_rng(0)
+    r = Refiner(PipelineCost((CALIB, CALIB)), _grid(CALIB, 0) + _grid(CALIB, 1), overheads=[0.0, 0.0])
+    assert r.refit() == [] and r.version == 0  # nothing new: nothing to do
+    _serve(r, TRUE, 40, rng, stage=0)
+    notes = r.refit()
+    assert r.version == 1 and len(notes) == 1 and notes[0].startswith("stage 0: refit accepted")
+    held = [(L, x, ms) for L, x, ms in r.stages[0].held]
+    err = lambda m: float(np.median([abs(m.time(L, x) / ms - 1) for L, x, ms in held]))  # noqa: E731
+    assert err(r.model.stages[0]) < 0.5 * err(CALIB)
+    assert r.model.stages[1] is CALIB  # stage 1 had no new forwards: untouched
+    assert r.refit() == []  # and nothing new since
+
+
+def test_the_overhead_stays_charged_and_out_of_the_judgement():
+    """The served model is the forward fit plus each stage's per-chunk overhead; logged forwards hold no
+    overhead, so the refit fits forwards and adds the overhead back."""
+    rng = np.random.default_rng(1)
+    served = CostModel(**{**TRUE.coeffs, "c0": TRUE.c0 + 7.0})  # exact forwards + 7 ms overhead
+    r = Refiner(PipelineCost((served, served)), _grid(TRUE, 0) + _grid(TRUE, 1), overheads=[7.0, 7.0])
+    _serve(r, TRUE, 40, rng, noise=0.0)
+    assert not any(st.streak for st in r.stages)  # exact forwards are no drift, overhead or not
+    r.refit()
+    # exact samples: the refit cannot beat the model in force on held-back ones, so it is rejected
+    assert r.version == 0 and r.model.stages[0] is served
+
+
+def test_a_refit_worse_on_held_back_forwards_is_rejected():
+    """Held-back forwards say the model in force is right; the fitted ones (every other) are off by 2x:
+    the refit follows them, predicts the held-back ones worse, and the old model stays."""
+    cfg = RefineConfig(holdback=2)
+    r = Refiner(TRUE, _grid(TRUE, 0), cfg=cfg)
+    rng = np.random.default_rng(2)
+    for i in range(40):
+        L, x = int(rng.integers(0, 8192)), int(rng.integers(128, 2048))
+        r.add(0, L, x, float(TRUE.time(L, x)) * (1.0 if (i + 1) % 2 == 0 else 2.0))
+    notes = r.refit()
+    assert r.version == 0 and r.model is TRUE and "rejected, held-back error" in notes[0]
+
+
+def test_drift_is_reported_once_after_a_run_of_bad_forwards():
+    r = Refiner(CALIB, _grid(CALIB, 0), cfg=RefineConfig(drift_run=20))
+    flags = [r.add(0, 1024, 512, float(CALIB.time(1024, 512)) * 1.5) for _ in range(19)]
+    r.add(0, 1024, 512, float(CALIB.time(1024, 512)))  # one good forward breaks the run
+    flags += [r.add(0, 1024, 512, float(CALIB.time(1024, 512)) * 0.7) for _ in range(25)]
+    assert flags.count(True) == 1 and flags.index(True) == 19 + 19  # the 20th bad one in a row, once
+
+
+def test_bad_samples_are_ignored_and_bad_settings_refused():
+    r = Refiner(CALIB, _grid(CALIB, 0))
+    for bad in (math.nan, math.inf, -1.0, 0.0):
+        assert r.add(0, 100, 64, bad) is False
+    assert r.add(3, 100, 64, 10.0) is False and r.add(0, 100, 0, 10.0) is False  # no stage 3; x = 0
+    assert r.stages[0].seen == 0
+    with pytest.raises(ValueError, match="holdback"):
+        RefineConfig(holdback=1)
+    with pytest.raises(ValueError, match="drift_band"):
+        RefineConfig(drift_band=1.5)
+    with pytest.raises(ValueError, match="2 overheads for 1 stages"):
+        Refiner(CALIB, [], overheads=[1.0, 2.0])
+
+
+def test_online_samples_alone_can_start_a_model():
+    """With a coefficient-only profile there are no calibration samples: online forwards alone refit it."""
+    rng = np.random.default_rng(3)
+    r = Refiner(CALIB, [])
+    _serve(r, TRUE, 60, rng)
+    r.refit()
+    assert r.version == 1 and abs(r.model.time(4096, 1024) / TRUE.time(4096, 1024) - 1) < 0.1
