@@ -47,7 +47,7 @@ def reference(tiny) -> list[list[int]]:
 def plan_run(tiny, tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("hicache_plan")
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_PROFILE": _profile(d / "profile.json"),
-           "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
+           "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"), "SGLANG_CPP_ONLINE": "0",
            "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(d / "l3")}
     spec = ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=True, env=env, device=DEVICE,
                       extra_args=HICACHE_ARGS + L3_ARGS)
@@ -104,3 +104,12 @@ def test_l3_file_backend_hit_is_served_from_the_cached_length_on_both_stages(pla
     plans = [[(e["prefix"], e["chunk"]) for e in read_events(p, "decision") if e["rid"] == rid] for p in logs]
     assert plans[0] and plans[0] == plans[1] == runs[0]  # planned from the cached length, run as planned
     assert [r.output_ids for r in res] == reference[3:]
+
+
+def test_online_refinement_off_keeps_the_startup_model(plan_run):
+    """SGLANG_CPP_ONLINE=0 on this server (its profile is no measurement of the tiny model, so online
+    refinement would refit it, as tests/test_server_e2e.py shows): no refit on any stage, no online line."""
+    logs = [plan_run["dir"] / f"dec_{r}.jsonl" for r in (0, 1)]
+    assert all(read_events(p, "forward") for p in logs)  # it served forwards enough to refit ...
+    assert not any(read_events(p, "refit") for p in logs)  # ... and refitted none
+    assert "[sglang-cpp] online" not in plan_run["log"] and "drift from the cost model" not in plan_run["log"]
