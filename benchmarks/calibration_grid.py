@@ -66,8 +66,9 @@ def run_one(name: str, args, old_tree: str | None, target: int, online: bool, n_
            "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"), "SGLANG_CPP_ONLINE": "1" if online else "0"}
     if "computed" in name:
         env["SGLANG_CPP_CALIB_PREFIX"] = "computed"
-    if old_tree:
+    if old_tree:  # PYTHONSAFEPATH: `python -m` would put the working directory (a checkout) before PYTHONPATH
         env["PYTHONPATH"] = os.pathsep.join([old_tree, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env["PYTHONSAFEPATH"] = "1"
     spec = ServerSpec(args.model_path, pp_size=2, chunk_size=args.chunk, dynamic=True, env=env,
                       context_length=args.context_length)
     t0 = time.time()
@@ -82,7 +83,10 @@ def run_one(name: str, args, old_tree: str | None, target: int, online: bool, n_
     calib = SAVED.search(log)
     per_req = list(errors_by_request(d).values())
     err = [v for r in per_req for v in r]
-    samples = load_profile(calib.group(1))["samples"] if calib else []
+    doc = load_profile(calib.group(1)) if calib else {}
+    if bool(old_tree) == ("calib_design" in doc.get("meta", {})):
+        raise RuntimeError(f"{name}: the server ran the wrong tree's calibration (meta {doc.get('meta')})")
+    samples = doc.get("samples", [])
     return {"name": name, "calib_s": float(m.group(4)), "samples": int(m.group(1)), "reached": int(m.group(3)),
             "healthy_s": healthy, "ttfts": rec["ttfts"], "failed": rec["failed"], "errors": err,
             "per_request": [float(np.median(np.abs(r))) for r in per_req], "n_forwards": len(err),
