@@ -128,7 +128,8 @@ def main() -> int:
             runs[name].append(r)
             print(f"  calibration {r['calib_s']:.1f} s, {r['samples']} samples; median |measured/predicted - 1| "
                   f"{np.median(np.abs(r['errors'])):.1%} over {r['n_forwards']} forwards", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip()
     cmd = "python benchmarks/calibration_grid.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     old = runs[configs[0][0]]
     out = ["# Calibration on a grid with random-KV prefixes (issue 26), on the real CPU PP=2 server", "",
