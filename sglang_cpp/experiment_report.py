@@ -116,12 +116,16 @@ def render(cfg, rows: list[Row], best: dict, cal: Path | None, cal_err: str, com
              "calibration's fresh-prefill times at upstream's 128 profiling lengths (`*-upstream-C=*.json`); "
              "upstream's own startup profiling is skipped because it alone would exceed this benchmark's time."),
             f"- raw per-request results: the `.jsonl` next to this file; server logs under `{Path(cfg.results).stem}-logs/`."]
-    fails = [(row.run.label(), row.ent["reason"]) for row in rows if row.ent and row.ent["status"] != "ok"]
-    if fails:
-        out += ["", "## Failed servers", ""]
-        for label, reason in dict.fromkeys(fails):
-            out += [f"- {label}:", "", "```", reason.strip()[-3000:], "```"]
+    out += _failed([(row.run.label(), row.ent["reason"]) for row in rows if row.ent and row.ent["status"] != "ok"])
     return "\n".join(out) + "\n"
+
+
+def _failed(fails: list) -> list[str]:
+    """The 'Failed servers' section: each failed configuration once, with its reason's tail."""
+    out = ["", "## Failed servers", ""] if fails else []
+    for label, reason in dict.fromkeys(fails):
+        out += [f"- {label}:", "", "```", reason.strip()[-3000:], "```"]
+    return out
 
 
 def plot_bars(cfg, rows: list[Row], path) -> Path:
@@ -148,12 +152,16 @@ def plot_bars(cfg, rows: list[Row], path) -> Path:
     return save_figure(fig, path)
 
 
-def write_report(cfg, rows: list[Row], best: dict, cal, cal_err: str, command: str) -> Path:
+def _write(cfg, text: str) -> Path:
     out = Path(cfg.results)
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = render(cfg, rows, best, cal, cal_err, command)
     out.write_text(text)
     print(text, flush=True)
+    return out
+
+
+def write_report(cfg, rows: list[Row], best: dict, cal, cal_err: str, command: str) -> Path:
+    out = _write(cfg, render(cfg, rows, best, cal, cal_err, command))
     if cfg.plot:
         print(f"wrote {plot_bars(cfg, rows, cfg.plot)}")
     return out
@@ -236,18 +244,9 @@ def render_tuning_free(cfg, order: list, ents: dict, stages, cal, cal_err: str, 
         out.append("")
     out += ["A difference inside a row's spread is a tie, whichever way it points. Raw records: the `.jsonl` beside "
             "this file."]
-    fails = [(r.label(), e["reason"]) for r in order for e in ents[r.key] if e["status"] != "ok"]
-    if fails:
-        out += ["", "## Failed servers", ""]
-        for label, reason in dict.fromkeys(fails):
-            out += [f"- {label}:", "", "```", reason.strip()[-3000:], "```"]
+    out += _failed([(r.label(), e["reason"]) for r in order for e in ents[r.key] if e["status"] != "ok"])
     return "\n".join(out) + "\n"
 
 
 def write_tuning_free(cfg, order, ents, stages, cal, cal_err: str, command: str) -> Path:
-    out = Path(cfg.results)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = render_tuning_free(cfg, order, ents, stages, cal, cal_err, command)
-    out.write_text(text)
-    print(text, flush=True)
-    return out
+    return _write(cfg, render_tuning_free(cfg, order, ents, stages, cal, cal_err, command))

@@ -183,8 +183,9 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     from sglang_cpp.costmodel import cost_from_profile, model_from_dict
     from sglang_cpp.plugin.profiles import _rank0_source
 
-    sent = _rank0_source(meta, cfg, 0, 0)
-    assert sent["doc"] is None and sent["covered"] == 4096
+    kept: dict = {}
+    sent = _rank0_source(meta, cfg, 0, 0, kept)
+    assert sent["doc"] is None and sent["covered"] == 4096 and kept["samples"] == samples
     got, ref = model_from_dict(sent["model"]), cost_from_profile(src["doc"])
     assert [m.coeffs for m in got.stages] == [m.coeffs for m in ref.stages]
     bad = tmp_path / "bad.json"

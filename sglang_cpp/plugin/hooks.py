@@ -117,17 +117,16 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     if BATCH is not None:
         BATCH.cost = cost  # rank 0's cost model, the same on every rank
     if policy == "plan" and envs.ONLINE.get():  # every rank alike (the settings agree): the side group is collective
-        ONLINE = _start_online(cost, samples, over, gathered)
+        ONLINE = _start_online(cost, samples, over, gathered, par.pp_rank)
     LOG.write("startup", **sizer.describe())
     logger.info("[sglang-cpp] PP%d policy=%s ready: %s", par.pp_rank, policy,
                 cost if cost is not None else f"upstream a={upstream.a!r} b={upstream.b!r} c={upstream.c!r}")
     return None
 
 
-def _start_online(cost, samples: list, overheads: list, gathered: list):
+def _start_online(cost, samples: list, overheads: list, gathered: list, pp_rank: int):
     """Every rank: the side group (a collective, so all call it here), then each its part of online.Online."""
     import torch.distributed as dist
-    from sglang.srt.runtime_context import get_parallel
 
     from ..costmodel import PipelineCost
     from .consensus import world_rank
@@ -138,8 +137,8 @@ def _start_online(cost, samples: list, overheads: list, gathered: list):
         cost = PipelineCost((cost,) * P)
     leaders = [min(r for r, g in enumerate(gathered) if g["pp_rank"] == s) for s in range(P)]
     group = side_group(dist, len(gathered))
-    return Online(cost, samples, overheads, rank=world_rank(), leaders=leaders, pp_rank=get_parallel().pp_rank,
-                  log=LOG, group=group, dist=dist)
+    return Online(cost, samples, overheads, rank=world_rank(), leaders=leaders, pp_rank=pp_rank, log=LOG,
+                  group=group, dist=dist)
 
 
 def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):

@@ -157,11 +157,11 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
         try:
             doc = load_profile(path)
             check_matches(doc, meta, where, cfg.pp_size)
-            cost_from_profile(doc, where)  # validate here, so the error names the file
+            model = cost_from_profile(doc, where).to_dict()  # fitted here, so an error names the file
         except ValueError as exc:
             msg = str(exc)
             raise ValueError(msg if msg.startswith("SGLANG_CPP_PROFILE") else f"{where}: {msg}") from None
-        return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc)}
+        return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc), "model": model}
     max_len, bound = calibration_target(envs.CALIB_MAX_LEN.get(), cfg.context_len, max_context or cfg.context_len + 1,
                                         kv_tokens or 1 << 62)
     budget_s = envs.CALIB_BUDGET_S.get()
@@ -169,18 +169,10 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
     if cached is not None:  # a corrupt cache is an error too: delete the file to recalibrate
         doc = load_profile(cached)
         return {"kind": "cache", "where": str(cached), "doc": doc, "covered": covered_len(doc), "max_len": max_len,
-                "budget_s": budget_s}
+                "budget_s": budget_s, "model": cost_from_profile(doc, f"calibration cache {cached}").to_dict()}
     check_writable(cache_path(meta, max_len).parent)  # before minutes of calibration, not after
     return {"kind": "calibrate", "max_len": max_len, "budget_s": budget_s, "repeats": envs.CALIB_REPEATS.get(),
             "bound": bound, "prefix": envs.CALIB_PREFIX.get()}
-
-
-def _fitted(doc: dict, where: str) -> dict:
-    """World rank 0's fit of a profile, as a dict every rank rebuilds bit for bit (model_from_dict)."""
-    return cost_from_profile(doc, where).to_dict()
-
-
-_RANK0: dict = {}  # world rank 0's own copy of what it does not send: the samples of a profile or cache
 
 
 def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
@@ -193,11 +185,12 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
     from .consensus import from_rank0, world_rank
 
     meta = server_meta(sched, cfg)
-    src = from_rank0(lambda: _rank0_source(meta, cfg, max_context, kv_tokens))
+    kept: dict = {}  # world rank 0's own: the samples of a profile or cache, which it does not send
+    src = from_rank0(lambda: _rank0_source(meta, cfg, max_context, kv_tokens, kept))
     if src["kind"] == "profile":
         cost = model_from_dict(src["model"], f"SGLANG_CPP_PROFILE={src['where']}")
         logger.info("[sglang-cpp] cost model from %s (world rank 0's fit): %s", src["where"], cost)
-        return cost, src["covered"], _RANK0.pop("samples", [])
+        return cost, src["covered"], kept.get("samples", [])
     if src["kind"] == "cache":
         reached = src["covered"]
         logger.info("[sglang-cpp] cost model from calibration cache %s on world rank 0 (measured up to %d tokens)",
@@ -206,14 +199,15 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
             logger.warning("[sglang-cpp] the cached calibration reached %d of %d tokens (cut by the %.0fs "
                            "SGLANG_CPP_CALIB_BUDGET_S); raise the budget to measure further", reached,
                            src["max_len"], src["budget_s"])
-        return model_from_dict(src["model"], f"calibration cache {src['where']}"), reached, _RANK0.pop("samples", [])
+        return model_from_dict(src["model"], f"calibration cache {src['where']}"), reached, kept.get("samples", [])
     max_len, budget_s = src["max_len"], src["budget_s"]
     logger.info("[sglang-cpp] calibration target %d tokens, bounded by %s", max_len, src["bound"])
     pc = cfg.plan_config()
     samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
                                             max_chunk=pc.max_chunk, align=pc.align, min_chunk=pc.min_chunk,
                                             prefix=src["prefix"])
-    cost = model_from_dict(from_rank0(lambda: _fitted({"samples": samples, "meta": meta}, "startup calibration")),
+    cost = model_from_dict(from_rank0(lambda: cost_from_profile({"samples": samples, "meta": meta},
+                                                                 "startup calibration").to_dict()),
                            "startup calibration")
     if not isinstance(cost, PipelineCost) and cfg.pp_size > 1:
         logger.warning("[sglang-cpp] calibration returned one stage for pp=%d", cfg.pp_size)
@@ -227,14 +221,14 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
     return cost, reached, samples
 
 
-def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int) -> dict:
-    """resolve_source, with a profile or cache already fitted (the samples stay on rank 0)."""
+def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int, kept: dict) -> dict:
+    """resolve_source as world rank 0 sends it: a profile's or cache's fitted model, not its samples
+    (those go into `kept`, rank 0's own)."""
     src = resolve_source(meta, cfg, max_context, kv_tokens)
     if src["kind"] == "calibrate":
         return src
-    where = f"SGLANG_CPP_PROFILE={src['where']}" if src["kind"] == "profile" else f"calibration cache {src['where']}"
-    _RANK0["samples"] = list(src["doc"].get("samples") or [])
-    return {**src, "model": _fitted(src["doc"], where), "doc": None}
+    kept["samples"] = list(src["doc"].get("samples") or [])
+    return {**src, "doc": None}
 
 
 def save_served(sched, cfg, cost, overheads: list[float], calibrated_len: int) -> None:
