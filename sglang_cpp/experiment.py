@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,10 +130,13 @@ class Run:
                 "pp1": f"PP=1 on 1 core (fixed C={self.chunk})"}[self.kind]
 
 
-def server_spec(cfg: ExperimentConfig, run: Run, upstream_json: str | None = None) -> ServerSpec:
+def server_spec(cfg: ExperimentConfig, run: Run, upstream_json: str | None = None,
+                decision_log: str | None = None) -> ServerSpec:
     """upstream_json: for a dynamic run, upstream's algorithm (policy quadratic) on these a, b, c
-    instead of upstream's own startup profiling."""
+    instead of upstream's own startup profiling. decision_log: the plugin's JSONL (its `step` events)."""
     env = {"SGLANG_CPP_POLICY": "plan" if run.kind == "plan" else "off"}
+    if decision_log:
+        env["SGLANG_CPP_DECISION_LOG"] = decision_log
     if run.kind == "dynamic":
         env["SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"] = str(run.sigma)
         if upstream_json:
@@ -177,9 +181,14 @@ class Runner:
             self.log(f"{run.key}: done in an earlier run, skipped")
             return ent
         cfg, log = self.cfg, self.log
-        spec, t0 = server_spec(cfg, run, upstream_json), time.time()
-        log(f"{run.key}: starting server (pp={spec.pp_size}, chunk={run.chunk}, dynamic={spec.dynamic}, env={spec.env})")
         log_dir = str(Path(cfg.results).with_name(f"{Path(cfg.results).stem}-logs"))
+        dec = None
+        if cfg.plan_chunks:  # the tuning-free mode: every server logs its steps' costs
+            dec = str(Path(log_dir).resolve() / (re.sub(r"[^A-Za-z0-9_.=-]+", "_", run.key) + "-dec_{rank}.jsonl"))
+            for old in Path(log_dir).glob(Path(dec).name.replace("{rank}", "*")):
+                old.unlink()
+        spec, t0 = server_spec(cfg, run, upstream_json, dec), time.time()
+        log(f"{run.key}: starting server (pp={spec.pp_size}, chunk={run.chunk}, dynamic={spec.dynamic}, env={spec.env})")
         try:
             with self.launch(spec, timeout=cfg.timeout_per_server, log_dir=log_dir) as srv:
                 log(f"{run.key}: healthy at {srv.base_url} after {time.time() - t0:.0f} s")
@@ -192,12 +201,30 @@ class Runner:
             ent = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
             log(f"{run.key}: FAILED: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         ent["seconds"] = round(time.time() - t0, 1)
+        if dec and ent["status"] == "ok":
+            ent["steps"] = step_costs(sorted(Path(log_dir).glob(Path(dec).name.replace("{rank}", "*"))))
         self.state["runs"][run.key] = ent
         self.save()
         if ent["status"] == "ok":
             write_jsonl(ent["records"], Path(cfg.results).with_suffix(".jsonl"))
             log(f"{run.key}: finished in {ent['seconds']:.0f} s")
         return ent
+
+
+def step_costs(paths) -> dict:
+    """Per stage, from a server's decision logs: its chunk steps' count and the medians of what a step cost
+    beyond forward and waits (loop_ms) and of the plugin's own hooks in it (plugin_ms) (plugin/steps.py)."""
+    import numpy as np
+
+    from .files import read_events
+
+    out: dict = {}
+    for e in read_events(paths, "step"):
+        out.setdefault(str(e["pp_rank"]), []).append(e)
+    return {s: {"steps": len(v), "loop_ms": round(float(np.median([e["loop_ms"] for e in v])), 3),
+                "plugin_ms": round(float(np.median([e["plugin_ms"] for e in v])), 3),
+                "forward_ms": round(float(np.median([e["forward_ms"] for e in v])), 3)}
+            for s, v in sorted(out.items())}
 
 
 def calibration_stages(cfg: ExperimentConfig, runner: Runner, plan_ents: list) -> tuple[Path | None, list | None, str]:

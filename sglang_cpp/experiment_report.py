@@ -242,10 +242,41 @@ def render_tuning_free(cfg, order: list, ents: dict, stages, cal, cal_err: str, 
             out.append(f"- C={r.chunk}: {ran[0] if ran else 'not reported'} (the same in all {len(ran)} requests: "
                        f"{'yes' if same else 'no'})")
         out.append("")
+    out += _step_table(order, ents, P)
     out += ["A difference inside a row's spread is a tie, whichever way it points. Raw records: the `.jsonl` beside "
             "this file."]
     out += _failed([(r.label(), e["reason"]) for r in order for e in ents[r.key] if e["status"] != "ok"])
     return "\n".join(out) + "\n"
+
+
+def _step_table(order: list, ents: dict, P: int) -> list[str]:
+    """What a chunk step costs each stage beyond its forward and its waits, and the plugin's hooks' share
+    of it, per configuration (the median of each server start's median, from the decision logs' `step`
+    events, plugin/steps.py); empty when no server logged steps."""
+    import numpy as np
+
+    rows = []
+    for r in order:
+        got = [e["steps"] for e in ents[r.key] if e.get("status") == "ok" and e.get("steps")]
+        if not got:
+            continue
+        cells = []
+        for s in map(str, range(P)):
+            per = [g[s] for g in got if s in g]
+            if not per:
+                cells += ["—"] * 3
+                continue
+            cells += [f"{np.median([p['forward_ms'] for p in per]):.1f}", f"{np.median([p['loop_ms'] for p in per]):.2f}",
+                      f"{np.median([p['plugin_ms'] for p in per]):.3f}"]
+        rows.append(f"| {r.label()} | {sum(g[s]['steps'] for g in got for s in g)} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    head = " | ".join(f"PP{s} forward | PP{s} loop beyond forward and waits | PP{s} plugin hooks" for s in range(P))
+    return ["## Per chunk step (ms)", "",
+            "Between two consecutive chunks of a request, per stage: the forward, what the step cost beyond the forward "
+            "and the waits on the other stage (the per-chunk overhead online refinement charges), and the plugin's "
+            "own hooks within it. Medians over each server start's chunk steps (warm-up requests included), then over "
+            "the starts.", "", f"| config | steps | {head} |", "|---|---:|" + "---:|" * (3 * P), *rows, ""]
 
 
 def write_tuning_free(cfg, order, ents, stages, cal, cal_err: str, command: str) -> Path:

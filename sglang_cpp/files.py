@@ -41,6 +41,21 @@ def load_json(path, default=_MISSING):
         return default
 
 
+def read_events(paths, event: str) -> list[dict]:
+    """The `event` records of the plugin's decision logs (JSONL), in file order; a partial last line
+    (a crash or a kill mid-write) is skipped."""
+    out = []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") == event:
+                out.append(rec)
+    return out
+
+
 def update_section(path, title: str, body: str, head: str = "# Reliability") -> Path:
     """Replace (or append) the `## title` section of a markdown results file, keeping the others, so
     several benchmark scripts can each own one section of one file."""

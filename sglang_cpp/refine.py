@@ -25,11 +25,18 @@ class RefineConfig:
     max_online: int = 512  # online samples kept per stage (the most recent)
     drift_band: float = 0.20  # |measured / predicted - 1| above this ...
     drift_run: int = 20  # ... this many forwards in a row is drift (one WARNING)
+    min_steps: int = 8  # serving steps of a stage before their median replaces the probe's overhead
+    max_steps: int = 64  # the most recent steps kept per stage
+    overhead_band: float = 0.10  # a new overhead replaces the one in force only if it differs by more than
+    overhead_floor_ms: float = 0.25  # this fraction of it and this many ms (no new model for noise)
 
     def __post_init__(self):
         if self.min_new < 1 or self.holdback < 2 or self.max_online < self.min_new or self.drift_run < 1:
             raise ValueError(f"RefineConfig {self}: need min_new >= 1, holdback >= 2, max_online >= min_new, "
                              "drift_run >= 1")
+        if self.min_steps < 1 or self.max_steps < self.min_steps or self.overhead_band < 0 or self.overhead_floor_ms < 0:
+            raise ValueError(f"RefineConfig {self}: need 1 <= min_steps <= max_steps, overhead_band >= 0, "
+                             "overhead_floor_ms >= 0")
         if not 0 < self.drift_band < 1:
             raise ValueError(f"RefineConfig.drift_band={self.drift_band} must be in (0, 1)")
 
@@ -51,7 +58,9 @@ class StageRefit:
     overhead_ms: float  # the per-chunk overhead charged on top of the fitted forward model
     fitted: deque  # online samples the refit uses (the most recent max_online)
     held: deque  # every holdback-th online sample: the refit's judge
+    steps: deque  # serving steps' cost beyond forward and waits (ms): the per-chunk overhead measured
     new: int = 0
+    new_steps: int = 0
     seen: int = 0
     streak: int = 0
 
@@ -72,8 +81,10 @@ class Refiner:
         for s, o in enumerate(over):
             self.stages.append(StageRefit([(d["L"], d["x"], d["ms"]) for d in calibration if d.get("stage", 0) == s],
                                           float(o), deque(maxlen=self.cfg.max_online),
-                                          deque(maxlen=max(8, self.cfg.max_online // 4))))
+                                          deque(maxlen=max(8, self.cfg.max_online // 4)),
+                                          deque(maxlen=self.cfg.max_steps)))
         self.drifted: set = set()
+        self.bad_steps = 0  # negative or non-finite step costs dropped (a broken timer)
 
     @property
     def model(self):
@@ -94,11 +105,44 @@ class Refiner:
             return True
         return False
 
+    def add_step(self, stage: int, ms: float) -> None:
+        """One serving step's cost beyond its forward and its waits (plugin/steps.py) on `stage`."""
+        if not (0 <= stage < len(self.stages)):
+            return
+        if not (math.isfinite(ms) and ms >= 0):
+            self.bad_steps += 1
+            return
+        st = self.stages[stage]
+        st.steps.append(float(ms))
+        st.new_steps += 1
+
+    def _overhead(self, s: int, st: StageRefit) -> str | None:
+        """The median serving step replaces the overhead in force (the probe's, or an earlier median) once
+        min_steps are in and it differs by more than the band; the stage's c0 moves by the difference."""
+        if st.new_steps < self.cfg.min_new or len(st.steps) < self.cfg.min_steps:
+            return None
+        st.new_steps = 0
+        new = float(np.median(st.steps))
+        old = st.overhead_ms
+        if abs(new - old) <= max(self.cfg.overhead_band * old, self.cfg.overhead_floor_ms):
+            return None
+        m = self.models[s]
+        co = {k: getattr(m, k) for k in COEFS}
+        co["c0"] = max(co["c0"] - old, 0.0) + new
+        self.models[s] = CostModel(**co, meta=dict(m.meta, overhead="serving"), fit=m.fit)
+        st.overhead_ms = new
+        return (f"stage {s}: per-chunk overhead {old:.2f} -> {new:.2f} ms (the median of the last {len(st.steps)} "
+                "serving steps' cost beyond forward and waits)")
+
     def refit(self) -> list[str]:
         """Refit every stage with enough new samples; returns one line per decision (accepted or why not).
-        The model changes (and `version` grows) only on an accepted refit."""
+        The model changes (and `version` grows) only on an accepted refit or a new per-chunk overhead."""
         notes, changed = [], False
         for s, st in enumerate(self.stages):
+            note = self._overhead(s, st)
+            if note:
+                notes.append(note)
+                changed = True
             if st.new < self.cfg.min_new or not st.held:
                 continue
             st.new = 0

@@ -327,6 +327,12 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
         if len(launches) == fail["on"]:
             raise ServerError("server process exited with code 1 before becoming healthy")
         is_plan = spec.env["SGLANG_CPP_POLICY"] == "plan"
+        dec = spec.env["SGLANG_CPP_DECISION_LOG"]  # the steps each stage logs (a partial last line, as a kill leaves)
+        for rank, (loop, plugin) in enumerate(((3.0, 0.2), (2.0, 0.1))):
+            Path(dec.replace("{rank}", str(rank))).parent.mkdir(parents=True, exist_ok=True)
+            Path(dec.replace("{rank}", str(rank))).write_text("".join(json.dumps(
+                {"event": "step", "pp_rank": rank, "rid": "a", "gap_ms": 44.0 + i, "forward_ms": 40.0, "blocked_ms": 1.0,
+                 "loop_ms": loop + i, "plugin_ms": plugin}) + "\n" for i in range(3)) + '{"event": "step", "pp_r')
         yield SimpleNamespace(base_url=(planned if is_plan else plain).url, log_path=tmp_path / "log",
                               log=lambda: "")
 
@@ -355,6 +361,9 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
     assert f"- C=128: {ran} (the same in all 4 requests: yes)" in md
     assert md.count("median <= 1.01x the best fixed") == 3 and "plan medians across C within 3%" in md
     assert "| fixed C | median (s) | / plan |" in md and "upstream dynamic" not in md
+    # per chunk step and stage: forward, loop beyond forward and waits (median of 3, 4, 5 and of 2, 3, 4), plugin
+    assert "| fixed C=128 | 12 | 40.0 | 4.00 | 0.200 | 40.0 | 3.00 | 0.100 |" in md
+    assert "| sglang-cpp plan (C=4096) | 12 |" in md
     recs = [json.loads(x) for x in (tmp_path / "res" / "tf.jsonl").read_text().splitlines()]
     assert len(recs) == 10 and all("stale" not in r for r in recs)  # 5 configurations x 2 rounds, resumed once
     assert [r["chunk_plan"][0]["ran"] for r in recs if r["policy"].startswith("sglang-cpp plan")] == [ran] * 6

@@ -94,3 +94,42 @@ def test_online_samples_alone_can_start_a_model():
     _serve(r, TRUE, 60, rng)
     r.refit()
     assert r.version == 1 and abs(r.model.time(4096, 1024) / TRUE.time(4096, 1024) - 1) < 0.1
+
+
+def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference():
+    """The probe charged 0.5 ms; the serving steps cost 12 ms beyond forward and waits (their median,
+    not their mean: one stalled step of 900 ms is in them). The forward part of c0 stays as it was."""
+    served = CostModel(**{**TRUE.coeffs, "c0": TRUE.c0 + 0.5})
+    r = Refiner(PipelineCost((served, served)), _grid(TRUE, 0) + _grid(TRUE, 1), overheads=[0.5, 0.5])
+    for ms in [11.0, 12.0, 13.0, 12.0, 900.0, 12.0, 11.5]:  # 7 steps: one short of min_steps
+        r.add_step(1, ms)
+    assert r.refit() == [] and r.version == 0
+    r.add_step(1, 12.5)
+    notes = r.refit()
+    assert r.version == 1 and notes == ["stage 1: per-chunk overhead 0.50 -> 12.00 ms (the median of the last 8 "
+                                        "serving steps' cost beyond forward and waits)"]
+    assert r.model.stages[1].c0 == pytest.approx(TRUE.c0 + 12.0) and r.stages[1].overhead_ms == 12.0
+    assert r.model.stages[0] is served  # stage 0 sent no steps
+    # a later forward refit adds the new overhead back onto its forward fit, and judges forwards without it
+    rng = np.random.default_rng(5)
+    _serve(r, CostModel(**{**TRUE.coeffs, "c0": 2 * TRUE.c0}), 40, rng, stage=1, noise=0.0)
+    assert any(n.startswith("stage 1: refit accepted") for n in r.refit())
+    from sglang_cpp.costmodel import fit_cost_model
+
+    pts = r.stages[1].base + list(r.stages[1].fitted)
+    assert r.model.stages[1].c0 == pytest.approx(fit_cost_model(*zip(*pts), holdout=0.0).c0 + 12.0)
+
+
+def test_an_overhead_inside_the_band_makes_no_new_model_and_bad_steps_are_dropped():
+    cfg = RefineConfig(min_new=4, min_steps=4)
+    r = Refiner(TRUE, _grid(TRUE, 0), overheads=[10.0], cfg=cfg)
+    for ms in (10.5, 10.8, 9.5, 10.9):  # median 10.65: within 10% of 10 ms
+        r.add_step(0, ms)
+    for ms in (-1.0, math.nan, math.inf):
+        r.add_step(0, ms)
+    assert r.refit() == [] and r.version == 0 and r.bad_steps == 3 and list(r.stages[0].steps) == [10.5, 10.8, 9.5, 10.9]
+    for ms in (14.0, 14.0, 14.0, 14.0):  # median of the last 8: (10.9 + 14) / 2, outside the band
+        r.add_step(0, ms)
+    assert r.refit() and r.stages[0].overhead_ms == pytest.approx(12.45)
+    with pytest.raises(ValueError, match="min_steps"):
+        RefineConfig(min_steps=0)

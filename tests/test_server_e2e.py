@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from sglang_cpp.cli import main as cli_main
@@ -327,3 +328,29 @@ def test_online_refit_reaches_every_stage_at_the_same_request(online_run):
     for s_ in (0, 1):
         fwd_now = float(cost.stages[s_].time(0, 256)) - over[s_]
         assert fwd_now > 10 * (float(startup.stages[s_].time(0, 256)) - over[s_])
+
+
+def test_serving_steps_are_logged_per_chunk_and_their_median_becomes_the_charged_overhead(online_run):
+    """Issue 25: every stage logs one `step` per pair of consecutive chunks of a request (the cost beyond
+    forward and waits, and the plugin's own), and world rank 0 charges the median of those it received
+    in place of the startup probe's overhead: the refined model's overhead is the median of a run of
+    logged steps, on both stages."""
+    from collections import Counter
+
+    d = online_run["dir"]
+    probe = read_events(d / "dec_0.jsonl", "overhead")[0]["stages_ms"]
+    refits = read_events(d / "dec_0.jsonl", "refit")
+    assert refits
+    for s in (0, 1):
+        path = d / f"dec_{s}.jsonl"
+        chunks = Counter(e["rids"][0] for e in read_events(path, "forward") if len(e["rids"]) == 1)
+        logged = read_events(path, "step")
+        assert Counter(e["rid"] for e in logged) == {rid: n - 1 for rid, n in chunks.items() if n > 1}
+        assert all(e["blocked_ms"] >= 0 and e["plugin_ms"] >= 0 and e["loop_ms"] > -0.01 for e in logged)
+        assert all(e["gap_ms"] == pytest.approx(e["forward_ms"] + e["blocked_ms"] + e["loop_ms"], abs=0.01)
+                   for e in logged)
+        charged = refits[-1]["overheads_ms"][s]
+        assert charged != probe[s]  # the serving steps replaced the probe's value
+        loop = [e["loop_ms"] for e in logged]
+        medians = [float(np.median(loop[max(0, k - 64):k])) for k in range(8, len(loop) + 1)]
+        assert min(abs(m - charged) for m in medians) < 0.01, (charged, medians)

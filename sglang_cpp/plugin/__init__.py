@@ -1,7 +1,7 @@
 """sglang-cpp's SGLang plugin (entry point group `sglang.srt.plugins`).
 
 SGLang calls `register()` in every process before it builds a Scheduler. The hooks are AROUND/AFTER
-hooks on twenty SGLang symbols; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
+hooks on the SGLang symbols in TARGETS; with SGLANG_CPP_POLICY=off they only observe (the two P2P hooks pass
 through unless SGLANG_CPP_ASYNC_RECV=1).
 """
 from __future__ import annotations
@@ -31,6 +31,9 @@ TARGETS = {
     "sglang.srt.distributed.parallel_state.GroupCoordinator.recv_tensor_dict":
         ("GroupCoordinator_recv_tensor_dict", "AROUND"),
     f"{SCHED}._pp_launch_batch": ("Scheduler__pp_launch_batch", "AROUND"),
+    # the waits on a peer in SGLang's PP loop, so a serving step's overhead excludes them (plugin/steps.py)
+    f"{SCHED}._pp_recv_typed_dict": ("Scheduler__pp_recv_typed_dict", "AROUND"),
+    f"{SCHED}._pp_commit_comm_work": ("Scheduler__pp_commit_comm_work", "AROUND"),
     # torch_native extend attention without the redundant (L+x)^2 query (plugin/attention.py)
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend":
         ("TorchNativeAttnBackend__run_sdpa_forward_extend", "AROUND"),
@@ -77,10 +80,22 @@ INTERNALS = (
 )
 
 
+# The hooks on the scheduler's per-step path: their own time is the plugin's cost per step (plugin/steps.py).
+# Not timed: start-up, compute that replaces SGLang's (attention, KV copies) and the waits themselves.
+STEP_PATH = frozenset({
+    "PrefillAdder_init", "PrefillAdder_add_one_req", "Scheduler__get_new_batch_prefill_raw",
+    "PrefillAdder_add_chunked_req", "Scheduler_get_next_batch_to_run", "Scheduler_get_num_allocatable_reqs",
+    "Scheduler_run_batch", "SchedulerRequestReceiver__pull_raw_reqs", "Scheduler_process_input_requests",
+    "GroupCoordinator_recv_tensor_dict", "Scheduler__pp_launch_batch", "MooncakeKVSender_send",
+})
+
+
 def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from . import hooks
+    from .steps import timed
 
     for target, (fn, kind) in TARGETS.items():
-        HookRegistry.register(target, getattr(hooks, fn), getattr(HookType, kind))
+        hook = getattr(hooks, fn)
+        HookRegistry.register(target, timed(hook, kind) if fn in STEP_PATH else hook, getattr(HookType, kind))

@@ -23,6 +23,8 @@ from .hicache_file import HiCacheFile_init  # noqa: F401 (hook)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
 from .batch import BatchConfig, BatchPolicy, slot_loads
 from .sizer import CppChunkSizer, DecisionLog, SizerConfig
+from .steps import CLOCK, Scheduler__pp_commit_comm_work, Scheduler__pp_recv_typed_dict  # noqa: F401 (hooks)
+from . import steps
 from .timing import DeviceTimer, LazyTimes
 
 logger = logging.getLogger("sglang_cpp")
@@ -32,6 +34,7 @@ LOG: DecisionLog | None = None
 BATCH: BatchPolicy | None = None  # SGLANG_CPP_BATCH_POLICY other than sglang
 ONLINE = None  # online.Online: SGLANG_CPP_ONLINE with the plan policy
 _FORMING = None  # the Scheduler forming a prefill batch (set around _get_new_batch_prefill_raw)
+_PP_RANK = 0  # this process's PP stage (set at start-up)
 
 
 def _current_chunked_req(sched):
@@ -59,12 +62,13 @@ def _buffer_tokens() -> int:
 def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     """Install our policy in place of upstream's sizer; every rank checks its settings against world
     rank 0's and fails fast on a difference, then all use rank 0's cost model (consensus.py)."""
-    global ACTIVE, LOG, BATCH, ONLINE
+    global ACTIVE, LOG, BATCH, ONLINE, _PP_RANK
     from sglang.srt.runtime_context import get_parallel, get_schedule
 
     from .consensus import check_agreement, env_snapshot, on_every_rank, world_rank
 
     par, sch = get_parallel(), get_schedule()
+    _PP_RANK = int(par.pp_rank)
     warning = cpu_dtype_warning(str(self.device), str(self.model_config.dtype))
     if warning:
         logger.warning(warning)
@@ -143,8 +147,16 @@ def _start_online(cost, samples: list, overheads: list, gathered: list, pp_rank:
 
 def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):
     """AROUND the request pull, every scheduler step on every rank: online refinement moves its samples to
-    world rank 0, which puts an accepted model into the requests it pulls from the tokenizer (online.py)."""
-    out = original(self, *args, **kwargs)
+    world rank 0, which puts an accepted model into the requests it pulls from the tokenizer (online.py).
+    On a later stage the pull is a blocking receive from the previous stage: a wait on a peer (steps.py)."""
+    if _PP_RANK:
+        t0 = steps.clock()
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            CLOCK.blocked += steps.clock() - t0
+    else:
+        out = original(self, *args, **kwargs)
     online = ONLINE
     if online is not None:
         online.pump()
@@ -329,10 +341,13 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
     """Record each prefill forward's time, so `sglang-cpp tune fit` can refit from a real run; with a
     decision log file, each decode forward's too (`decode_forward`: batch size and total context, what
     the serving simulator's decode cost is fitted on). On GPUs the time comes from CUDA events on the
-    current stream, written once they complete (timing.py)."""
+    current stream, written once they complete (timing.py). Between two chunks of one request, the step's
+    cost beyond the forward and the waits (`step`, steps.py) goes to online refinement as the per-chunk
+    overhead."""
     log = LOG
     if log is None or not batch.reqs:
         return original(self, batch, *args, **kwargs)
+    step = CLOCK.forward_start()
     if batch.forward_mode.is_extend():
         prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
         ext = [int(v) for v in (getattr(batch, "extend_lens", None) or [])]
@@ -348,10 +363,17 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
     timer.start()
     out = original(self, batch, *args, **kwargs)
     timer.stop()
+    online = ONLINE
+    chunk = event == "forward" and len(ext) == 1 and ext[0] > 0 and prefix[0] < len(batch.reqs[0].origin_input_ids)
+    if chunk and step is not None and step["rid"] == rec["rids"][0]:  # the same request's next chunk
+        if online is not None:
+            online.record_step(step["loop_ms"])
+        if log.path:
+            log.write("step", **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in step.items()})
+    CLOCK.forward_end(rec["rids"][0] if chunk else None, None if timer.cuda else timer.elapsed_ms())
     if event == "forward":
         _report_plans(log, batch.reqs, prefix, ext)
     _PENDING.add(timer, {"event": event, **rec, "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
-    online = ONLINE
     for rec in _PENDING.drain():
         if online is not None and rec["event"] == "forward" and len(rec["chunk"]) == 1 and rec["chunk"][0] > 0:
             online.record(rec["prefix"][0], rec["chunk"][0], rec["ms"])

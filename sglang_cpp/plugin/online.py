@@ -35,6 +35,7 @@ class ModelUpdate:
 
     version: int
     model: dict  # PipelineCost.to_dict(): the served model (forward fit + each stage's overhead)
+    overheads: list  # each stage's per-chunk overhead in it (ms)
     covered: int  # the longest L + x the refined model has seen
     notes: list = field(default_factory=list)
 
@@ -67,6 +68,11 @@ class Online:
         """One single-request prefill forward of this stage (leaders only; cheap: an append)."""
         if self.is_leader:
             self.outbox.append((self.pp_rank, int(L), int(x), float(ms)))
+
+    def record_step(self, loop_ms: float) -> None:
+        """One serving step's cost beyond its forward and its waits (steps.py), the per-chunk overhead."""
+        if self.is_leader:
+            self.outbox.append((self.pp_rank, None, None, float(loop_ms)))
 
     def pump(self) -> None:
         """Once per scheduler step: leaders ship their samples, world rank 0 takes them in and refits."""
@@ -119,6 +125,9 @@ class Online:
             return  # the refit thread reads the refiner: hand it the samples once it is done
         samples, self._backlog = self._backlog, []
         for stage, L, x, ms in samples:
+            if L is None:
+                self.refiner.add_step(stage, ms)
+                continue
             self.covered = max(self.covered, L + x)
             if self.refiner.add(stage, L, x, ms):
                 logger.warning("[sglang-cpp] PP%d forwards drift from the cost model: measured / predicted outside "
@@ -129,7 +138,8 @@ class Online:
     def _maybe_fit(self) -> None:
         if self._thread is not None and self._thread.is_alive():
             return
-        if not any(st.new >= self.refiner.cfg.min_new and st.held for st in self.refiner.stages):
+        if not any(st.new >= self.refiner.cfg.min_new and st.held or st.new_steps >= self.refiner.cfg.min_new
+                   for st in self.refiner.stages):
             return
         self._thread = threading.Thread(target=self._fit, name="sglang-cpp-refit", daemon=True)
         self._thread.start()
@@ -142,7 +152,8 @@ class Online:
             logger.info("[sglang-cpp] online %s (refit thread: %.1f ms)", n, ms)
         if self.refiner.version != before:
             with self._lock:
-                self._pending = ModelUpdate(self.refiner.version, self.refiner.model.to_dict(), self.covered, notes)
+                self._pending = ModelUpdate(self.refiner.version, self.refiner.model.to_dict(),
+                                            [st.overhead_ms for st in self.refiner.stages], self.covered, notes)
 
     def take_update(self) -> ModelUpdate | None:
         """The accepted model not yet sent (world rank 0, when it pulls requests from the tokenizer)."""
@@ -158,7 +169,8 @@ def apply(update: ModelUpdate, sizer, batch, log) -> None:
     sizer.calibrated_len = max(sizer.calibrated_len, int(update.covered))
     if batch is not None:
         batch.cost = cost
-    log.write("refit", version=update.version, cost=update.model, covered=update.covered, notes=update.notes)
+    log.write("refit", version=update.version, cost=update.model, overheads_ms=update.overheads,
+              covered=update.covered, notes=update.notes)
 
 
 def side_group(dist, world_size: int):
