@@ -41,6 +41,29 @@ def test_level_grids_measure_nothing_twice_and_each_level_is_complete():
         assert set(calibration_grid(lv, 64, 16384)) <= done
 
 
+def test_top_chunk_follows_the_plan_on_the_model_so_far_not_the_memory_cap():
+    """Issue 26: a level after the first samples chunks up to twice the largest chunk the planner cuts for
+    that level's length on the model fitted so far, on the alignment grid (64 * 2^k), within [4 units, cap]."""
+    from sglang_cpp.costmodel import CostModel, PipelineCost
+    from sglang_cpp.planner import PlanConfig, plan_equal_time
+    from sglang_cpp.plugin.calibrate import top_chunk
+
+    pc = PlanConfig(pp_size=2, align=64, max_chunk=16384)
+    cpu = CostModel(c0=2.0, b=0.05, e=2e-6, f=3e-6)  # torch_native-like: the x^2 term punishes big chunks
+    stages = PipelineCost((cpu, cpu))
+    largest = max(plan_equal_time(32768, stages, pc).chunks)
+    top = top_chunk(stages, 32768, pc, 16384)
+    assert top < 16384 and top >= 2 * largest and top < 4 * largest  # 2x the plan's largest, rounded up once
+    assert top % 64 == 0 and (top // 64) & (top // 64 - 1) == 0  # 64 * a power of two
+    # a model whose chunks cost mostly their fixed part wants the biggest chunks: the top stays at the cap
+    heavy = CostModel(c0=5000.0, b=0.01)
+    assert top_chunk(PipelineCost((heavy, heavy)), 32768, pc, 16384) == 16384
+    assert top_chunk(PipelineCost((heavy, heavy)), 32768, PlanConfig(pp_size=2, align=64), 0) >= 16384  # no cap
+    # never fewer than 4 alignment units: three distinct sizes per prefix
+    tiny = CostModel(c0=0.0, b=0.01, f=1.0)
+    assert top_chunk(PipelineCost((tiny, tiny)), 4096, pc, 16384) == 256
+
+
 def test_calibration_target_is_the_context_clamped_to_every_bound():
     from sglang_cpp.plugin.profiles import calibration_target
 

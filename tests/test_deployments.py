@@ -83,6 +83,19 @@ def test_calibration_4x_max_prefill_tokens_never_exceeds_it(deploy):
     assert max(s["L"] + s["x"] for s in samples) == CALIB
 
 
+def test_the_second_level_samples_chunks_up_to_the_top_the_first_levels_model_gave(deploy):
+    """Issue 26: after the 1024-token level, world rank 0 plans a 4096-token prompt on the model so far and
+    every stage samples the 4096-token level's chunks up to twice that plan's largest (the logged top)."""
+    import re
+
+    tops = [int(t) for t in re.findall(r"the next level samples chunks up to (\d+)", deploy["log"])]
+    assert len(tops) == 1 and 256 <= tops[0] <= MAX_PREFILL
+    samples = load_profile(deploy["calib"][0])["samples"]
+    later = [s for s in samples if s["L"] + s["x"] > 1024]
+    for stage in (0, 1):
+        assert max(s["x"] for s in later if s["stage"] == stage) == tops[0]
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_mixed_chunk_forwards_stay_within_max_prefill_tokens(deploy, rank):
     fwd = read_events(deploy["dir"] / f"dec_{rank}.jsonl", "forward")[deploy["mark"]:]

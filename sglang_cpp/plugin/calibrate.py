@@ -48,14 +48,38 @@ def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chun
 def level_grids(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0) -> list[tuple]:
     """[(level, its new samples)] for targets 4x apart up to max_len, shortest first: each level's own
     grid minus the samples an earlier level took, so a budget that stops early still has a complete grid
-    for the length it reached, and nothing is measured twice."""
+    for the length it reached, and nothing is measured twice. Every level's top chunk is max_chunk; the
+    calibration itself narrows it level by level (`top_chunk`)."""
     seen: set = set()
     out = []
     for level in calibration_levels(max_len):
-        pts = [p for p in calibration_grid(level, align, max_chunk, min_chunk) if p not in seen]
-        seen.update(pts)
-        out.append((level, pts))
+        out.append((level, new_points(level, seen, align, max_chunk, min_chunk)))
     return out
+
+
+def new_points(level: int, seen: set, align: int, top: int, min_chunk: int) -> list[tuple]:
+    """The level's grid under top chunk `top`, less what `seen` holds (which it then holds too)."""
+    pts = [p for p in calibration_grid(level, align, top, min_chunk) if p not in seen]
+    seen.update(pts)
+    return pts
+
+
+def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> int:
+    """The largest chunk the next level samples: twice the largest chunk the planner cuts for a prompt of
+    `length` on the model fitted so far, rounded up to the alignment unit times a power of two, at most
+    max_chunk (0: no cap) and at least 4 alignment units (three distinct sizes per prefix).
+
+    Why: a long level's biggest samples (the memory cap at prefixes up to half the target) cost most of
+    its time, yet a plan that cuts 1-2K chunks never runs them (issue 26: 0.74x the chunk walks' time at
+    32K, not 0.25x). Where the model wants big chunks (a GPU), the top stays at the cap. Chunks the plan
+    later wants above the top are served forwards, which online refinement fits."""
+    from ..planner import plan_dp, plan_equal_time
+
+    fn = plan_dp if plan_cfg.method == "dp" else plan_equal_time
+    a = max(1, int(plan_cfg.align))
+    want = 2 * max(fn(int(length), cost, plan_cfg).chunks)
+    top = max(4 * a, a << max(0, math.ceil(math.log2(max(want, a) / a))))
+    return min(top, int(max_chunk) // a * a) if max_chunk and max_chunk >= 4 * a else top
 
 
 def dp_global_num_tokens(n: int, dp_size: int, dp_rank: int) -> list[int]:
@@ -273,25 +297,29 @@ def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
 
 def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0,
                          max_chunk: int = 0, align: int = 64, min_chunk: int = 0,
-                         prefix: str = "random") -> tuple[list[dict], int]:
+                         prefix: str = "random", plan_cfg=None) -> tuple[list[dict], int]:
     """Every rank measures its own stage on the grids of lengths 4x apart up to max_len; after each
     level all ranks all-gather their samples and times, and stop together once the next level would
-    overrun `budget_s` (0: no budget). No forward is longer than max_chunk. repeats 0: default_repeats.
-    Returns the stage-tagged samples and the length actually reached."""
-    from .consensus import all_gather
+    overrun `budget_s` (0: no budget). No forward is longer than max_chunk. With plan_cfg, each level after
+    the first samples chunks up to `top_chunk` of the model fitted so far (world rank 0's, sent to all).
+    repeats 0: default_repeats. Returns the stage-tagged samples and the length actually reached."""
+    from .consensus import all_gather, from_rank0
 
     auto_repeats, warm_shapes = default_repeats(str(sched.device))
     repeats = repeats or auto_repeats
     warm_shapes = warm_shapes or repeats > 1
     t0 = time.time()
     samples: list[dict] = []
-    grids = level_grids(max_len, align, max_chunk, min_chunk)
-    levels = [lv for lv, _ in grids]
+    levels = calibration_levels(max_len)
     times: list[float] = []  # from gathered times only, so every rank takes the same stop decision
-    logger.info("[sglang-cpp] calibrating t(L, x) on every stage: %d samples (%s prefixes) in %d levels up to %d "
-                "tokens (%s), budget %s; cached for the next start", sum(len(g) for _, g in grids), prefix,
-                len(levels), max_len, ", ".join(map(str, levels)), f"{budget_s:.0f}s" if budget_s else "none")
-    for i, (level, points) in enumerate(grids):
+    seen: set = set()
+    top = max_chunk
+    logger.info("[sglang-cpp] calibrating t(L, x) on every stage: at most %d samples (%s prefixes) in %d levels up to "
+                "%d tokens (%s), budget %s; cached for the next start",
+                sum(len(g) for _, g in level_grids(max_len, align, max_chunk, min_chunk)), prefix, len(levels), max_len,
+                ", ".join(map(str, levels)), f"{budget_s:.0f}s" if budget_s else "none")
+    for i, level in enumerate(levels):
+        points = new_points(level, seen, align, top, min_chunk)
         t_level = time.time()
         try:
             if envs.CALIB_FAULT_RANK.get() == pp_rank:
@@ -309,25 +337,44 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
         if errors:
             raise RuntimeError("sglang-cpp startup calibration failed: " + "; ".join(errors) +
                                ". Fix the cause, or pass a profile with SGLANG_CPP_PROFILE=<json>.")
-        seen = set()
+        stages = set()
         for g in gathered:  # TP/DP ranks of one stage measure the same shapes: keep one copy per stage
             st = g["samples"][0]["stage"] if g["samples"] else None
-            if st not in seen:
-                seen.add(st)
+            if st not in stages:
+                stages.add(st)
                 samples.extend(g["samples"])
         times.append(max(g["t"] for g in gathered))
         eta = _eta_s(levels, i + 1, times)
-        logger.info("[sglang-cpp] calibration level %d/%d: %d tokens in %.1fs (%.0fs so far, ~%.0fs left)",
-                    i + 1, len(levels), level, times[-1], sum(times), eta)
+        logger.info("[sglang-cpp] calibration level %d/%d: %d tokens, %d samples per stage, top chunk %s, in %.1fs "
+                    "(%.0fs so far, ~%.0fs left)", i + 1, len(levels), level, len(points), top or "uncapped",
+                    times[-1], sum(times), eta)
         if budget_s and level < max_len and sum(times) + _eta_s(levels[:i + 2], i + 1, times) > budget_s:
             logger.warning("[sglang-cpp] calibration stops at %d of %d tokens: the next level would overrun the "
                            "%.0fs budget (SGLANG_CPP_CALIB_BUDGET_S; raise it to calibrate further)",
                            level, max_len, budget_s)
             break
+        if plan_cfg is not None and i + 1 < len(levels):
+            top = from_rank0(lambda: _next_top(samples, levels[i + 1], plan_cfg, max_chunk))
     logger.info("[sglang-cpp] calibrated %d samples on %d stage(s) up to %d tokens in %.1fs",
                 len(samples), len({s["stage"] for s in samples}), level, time.time() - t0)
     _empty_cache(str(sched.device))
     return samples, level
+
+
+def _next_top(samples: list, length: int, plan_cfg, max_chunk: int) -> int:
+    """World rank 0: top_chunk on the samples so far; a fit that fails keeps the cap (and says so)."""
+    from ..costmodel import cost_from_profile
+
+    try:
+        cost = cost_from_profile({"samples": samples}, "calibration so far")
+    except ValueError as exc:
+        logger.warning("[sglang-cpp] calibration: no fit after a level (%s); the next level samples chunks up to "
+                       "the cap %d", exc, max_chunk)
+        return max_chunk
+    top = top_chunk(cost, length, plan_cfg, max_chunk)
+    logger.info("[sglang-cpp] calibration: the next level samples chunks up to %d (twice the largest chunk the plan "
+                "for %d tokens cuts on the model so far, rounded up; cap %s)", top, length, max_chunk or "none")
+    return top
 
 
 def _empty_cache(device: str) -> None:

@@ -63,7 +63,7 @@ def server_meta(sched, cfg) -> dict:
 KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_size", "device_name",
               "attention_backend", "kv_cache_dtype", "quantization", "moe_runner_backend", "fast_extend",
               "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version")
-CALIB_DESIGN = "grid-1"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
+CALIB_DESIGN = "grid-2"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
 
 
 def calibration_target(requested: int, context_len: int, max_context: int, kv_tokens: int) -> tuple[int, str]:
@@ -205,7 +205,7 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
     pc = cfg.plan_config()
     samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
                                             max_chunk=pc.max_chunk, align=pc.align, min_chunk=pc.min_chunk,
-                                            prefix=src["prefix"])
+                                            prefix=src["prefix"], plan_cfg=pc)
     cost = model_from_dict(from_rank0(lambda: cost_from_profile({"samples": samples, "meta": meta},
                                                                  "startup calibration").to_dict()),
                            "startup calibration")
