@@ -38,7 +38,7 @@ def test_the_checker_sees_a_violation():
 
 
 def test_every_sglang_internal_the_plugin_uses_is_listed_in_one_place():
-    """plugin/__init__.py's TARGETS (hooked symbols) and INTERNALS (called symbols) are the whole SGLang
+    """plugin/targets.py's TARGETS (hooked symbols) and INTERNALS (called symbols) are the whole SGLang
     surface; an import of anything else from sglang in the plugin fails here until it is listed."""
     import ast
 

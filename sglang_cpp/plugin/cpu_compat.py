@@ -3,7 +3,7 @@
 Every hook is a no-op when CUDA is available: it changes behaviour only on a torch build/host without
 CUDA, where the code paths it bypasses cannot run at all. See docs/compatibility.md for the evidence.
 
-Targets (registered with the other hooks, from `sglang_cpp/plugin/__init__.py` TARGETS):
+Targets (registered with the other hooks, from `sglang_cpp/plugin/targets.py` TARGETS):
 
 * ``sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__`` (AFTER):
   ``MooncakeKVSender.supports_host_tensor_indices = True`` makes ``_send_kv_chunk``
@@ -42,23 +42,39 @@ from __future__ import annotations
 import functools
 
 
+def cpu_server() -> bool:
+    """The server runs with --device cpu. Not `torch.cuda.is_available()`: NPU, XPU and MUSA hosts have no
+    CUDA either, and must keep SGLang's own paths (issue 27 item 9). Before SGLang has published its
+    server args (a helper process, a unit test), a host without CUDA or another accelerator counts as CPU."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        device = getattr(get_server_args(), "device", None)
+    except (AttributeError, ValueError, ImportError):
+        device = None
+    if device:
+        return str(device).startswith("cpu")
+    return _no_accelerator()
+
+
 @functools.cache
-def cuda_absent() -> bool:
+def _no_accelerator() -> bool:
     import torch
 
-    return not torch.cuda.is_available()
+    acc = getattr(torch, "accelerator", None)
+    return not (acc.is_available() if acc is not None else torch.cuda.is_available())
 
 
 def MooncakeKVSender_init_cpu(result, self, *args, **kwargs):
-    """AFTER MooncakeKVSender.__init__: on a CUDA-less host, use SGLang's host (numpy) index path."""
-    if cuda_absent():
+    """AFTER MooncakeKVSender.__init__: on a CPU server, use SGLang's host (numpy) index path."""
+    if cpu_server():
         self.supports_host_tensor_indices = False
     return None
 
 
 def alloc_with_host_register_cpu(original_fn, *args, **kwargs):
-    """AROUND alloc_with_host_register: on a CUDA-less host, never pin/cudaHostRegister."""
-    if cuda_absent():
+    """AROUND alloc_with_host_register: on a CPU server, never pin/cudaHostRegister."""
+    if cpu_server():
         if "pin_memory" in kwargs:
             kwargs["pin_memory"] = False
         elif len(args) >= 4:  # (dims, dtype, device, pin_memory, allocator, ...)
@@ -67,12 +83,12 @@ def alloc_with_host_register_cpu(original_fn, *args, **kwargs):
 
 
 def MHATokenToKVPoolHost_init_cpu(result, self, *args, **kwargs):
-    """AFTER MHATokenToKVPoolHost.__init__: on a CUDA-less host, give pool_host/mha.py the torch ops it
+    """AFTER MHATokenToKVPoolHost.__init__: on a CPU server, give pool_host/mha.py the torch ops it
     would have imported from sgl_kernel.kvcacheio (only those it lacks), and mark the pool unpinned: its
     buffers are plain host memory already (alloc_with_host_register_cpu), and the L3 prefetch's
     get_dummy_flat_data_page would otherwise ask torch for pinned pages ("pin_memory=True requires a
     CUDA or other accelerator backend")."""
-    if cuda_absent():
+    if cpu_server():
         import sys
 
         from . import kvcacheio_cpu
@@ -87,9 +103,9 @@ def MHATokenToKVPoolHost_init_cpu(result, self, *args, **kwargs):
 
 def MHATokenToKVPoolHost_backup_from_device_all_layer(original_fn, self, device_pool, host_indices, device_indices,
                                                       io_backend, *args, **kwargs):
-    """AROUND backup_from_device_all_layer: on a CUDA-less host the `kernel` backend's all-layer copies
+    """AROUND backup_from_device_all_layer: on a CPU server the `kernel` backend's all-layer copies
     of the layer_first and page_first layouts use tensor lists, not device pointer tables."""
-    if not cuda_absent() or io_backend != "kernel" or self.layout not in ("layer_first", "page_first"):
+    if not cpu_server() or io_backend != "kernel" or self.layout not in ("layer_first", "page_first"):
         return original_fn(self, device_pool, host_indices, device_indices, io_backend, *args, **kwargs)
     from . import kvcacheio_cpu as io
 
@@ -119,8 +135,8 @@ class _SyncStream:
 
 
 def L2TransferEngine_init_cpu(result, self, *args, **kwargs):
-    """AFTER L2TransferEngine.__init__: on a CUDA-less host, streams with a no-op synchronize."""
-    if cuda_absent():
+    """AFTER L2TransferEngine.__init__: on a CPU server, streams with a no-op synchronize."""
+    if cpu_server():
         for name in ("device_to_host_stream", "host_to_device_stream"):
             stream = getattr(self, name, None)
             if stream is not None and not hasattr(stream, "synchronize"):

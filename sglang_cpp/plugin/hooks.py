@@ -67,14 +67,19 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
 
     from .consensus import check_agreement, env_snapshot, on_every_rank, world_rank
 
+    from .targets import unapplied
+
     par, sch = get_parallel(), get_schedule()
     _PP_RANK = int(par.pp_rank)
     warning = cpu_dtype_warning(str(self.device), str(self.model_config.dtype))
     if warning:
         logger.warning(warning)
+    missing = unapplied()
     if par.pp_size <= 1:  # no chunked pipeline: nothing to plan, nothing to agree on
+        if missing:
+            raise RuntimeError(missing)
         return original(self)
-    cfg, batch_cfg, error = None, None, ""
+    cfg, batch_cfg, error = None, None, missing
     try:
         cfg = SizerConfig.from_env(pp_size=par.pp_size, pp_rank=par.pp_rank, chunk_size=self.chunked_prefill_size,
                                    max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
@@ -84,7 +89,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                                 has_cost=bool(sch.enable_dynamic_chunking) and cfg.policy == "plan",
                                 even_decodes=envs.EVEN_DECODES.get())
     except ValueError as exc:  # every rank fails, below, with every rank's reason
-        error = str(exc)
+        error = "; ".join(filter(None, (missing, str(exc))))
     mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}
     mine["enable_dynamic_chunking"] = bool(sch.enable_dynamic_chunking)
     mine["enable_mixed_chunk"] = bool(sch.enable_mixed_chunk)

@@ -10,23 +10,25 @@ from typing import Callable
 
 
 class DeviceTimer:
-    """start()/stop() around work; wait_ms() after stop(). CUDA events on GPUs, perf_counter on CPU."""
+    """start()/stop() around work; wait_ms() after stop(). The device's events on an accelerator (CUDA, NPU,
+    XPU, MUSA: SGLang's `get_device_module()`), perf_counter on CPU, where a forward is synchronous."""
 
     def __init__(self, device: str, event_factory: Callable | None = None):
-        self.cuda = device.startswith("cuda")
+        self.cuda = not device.startswith("cpu")  # device events, resolved lazily (the name is historical)
         self._event = event_factory
         if self.cuda and event_factory is None:
-            import torch
+            from sglang.srt.utils.common import get_device_module
 
-            self._event = lambda: torch.cuda.Event(enable_timing=True)
+            mod = get_device_module()
+            self._event = lambda: mod.Event(enable_timing=True)
         self._t0 = self._t1 = 0.0
         self._e0 = self._e1 = None
 
     def sync(self) -> None:
         if self.cuda:
-            import torch
+            from sglang.srt.utils.common import get_device_module
 
-            torch.cuda.synchronize()
+            get_device_module().synchronize()
 
     def start(self) -> None:
         if self._event is not None:

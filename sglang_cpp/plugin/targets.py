@@ -1,0 +1,106 @@
+"""The whole SGLang surface of the plugin: the symbols it hooks (TARGETS), the ones it calls (INTERNALS),
+the hooks on the scheduler's per-step path (STEP_PATH), and the startup check that SGLang applied them all."""
+from __future__ import annotations
+
+SCHED = "sglang.srt.managers.scheduler.Scheduler"
+MHA_HOST = "sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost"
+TARGETS = {
+    f"{SCHED}.maybe_init_dynamic_chunk_sizer": ("Scheduler_maybe_init_dynamic_chunk_sizer", "AROUND"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.__init__": ("PrefillAdder_init", "AFTER"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("PrefillAdder_add_one_req", "AROUND"),
+    # SGLANG_CPP_BATCH_POLICY: each micro-batch's prefill budget (plugin/batch.py)
+    f"{SCHED}._get_new_batch_prefill_raw": ("Scheduler__get_new_batch_prefill_raw", "AROUND"),
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("PrefillAdder_add_chunked_req", "AROUND"),
+    # ... and its even decode split, as admission per micro-batch slot
+    f"{SCHED}.get_next_batch_to_run": ("Scheduler_get_next_batch_to_run", "AROUND"),
+    f"{SCHED}.get_num_allocatable_reqs": ("Scheduler_get_num_allocatable_reqs", "AROUND"),
+    f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
+    # SGLANG_CPP_ONLINE: samples to world rank 0, and its refined model through the request stream (online.py)
+    "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._pull_raw_reqs":
+        ("SchedulerRequestReceiver__pull_raw_reqs", "AROUND"),
+    f"{SCHED}.process_input_requests": ("Scheduler_process_input_requests", "AROUND"),
+    # a bad SGLANG_PP_LAYER_PARTITION named with its fix, at model build
+    "sglang.srt.distributed.get_pp_indices": ("get_pp_indices", "AROUND"),
+    "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit":
+        ("DynamicChunkSizer_profile_and_fit", "AFTER"),
+    # SGLANG_CPP_ASYNC_RECV: batched PP receives; proxy waits deferred to the forward (plugin/p2p.py)
+    "sglang.srt.distributed.parallel_state.GroupCoordinator.recv_tensor_dict":
+        ("GroupCoordinator_recv_tensor_dict", "AROUND"),
+    f"{SCHED}._pp_launch_batch": ("Scheduler__pp_launch_batch", "AROUND"),
+    # the waits on a peer in SGLang's PP loop, so a serving step's overhead excludes them (plugin/steps.py)
+    f"{SCHED}._pp_recv_typed_dict": ("Scheduler__pp_recv_typed_dict", "AROUND"),
+    f"{SCHED}._pp_commit_comm_work": ("Scheduler__pp_commit_comm_work", "AROUND"),
+    # torch_native extend attention without the redundant (L+x)^2 query (plugin/attention.py)
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend":
+        ("TorchNativeAttnBackend__run_sdpa_forward_extend", "AROUND"),
+    # CPU-only compatibility for PD disaggregation over Mooncake TCP (no-ops where CUDA exists;
+    # plugin/cpu_compat.py and docs/compatibility.md say why)
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__": ("MooncakeKVSender_init_cpu", "AFTER"),
+    # observe only: a `kv_send` decision-log event per KV transfer of a PD prefill rank
+    "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.send": ("MooncakeKVSender_send", "AFTER"),
+    "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register": ("alloc_with_host_register_cpu", "AROUND"),
+    # CPU-only HiCache L2: torch KV copies between the device and host pools, synchronous streams
+    f"{MHA_HOST}.__init__": ("MHATokenToKVPoolHost_init_cpu", "AFTER"),
+    f"{MHA_HOST}.backup_from_device_all_layer": ("MHATokenToKVPoolHost_backup_from_device_all_layer", "AROUND"),
+    "sglang.srt.mem_cache.l2_transfer.L2TransferEngine.__init__": ("L2TransferEngine_init_cpu", "AFTER"),
+    # HiCache L3 file backend: PP stages race to create its directory (plugin/hicache_file.py)
+    "sglang.srt.mem_cache.hicache_storage.HiCacheFile.__init__": ("HiCacheFile_init", "AROUND"),
+}
+
+
+# Every other SGLang internal the plugin calls (tests/test_layout.py keeps this list equal to the
+# plugin's imports): with TARGETS, the whole surface an SGLang upgrade can break, all in this folder.
+INTERNALS = (
+    "sglang.srt.distributed.parallel_state.GroupCoordinator",
+    "sglang.srt.distributed.parallel_state.TensorMetadata",
+    "sglang.srt.distributed.parallel_state.get_pp_group",
+    "sglang.srt.layers.dp_attention.is_dp_attention_enabled",
+    "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
+    "sglang.srt.managers.schedule_batch.Req",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch",
+    "sglang.srt.managers.schedule_policy.AddReqResult",
+    "sglang.srt.managers.schedule_policy.PrefillAdder",
+    "sglang.srt.managers.schedule_policy.mamba_prefill_chunk_grid",
+    "sglang.srt.mem_cache.common.checkpoint_kv_cache",
+    "sglang.srt.mem_cache.common.release_kv_cache",
+    "sglang.srt.model_executor.forward_batch_info.ForwardBatch",
+    "sglang.srt.model_executor.forward_batch_info.PPProxyTensors",
+    "sglang.srt.model_executor.runner_utils.buffers.allocate_pp_proxy_tensors",
+    "sglang.srt.plugins.hook_registry.HookRegistry",
+    "sglang.srt.plugins.hook_registry.HookType",
+    "sglang.srt.runtime_context.get_parallel",
+    "sglang.srt.runtime_context.get_schedule",
+    "sglang.srt.runtime_context.get_server_args",
+    "sglang.srt.runtime_context.max_prefill_buffer_tokens",
+    "sglang.srt.sampling.sampling_params.SamplingParams",
+    "sglang.srt.utils.common.get_device_module",
+)
+
+
+# The hooks on the scheduler's per-step path: their own time is the plugin's cost per step (plugin/steps.py).
+# Not timed: start-up, compute that replaces SGLang's (attention, KV copies) and the waits themselves.
+STEP_PATH = frozenset({
+    "PrefillAdder_init", "PrefillAdder_add_one_req", "Scheduler__get_new_batch_prefill_raw",
+    "PrefillAdder_add_chunked_req", "Scheduler_get_next_batch_to_run", "Scheduler_get_num_allocatable_reqs",
+    "Scheduler_run_batch", "SchedulerRequestReceiver__pull_raw_reqs", "Scheduler_process_input_requests",
+    "GroupCoordinator_recv_tensor_dict", "Scheduler__pp_launch_batch", "MooncakeKVSender_send",
+})
+
+
+def unapplied(patched=None) -> str:
+    """'' when SGLang's HookRegistry applied every TARGET; else the error that names the missing ones. The
+    registry logs and skips a target it cannot resolve, so after an SGLang upgrade upstream's sizer would
+    silently stay in charge (issue 27 item 8)."""
+    if patched is None:
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        patched = HookRegistry._patched
+    missing = [t for t in TARGETS if t not in patched]
+    if not missing:
+        return ""
+    import sglang
+
+    version = getattr(sglang, "__version__", "unknown")
+    return (f"sglang-cpp: SGLang {version} did not apply {len(missing)} of the plugin's hooks: {', '.join(missing)}. "
+            "sglang-cpp is written against SGLang 0.5.23: install that version (pip install sglang==0.5.23 --no-deps), "
+            "or an sglang-cpp made for yours")
