@@ -21,7 +21,10 @@ from .planner_base import (METHODS, PlanConfig, _check, _times, fixed_candidates
 
 
 # -- exact DP (reference) -------------------------------------------------------------------
-def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_units: int = 4096) -> ChunkPlan:
+DP_MAX_UNITS = 4096  # the exact DP's table is units x band: past this many aligned units it is too big to plan in time
+
+
+def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_units: int = DP_MAX_UNITS) -> ChunkPlan:
     """Exact optimum over aligned boundaries: min over thresholds M of S(M) + (P-1)*M."""
     R = _check(prompt_len, prefix_len, cfg)
     al, lo, hi, P, o = cfg.align, cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
@@ -83,6 +86,6 @@ def plan_chunks(prompt_len: int, cost, pp_size: int, *, prefix_len: int = 0, met
     return fn(prompt_len, cost, cfg, prefix_len)
 
 
-__all__ = ["PlanConfig", "ChunkPlan", "METHODS", "plan_chunks", "plan_equal_time", "plan_dp", "plan_fixed", "ttft",
+__all__ = ["DP_MAX_UNITS", "PlanConfig", "ChunkPlan", "METHODS", "plan_chunks", "plan_equal_time", "plan_dp", "plan_fixed", "ttft",
            "make_plan", "fixed_split", "fixed_candidates", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS",
            "prefill_buffer_tokens"]

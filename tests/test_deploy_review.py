@@ -75,3 +75,24 @@ def test_a_forward_on_another_accelerator_is_timed_with_its_device_events(monkey
     t.stop()
     assert t.cuda and made == [True, True] and t.done() and t.elapsed_ms() == 12.5
     assert not DeviceTimer("cpu").cuda
+
+
+def test_an_alignment_sglang_sets_after_the_sizer_is_built_is_planned_on():
+    """Item 4: SGLang sets truncation_align_size (deterministic inference's 4096 split tiles, DSA's kpool)
+    after maybe_init_dynamic_chunk_sizer; a fake scheduler that sets it late, as SGLang does, gets every
+    non-final chunk on the 4096 grid from the first plan on."""
+    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.plugin.hooks import _align
+    from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
+
+    sched = SimpleNamespace(page_size=1)  # no truncation_align_size yet
+    cfg = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=4096, max_prefill_tokens=16384, page_size=1,
+                      context_len=65536, align=_align(sched))
+    assert cfg.align == 64
+    cost = CostModel(c0=5.0, b=0.05, e=2e-6, f=3e-6)  # wants chunks of a few K: off the 4096 grid unaligned
+    sizer = CppChunkSizer(cfg, cost=cost, align_source=lambda: _align(sched))
+    sched.truncation_align_size = 4096  # scheduler.py: init_deterministic_inference_config, after the sizer
+    plan = sizer.plan_for("r", 40000, 0)
+    assert sizer.cfg.align == 4096 and all(c % 4096 == 0 for c in plan.chunks[:-1]) and sum(plan.chunks) == 40000
+    unaligned = CppChunkSizer(cfg, cost=cost).plan_for("r", 40000, 0)
+    assert any(c % 4096 for c in unaligned.chunks[:-1])  # the same model at the startup value is off the grid

@@ -84,10 +84,18 @@ def test_quadratic_policy_is_upstream(monkeypatch):
     (dict(sigma=2.0), "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"),
     (dict(chunk_size=0), "--chunked-prefill-size"),
     (dict(max_chunk=32768), "SGLANG_CPP_MAX_CHUNK=32768 exceeds SGLang.s prefill-buffer ceiling 16384"),
+    # issue 27 item 6: the exact DP plans at most 4096 aligned units; a longer prompt would kill the server
+    (dict(method="dp", context_len=262145), r"SGLANG_CPP_PLANNER=dp plans prompts of at most 4096 aligned units "
+                                            r"\(262144 tokens at align 64\)"),
 ])
 def test_bad_config_is_named(kw, match):
     with pytest.raises(ValueError, match=match):
         cfg(**kw)
+
+
+def test_the_dp_planner_is_accepted_up_to_its_limit():
+    assert cfg(method="dp", context_len=262144).method == "dp"
+    assert cfg(method="dp", context_len=300000, policy="off").method == "dp"  # nothing is planned
 
 
 def test_from_env_validates(monkeypatch):

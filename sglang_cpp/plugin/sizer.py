@@ -12,12 +12,12 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional
 
 from .. import envs
 from ..plan import ChunkPlan
-from ..planner import PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
+from ..planner import DP_MAX_UNITS, PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
 from ..upstream import UpstreamPredictor, check_sigma
 
 logger = logging.getLogger("sglang_cpp")
@@ -54,6 +54,11 @@ class SizerConfig:
         if self.min_chunk and self.max_chunk and self.min_chunk > self.max_chunk:
             raise ValueError(f"SGLANG_CPP_MIN_CHUNK={self.min_chunk} exceeds SGLANG_CPP_MAX_CHUNK={self.max_chunk}: "
                              "lower the first or raise the second")
+        if self.policy == "plan" and self.method == "dp" and self.context_len > DP_MAX_UNITS * max(1, self.align):
+            raise ValueError(f"SGLANG_CPP_PLANNER=dp plans prompts of at most {DP_MAX_UNITS} aligned units "
+                             f"({DP_MAX_UNITS * max(1, self.align)} tokens at align {self.align}), and this server "
+                             f"takes {self.context_len}-token prompts (the context length): unset SGLANG_CPP_PLANNER "
+                             "(equal-time, within 1% of the DP), or lower --context-length")
         ceiling = self.buffer_tokens or prefill_buffer_tokens(self.chunk_size, self.max_prefill_tokens, self.pp_size)
         if self.max_chunk > ceiling:
             raise ValueError(f"SGLANG_CPP_MAX_CHUNK={self.max_chunk} exceeds SGLang's prefill-buffer ceiling "
@@ -129,7 +134,7 @@ class CppChunkSizer:
 
     def __init__(self, cfg: SizerConfig, *, cost=None, upstream: Optional[UpstreamPredictor] = None,
                  current_req: Callable[[], Optional[tuple]] = lambda: None, log: DecisionLog | None = None,
-                 max_plans: int = 4096, calibrated_len: int = 0):
+                 max_plans: int = 4096, calibrated_len: int = 0, align_source: Callable[[], int] | None = None):
         if cfg.policy == "plan" and cost is None:
             raise ValueError("plan policy needs a cost model")
         if cfg.policy == "quadratic" and upstream is None:
@@ -141,9 +146,26 @@ class CppChunkSizer:
         self._plans: OrderedDict[str, ChunkPlan] = OrderedDict()
         self._max_plans = max_plans
         self.calibrated_len = calibrated_len  # longest L+x the cost model measured (0: unknown)
+        self._align_source = align_source  # read once, at the first plan (see _settle_align)
+
+    def _settle_align(self) -> None:
+        """SGLang sets the scheduler's truncation alignment (deterministic inference's split tiles, DSA's
+        kpool, mamba's chunk grid) after the sizer is built (scheduler.py: init_deterministic_inference_config
+        and the two after it run after maybe_init_dynamic_chunk_sizer), so the startup value can miss it.
+        The first plan reads it again; every rank reads the same settings, so every stage plans alike."""
+        src, self._align_source = self._align_source, None
+        align = int(src())
+        if align != self.cfg.align:
+            logger.info("[sglang-cpp] PP%d chunk alignment %d -> %d (SGLang's truncation alignment, set after "
+                        "start-up)", self.cfg.pp_rank, self.cfg.align, align)
+            self.cfg = replace(self.cfg, align=align)
+            self.plan_cfg = self.cfg.plan_config()
+            self._plans.clear()
 
     # -- planning ----------------------------------------------------------------------------
     def plan_for(self, rid: str, prompt_len: int, prefix_len: int) -> ChunkPlan:
+        if self._align_source is not None:
+            self._settle_align()
         plan = self._plans.get(rid)
         if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None:
             fn = plan_dp if self.plan_cfg.method == "dp" else plan_equal_time
