@@ -6,7 +6,9 @@ the same way, headless.
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 
 _MISSING = object()
@@ -16,9 +18,16 @@ def save_json(path, doc, indent: int = 1) -> Path:
     """Write `doc` to `path` atomically (temp file, then rename); parents are created."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=indent))
-    tmp.replace(p)
+    # a temp name of its own: two servers on one node sharing a cache must not write the same temp file
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(doc, indent=indent))
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return p
 
 

@@ -96,3 +96,38 @@ def test_an_alignment_sglang_sets_after_the_sizer_is_built_is_planned_on():
     assert sizer.cfg.align == 4096 and all(c % 4096 == 0 for c in plan.chunks[:-1]) and sum(plan.chunks) == 40000
     unaligned = CppChunkSizer(cfg, cost=cost).plan_for("r", 40000, 0)
     assert any(c % 4096 for c in unaligned.chunks[:-1])  # the same model at the startup value is off the grid
+
+
+def test_two_writers_never_share_a_temp_file(tmp_path):
+    """Item 5: save_json's temp file was `<name>.tmp` for every writer: two servers saving one cache file
+    raced on it. Now each writer has its own: a stale `<name>.tmp` in the way changes nothing."""
+    from sglang_cpp.files import load_json, save_json
+
+    out = tmp_path / "cal.json"
+    (tmp_path / "cal.json.tmp").mkdir()  # what the old fixed name would have had to open
+    save_json(out, {"a": 1})
+    assert load_json(out) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json", "cal.json.tmp"]  # no temp file left over
+    assert out.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_decision_log_that_cannot_be_written_is_a_startup_error_then_best_effort(tmp_path, caplog):
+    """Item 5: the probe names the file and the fix (the rank agreement fails every rank with it); a write
+    that fails later (the folder removed, the disk full) is one WARNING, and the server goes on."""
+    from sglang_cpp.plugin.sizer import DecisionLog
+
+    bad = DecisionLog(1, str(tmp_path / "missing" / "dec_{rank}.jsonl"), rank=3)
+    assert bad.probe().startswith(f"SGLANG_CPP_DECISION_LOG: cannot write {tmp_path}/missing/dec_3.jsonl")
+    d = tmp_path / "logs"
+    d.mkdir()
+    log = DecisionLog(0, str(d / "dec_{rank}.jsonl"))
+    assert log.probe() == ""
+    log.write("forward", ms=1.0)
+    log._fh.close()
+    log._fh = None
+    (d / "dec_0.jsonl").unlink()
+    d.rmdir()
+    with caplog.at_level("WARNING", logger="sglang_cpp"):
+        log.write("forward", ms=2.0)
+        log.write("forward", ms=3.0)
+    assert log.path == "" and sum("no more lines are written" in r.message for r in caplog.records) == 1

@@ -188,6 +188,9 @@ def test_quadratic_reproduces_upstream_chunks(quadratic_run, monkeypatch):
 
 @pytest.mark.parametrize("env,needle", [
     ({"SGLANG_CPP_PROFILE": "/nonexistent/profile.json"}, "SGLANG_CPP_PROFILE=/nonexistent/profile.json"),
+    # issue 27 item 5: a log folder missing on a node fails every rank at startup, not one rank at its first line
+    ({"SGLANG_CPP_DECISION_LOG": "/nonexistent-dir/dec_{rank}.jsonl"},
+     "SGLANG_CPP_DECISION_LOG: cannot write /nonexistent-dir/dec_0.jsonl"),
 ])  # a bad sigma or SGLANG_CPP_* value: SizerConfig.from_env on each rank, then every rank fails with the
 #     reason (tests/test_sizer.py, tests/test_consensus.py); a value set on one node only: tests/test_multinode.py
 def test_bad_config_fails_fast_at_startup(tiny, env, needle):

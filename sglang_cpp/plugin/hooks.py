@@ -90,6 +90,8 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                                 even_decodes=envs.EVEN_DECODES.get())
     except ValueError as exc:  # every rank fails, below, with every rank's reason
         error = "; ".join(filter(None, (missing, str(exc))))
+    path = envs.DECISION_LOG.get()
+    error = "; ".join(filter(None, (error, DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank()).probe())))
     mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}
     mine["enable_dynamic_chunking"] = bool(sch.enable_dynamic_chunking)
     mine["enable_mixed_chunk"] = bool(sch.enable_mixed_chunk)
@@ -100,7 +102,6 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     check_agreement(gathered)
     policy = cfg.policy
     active = bool(sch.enable_dynamic_chunking)
-    path = envs.DECISION_LOG.get()
     LOG = DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank()) \
         if (path or active or batch_cfg.policy != "sglang") else None
     if batch_cfg.policy != "sglang":  # the smallest pool of all ranks: the same KV fraction everywhere

@@ -214,10 +214,15 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
     if world_rank() == 0:
         meta["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         out = cache_path(meta, reached)  # named by what was measured, not what was asked for
-        save_profile(out, samples=samples, cost=cost,
-                     meta={**meta, "backend": "sglang-startup", "max_len": reached, "requested_max_len": max_len,
-                           "budget_s": budget_s})
-        logger.info("[sglang-cpp] saved calibration to %s", out)
+        try:
+            save_profile(out, samples=samples, cost=cost,
+                         meta={**meta, "backend": "sglang-startup", "max_len": reached, "requested_max_len": max_len,
+                               "budget_s": budget_s})
+            logger.info("[sglang-cpp] saved calibration to %s", out)
+        except OSError as exc:  # the model is in hand: serve with it, and say the next start calibrates again
+            logger.warning("[sglang-cpp] could not save the calibration to %s (%s): this server uses it, the next "
+                           "start calibrates again; free the disk or point SGLANG_CPP_CACHE_DIR elsewhere", out,
+                           exc.strerror or exc)
     return cost, reached, samples
 
 

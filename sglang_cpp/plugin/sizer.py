@@ -106,9 +106,27 @@ class DecisionLog:
         if self.path:
             line = json.dumps(rec) + "\n"
             with self._lock:
-                if self._fh is None:  # opened once, line-buffered: no open() per line on the scheduler's path
-                    self._fh = open(self.path, "a", buffering=1)
-                self._fh.write(line)
+                try:
+                    if self._fh is None:  # opened once, line-buffered: no open() per line on the scheduler's path
+                        self._fh = open(self.path, "a", buffering=1)
+                    self._fh.write(line)
+                except OSError as exc:  # a full disk or a vanished folder must not take the server down
+                    logger.warning("[sglang-cpp] PP%d decision log %s: %s; no more lines are written to it",
+                                   self.pp_rank, self.path, exc.strerror or exc)
+                    self.path, self._fh = "", None
+
+    def probe(self) -> str:
+        """'' when this rank can append to its log file; else the error, naming the file and the fix (the
+        rank agreement fails every rank with it, at startup, not at the first write on one node)."""
+        if not self.path:
+            return ""
+        try:
+            with open(self.path, "a"):
+                pass
+        except OSError as exc:
+            return (f"SGLANG_CPP_DECISION_LOG: cannot write {self.path} ({exc.strerror or exc}); create its folder on "
+                    "every node, or point the variable at a writable path")
+        return ""
 
     def _summarise(self, rec: dict) -> None:
         logger.debug("[sglang-cpp] PP%d decision rid=%s prefix=%d chunk=%d predicted_ms=%.1f (%s)",
