@@ -41,6 +41,33 @@ def test_level_grids_measure_nothing_twice_and_each_level_is_complete():
         assert set(calibration_grid(lv, 64, 16384)) <= done
 
 
+def test_proxies_are_views_of_one_buffer_set_refilled_before_every_forward():
+    """Issue 27 item 7: one buffer set, grown only for a longer chunk, sliced per forward, and fresh seeded
+    values each time (a model that wrote its proxies in place left the next forward garbage)."""
+    import torch
+
+    from sglang_cpp.plugin.calibrate import proxy_views
+
+    made = []
+
+    def alloc(m):
+        made.append(m)
+        return {"hidden_states": torch.zeros(m, 8), "residual": torch.zeros(m, 8),
+                "topk_indices": torch.zeros(m, 2, dtype=torch.int32)}
+
+    cache: dict = {}
+    a = proxy_views(cache, 256, seed=256, alloc=alloc)
+    ref = a["hidden_states"].clone()
+    a["hidden_states"].mul_(0).add_(1e30)  # the model wrote into it
+    b = proxy_views(cache, 256, seed=256, alloc=alloc)
+    assert torch.equal(b["hidden_states"], ref)  # refilled: the same seeded values again
+    small = proxy_views(cache, 64, seed=64, alloc=alloc)
+    assert small["residual"].shape == (64, 8) and small["residual"].data_ptr() == b["residual"].data_ptr()
+    proxy_views(cache, 1024, seed=1024, alloc=alloc)
+    assert made == [256, 1024] and cache["tokens"] == 1024  # grown once, never one set per size
+    assert not proxy_views(cache, 64, seed=64, alloc=alloc)["topk_indices"].any()  # integer proxies stay zero
+
+
 def test_top_chunk_follows_the_plan_on_the_model_so_far_not_the_memory_cap():
     """Issue 26: a level after the first samples chunks up to twice the largest chunk the planner cuts for
     that level's length on the model fitted so far, on the alignment grid (64 * 2^k), within [4 units, cap]."""

@@ -104,11 +104,24 @@ def _random_proxies(tensors: dict, seed: int) -> dict:
     MoE experts. Seeded, so every rank of a stage gets the same values."""
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
+    gens: dict = {}
     for t in tensors.values():
-        if t.is_floating_point():
-            t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32))
+        if t.is_floating_point():  # drawn where the tensor lives: no host tensor of its size per forward
+            gen = gens.get(t.device) or gens.setdefault(t.device, torch.Generator(device=t.device).manual_seed(seed))
+            t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype))
     return tensors
+
+
+def proxy_views(cache: dict, n: int, seed: int, alloc) -> dict:
+    """n-token views into one proxy buffer set (every proxy tensor is token-major), grown only when a longer
+    chunk comes (the smaller set freed first), refilled with seeded random values before every forward:
+    the model may write its proxies in place (SGLang's own dummy PP forward clones them), and one set per
+    chunk size held ~0.5 GB per 16K size at hidden 7168 on top of SGLang's activation reserve (issue 27
+    item 7). `alloc(m)` allocates a set for m tokens."""
+    if cache.get("tokens", 0) < n:
+        cache.clear()
+        cache["buffers"], cache["tokens"] = alloc(n), n
+    return _random_proxies({k: v[:n] for k, v in cache["buffers"].items()}, seed)
 
 
 def _forward_timed(sched, req, proxy_cache: dict) -> float:
@@ -133,13 +146,17 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     n = req.extend_end - req.prefix_len
     batch = ScheduleBatch.init_new([req], sched.req_to_token_pool, sched.token_to_kv_pool_allocator,
                                    sched.tree_cache, sched.model_config, False, sched.spec_algorithm)
-    if proxies is None and n not in proxy_cache:
+    def alloc(m: int) -> dict:
         with torch.device(sched.device):
-            proxy_cache[n] = _random_proxies(allocate_pp_proxy_tensors(
-                max_num_tokens=n, max_hidden_tokens=n, hidden_size=cfg.hidden_size, dtype=cfg.dtype,
+            return allocate_pp_proxy_tensors(
+                max_num_tokens=m, max_hidden_tokens=m, hidden_size=cfg.hidden_size, dtype=cfg.dtype,
                 hc_hidden_size=getattr(cfg, "hc_hidden_size", None),
                 pp_proxy_topk_size=runner.get_pp_proxy_topk_size(),
-                pp_proxy_residual_num_blocks=runner.get_pp_proxy_residual_num_blocks()), seed=n)
+                pp_proxy_residual_num_blocks=runner.get_pp_proxy_residual_num_blocks())
+
+    first = bool(getattr(getattr(sched, "pp_group", None), "is_first_rank", False))
+    if proxies is None and not first:  # the first stage gets none while serving: none here either
+        proxies = proxy_views(proxy_cache, n, seed=n, alloc=alloc)
     timer = DeviceTimer(str(sched.device))
     timer.sync()
     timer.start()
@@ -150,8 +167,7 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     _set_dp_fields(batch, n)
     fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
     set_is_extend_in_batch(batch.forward_mode.is_extend())
-    out = runner.forward(forward_batch=fb, pp_proxy_tensors=PPProxyTensors(proxy_cache[n] if proxies is None
-                                                                            else proxies))
+    out = runner.forward(forward_batch=fb, pp_proxy_tensors=None if proxies is None else PPProxyTensors(proxies))
     timer.stop()
     return timer.wait_ms(), out
 
