@@ -131,3 +131,60 @@ def test_a_decision_log_that_cannot_be_written_is_a_startup_error_then_best_effo
         log.write("forward", ms=2.0)
         log.write("forward", ms=3.0)
     assert log.path == "" and sum("no more lines are written" in r.message for r in caplog.records) == 1
+
+
+def _defaults():
+    """A ServerArgs stand-in with SGLang 0.5.23's own defaults for every field (building the real one
+    resolves hardware)."""
+    import msgspec
+    from sglang.srt.server_args import ServerArgs
+
+    vals = {f.name: (None if f.default is msgspec.NODEFAULT else f.default) for f in msgspec.structs.fields(ServerArgs)}
+    return SimpleNamespace(**vals), ServerArgs._NS_BY_FIELD
+
+
+def test_the_cache_key_places_every_sglang_namespace_and_names_only_real_fields():
+    """Item 3: SGLang's own grouping decides; a namespace it adds fails here until placed, and every field
+    named as an exception exists in that namespace (the lists stay in step with SGLang's)."""
+    from sglang_cpp.plugin.cache_key import KEYED, UNKEYED, keyed_fields
+
+    _, ns = _defaults()
+    assert set(ns.values()) <= set(KEYED) | set(UNKEYED)
+    for table in (KEYED, UNKEYED):
+        for space, names in table.items():
+            assert set(names) <= {f for f, s in ns.items() if s == space}, space
+    with pytest.raises(ValueError, match="'exec.future'.*not placed in plugin/cache_key.py"):
+        keyed_fields({**ns, "new_field": "exec.future"})
+
+
+@pytest.mark.parametrize("field,value", [
+    ("ep_size", 8), ("moe_a2a_backend", "deepep"), ("deepep_mode", "normal"), ("enable_dp_attention", True),
+    ("dp_size", 4), ("attn_cp_size", 2), ("prefill_attention_backend", "fa3"), ("enable_two_batch_overlap", True),
+    ("disable_prefill_cuda_graph", True), ("nnodes", 2), ("disable_chunked_prefix_cache", True),
+])
+def test_settings_the_old_hand_list_missed_now_key_the_cache(field, value):
+    from sglang_cpp.plugin.cache_key import timing_args
+
+    sa, ns = _defaults()
+    base = timing_args(sa, ns)
+    assert timing_args(SimpleNamespace(**{**vars(sa), field: value}), ns) != base
+
+
+@pytest.mark.parametrize("field,value", [("port", 31000), ("host", "0.0.0.0"), ("log_level", "debug"),
+                                         ("dist_init_addr", "10.0.0.1:5000"), ("node_rank", 1),
+                                         ("chunked_prefill_size", 4096), ("mem_fraction_static", 0.5)])
+def test_settings_that_cannot_change_a_forward_leave_the_cache_alone(field, value):
+    from sglang_cpp.plugin.cache_key import timing_args
+
+    sa, ns = _defaults()
+    assert timing_args(SimpleNamespace(**{**vars(sa), field: value}), ns) == timing_args(sa, ns)
+
+
+def test_the_mla_threshold_and_kernel_libraries_key_the_cache(monkeypatch):
+    from sglang_cpp.plugin.cache_key import timing_args
+
+    sa, ns = _defaults()
+    base = timing_args(sa, ns)
+    assert base["lib:flashinfer-python"] and base["lib:sgl-kernel"]  # a version, or "absent"
+    monkeypatch.setenv("SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD", "4096")
+    assert timing_args(sa, ns) != base

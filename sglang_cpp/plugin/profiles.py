@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from .. import envs
+from .cache_key import timing_args
 from ..machine import cpu_model
 from ..costmodel import PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
 from ..files import device_file_name
@@ -41,7 +42,8 @@ def _attention_backend(sched) -> str:
 
 
 def server_meta(sched, cfg) -> dict:
-    """Everything that changes a stage's forward time: all of it keys the calibration cache."""
+    """Everything that changes a stage's forward time: all of it keys the calibration cache (the server
+    arguments by SGLang's own namespaces, plugin/cache_key.py)."""
     import sglang
     import torch
 
@@ -57,12 +59,13 @@ def server_meta(sched, cfg) -> dict:
             "fast_extend": bool(envs.FAST_EXTEND.get()),
             "calib_design": CALIB_DESIGN, "calib_prefix": envs.CALIB_PREFIX.get(),
             "layer_partition": os.environ.get("SGLANG_PP_LAYER_PARTITION", ""),
-            "sglang_version": sglang.__version__, "torch_version": torch.__version__}
+            "sglang_version": sglang.__version__, "torch_version": torch.__version__,
+            "server_args": timing_args(sa)}
 
 
 KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_size", "device_name",
               "attention_backend", "kv_cache_dtype", "quantization", "moe_runner_backend", "fast_extend",
-              "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version")
+              "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version", "server_args")
 CALIB_DESIGN = "grid-2"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
 
 
