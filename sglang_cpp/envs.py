@@ -117,11 +117,24 @@ EVEN_DECODES = EnvVar("SGLANG_CPP_EVEN_DECODES", _bool, False,
 ONLINE = EnvVar("SGLANG_CPP_ONLINE", _bool, True,
                 "Refine each stage's cost model from its logged prefill forwards while serving (world rank 0 fits, "
                 "every rank switches at the same point of the request stream; 0: the startup model throughout).")
+CALIB_DEADLINE_S = EnvVar("SGLANG_CPP_CALIB_DEADLINE_S", float, 600.0,
+                          "Seconds a rank may go without progress (a forward that ends, a gather every rank reached) "
+                          "in the startup calibration and overhead probe before it ends the server with the reason "
+                          "(a rank that failed inside a forward leaves its peers in a collective with no timeout); "
+                          "0: no deadline.")
 CALIB_FAULT_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_RANK", int, -1,
                           "Fault injection for tests: the startup calibration raises on this PP rank (-1: never).")
+CALIB_FAULT_TP_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_TP_RANK", int, -1,
+                             "Fault injection for tests: with SGLANG_CPP_CALIB_FAULT_RANK, only this TP rank of the "
+                             "stage fails (-1: every TP rank of it).")
+CALIB_FAULT_IN = EnvVar("SGLANG_CPP_CALIB_FAULT_IN", str, "level",
+                        "Fault injection for tests: where the fault is raised, level (before the level's forwards, "
+                        "sent to every rank at the level's gather) or forward (inside the model's forward, before "
+                        "the stage's last layer, while the TP peers are in its collectives).", ("level", "forward"))
 FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "torch_native backend: attend only a chunk's new queries over its cached prefix (0: upstream's "
                      "redundant (L+x)^2 query).")
 
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER,
-       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, ONLINE, CALIB_FAULT_RANK)
+       DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, ONLINE, CALIB_DEADLINE_S,
+       CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN)

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sglang-cpp"))
 SMOLLM2 = CACHE / "models" / "smollm2-135m"
 TINY = CACHE / "models" / "tiny-llama"
+TINY_QWEN3 = CACHE / "models" / "tiny-qwen3"
 CUDA = __import__("torch").cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"  # HiCache's host pool on CPU runs on the plugin's kvcacheio ops (CPU only)
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -41,6 +42,16 @@ def tiny(smollm2) -> str:
 
         subprocess.run([sys.executable, str(ROOT / "examples/cpu/build_models.py"), "--only", "tiny"], check=True)
     return str(TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(smollm2) -> str:
+    """A random-init 4-layer Qwen3: SGLang runs DP attention on Qwen3 (its Llama does not split attention by DP)."""
+    if not (TINY_QWEN3 / "model.safetensors").exists():
+        import subprocess
+
+        subprocess.run([sys.executable, str(ROOT / "examples/cpu/build_models.py"), "--only", "qwen3"], check=True)
+    return str(TINY_QWEN3)
 
 
 def _tokenizer(model: str):

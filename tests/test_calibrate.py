@@ -175,13 +175,6 @@ def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatc
     assert find_cached(_meta(), 8128, 300.0) == full  # the complete one wins
 
 
-def test_dp_attention_fields_match_upstreams_profiler():
-    from sglang_cpp.plugin.calibrate import dp_global_num_tokens
-
-    assert dp_global_num_tokens(512, 4, 2) == [0, 0, 512, 0]
-    assert dp_global_num_tokens(64, 1, 0) == [64]
-
-
 def test_proxies_are_random_and_the_same_on_every_rank():
     import torch
 

@@ -188,3 +188,128 @@ def test_the_mla_threshold_and_kernel_libraries_key_the_cache(monkeypatch):
     assert base["lib:flashinfer-python"] and base["lib:sgl-kernel"]  # a version, or "absent"
     monkeypatch.setenv("SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD", "4096")
     assert timing_args(sa, ns) != base
+
+
+def test_a_rank_without_progress_ends_the_server_naming_what_it_was_doing_and_its_error():
+    """Item 2: a rank left in a peer's failed collective makes no progress; its deadline expires once, with
+    the step it was in and the error it had seen."""
+    import threading
+
+    from sglang_cpp.plugin.deadline import note_error, startup_deadline, tick
+
+    fired, msgs = threading.Event(), []
+
+    def expire(msg):
+        msgs.append(msg)
+        fired.set()
+
+    with startup_deadline(0.3, "world rank 3 (PP1, TP1)", expire=expire):
+        tick("waiting for every rank's samples of calibration level 1 (a gather over the world group)")
+        note_error("PP1: RuntimeError('boom')")
+        assert fired.wait(30)  # no further tick: it expires
+    assert len(msgs) == 1
+    assert "world rank 3 (PP1, TP1) made no progress" in msgs[0] and "calibration level 1" in msgs[0]
+    assert "this rank had failed: PP1: RuntimeError('boom')" in msgs[0] and "SGLANG_CPP_CALIB_DEADLINE_S" in msgs[0]
+
+
+def test_progress_keeps_the_deadline_from_expiring():
+    import time
+
+    from sglang_cpp.plugin.deadline import startup_deadline, tick
+
+    msgs = []
+    with startup_deadline(1.5, "rank", expire=msgs.append):
+        end = time.monotonic() + 4.0  # well past the deadline in all, never that long between ticks
+        while time.monotonic() < end:
+            tick("in a forward")
+            time.sleep(0.05)
+    assert msgs == []
+    with startup_deadline(0, "rank", expire=msgs.append) as d:  # 0: no deadline, no watchdog
+        assert d is None
+        tick("anything")
+
+
+def test_the_fault_hook_lands_on_the_stages_last_own_layer():
+    """SGLANG_CPP_CALIB_FAULT_IN=forward raises before the last layer this stage holds, not a placeholder."""
+    import torch
+
+    from sglang_cpp.plugin.calibrate import last_layer
+
+    class PPMissingLayer(torch.nn.Module):
+        pass
+
+    inner = torch.nn.Module()
+    inner.layers = torch.nn.ModuleList([PPMissingLayer(), torch.nn.Linear(2, 2), torch.nn.Linear(2, 3),
+                                        PPMissingLayer()])
+    model = torch.nn.Module()
+    model.model = inner
+    assert last_layer(model) is inner.layers[2]
+    with pytest.raises(RuntimeError, match="no decoder layers"):
+        last_layer(torch.nn.Linear(2, 2))
+
+
+def test_speculative_decoding_with_pp_warns_that_the_draft_extend_is_not_calibrated():
+    """Item 10: the last stage's chunks also run the draft extend; calibration does not time it."""
+    from sglang_cpp.plugin.calibrate import speculative_warning
+
+    assert speculative_warning("NONE", 4, True) == ""
+    assert speculative_warning("EAGLE", 1, True) == ""
+    on = speculative_warning("EAGLE", 4, True)
+    assert "EAGLE" in on and "pp=4" in on and "draft model's extend" in on and "online refinement" in on
+    off = speculative_warning("EAGLE3", 2, False)
+    assert "SGLANG_CPP_ONLINE=0" in off and "tune fit --from-log" in off
+
+
+def _gpu_check():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "gpu" / "check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_check_verdicts_on_known_models():
+    """The CPU-safe part of examples/gpu/check.py: the FlashAttention-shape verdict and the held-out error,
+    on models and samples written by hand."""
+    from sglang_cpp.costmodel import CostModel
+
+    check = _gpu_check()
+    fa = CostModel(c0=1.0, b=0.01, e=2e-7, f=1e-7)
+    assert check.fa_share(fa, 49152, 16384) == 0.0
+    native = CostModel(c0=1.0, b=0.01, d=1e-7, e=2e-7, f=1e-7)
+    # d L^2 = 241.59, t = 1 + 163.84 + 241.59 + 161.06 + 26.84 = 594.33 (ms)
+    assert abs(check.fa_share(native, 49152, 16384) - 241.59 / 594.33) < 1e-3
+    assert check.fa_share(native, 49152, 16384) > check.FA_SHARE
+
+    grid = [(L, x) for L in (0, 8192, 16384, 32768, 49152) for x in check.CHUNKS if L + x <= check.MAX_LEN]
+    exact = [{"L": L, "x": x, "ms": float(fa.time(L, x))} for L, x in grid]
+    err, n = check.split_error(exact, check._fit)
+    assert n == len(grid) // 2 and err < 0.05
+    ordered = sorted(exact, key=lambda s: (s["L"], s["x"]))
+    skewed = [dict(s, ms=s["ms"] * (1.5 if i % 2 else 1.0)) for i, s in enumerate(ordered)]  # the held-out half off
+    err, _ = check.split_error(skewed, check._fit)
+    assert abs(err - (1 - 1 / 1.5)) < 0.02 and err > check.PREDICT_ERR
+
+
+def test_calibration_forwards_leave_the_expert_distribution_recorder_alone():
+    """Item 1 (EPLB): inside a calibration forward SGLang's global recorder is a no-op one; the server's own is
+    back afterwards, also when the forward raised."""
+    from sglang.srt.eplb import expert_distribution as ed
+
+    from sglang_cpp.plugin.calibrate import no_expert_recording
+
+    mine = object()
+    prev = ed.get_global_expert_distribution_recorder()
+    ed.set_global_expert_distribution_recorder(mine)
+    try:
+        with no_expert_recording():
+            assert isinstance(ed.get_global_expert_distribution_recorder(), ed._ExpertDistributionRecorderNoop)
+        assert ed.get_global_expert_distribution_recorder() is mine
+        with pytest.raises(RuntimeError), no_expert_recording():
+            raise RuntimeError("a forward failed")
+        assert ed.get_global_expert_distribution_recorder() is mine
+    finally:
+        ed.set_global_expert_distribution_recorder(prev)

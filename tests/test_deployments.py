@@ -3,6 +3,7 @@ with decodes running while a long prompt is chunked, and a calibration target 4x
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -143,3 +144,84 @@ def test_tp2_pp2_every_rank_decides_the_same_chunks(tp2):
     assert len(tp2["out"].output_ids) == 4
     meta = load_profile(tp2["calib"][0])["meta"]
     assert meta["tp"] == 2 and sorted({s["stage"] for s in load_profile(tp2["calib"][0])["samples"]}) == [0, 1]
+
+
+def test_a_tp_rank_failing_inside_a_calibration_forward_ends_every_process_with_the_reason(tiny, tmp_path):
+    """Issue 27 item 2 on the real TP2 x PP2 server: PP1's TP rank 1 raises inside the model's forward, before
+    the stage's last layer, while its TP peer waits in that layer's all-reduce and the failed rank waits for the
+    peer in the level's gather. Without the deadline every process hangs there (gloo's collectives have no
+    timeout the calibration sees); with it each rank that makes no progress for SGLANG_CPP_CALIB_DEADLINE_S
+    ends the server, and no process of it is left."""
+    import psutil
+
+    from sglang_cpp.server import start
+
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(tmp_path / "cache"),
+           "SGLANG_CPP_CALIB_MAX_LEN": "1024", "OMP_NUM_THREADS": "1", "SGLANG_CPP_CALIB_DEADLINE_S": "20",
+           "SGLANG_CPP_CALIB_FAULT_RANK": "1", "SGLANG_CPP_CALIB_FAULT_TP_RANK": "1",
+           "SGLANG_CPP_CALIB_FAULT_IN": "forward"}
+    srv = start(ServerSpec(tiny, pp_size=2, chunk_size=256, dynamic=True, env=env, cores="0|1|0|1",
+                           extra_args=("--tp-size", "2", *SMALL_POOL)), str(tmp_path))
+    try:
+        srv.proc.wait(timeout=600)  # a hang fails here (TimeoutExpired), not a slow start
+        deadline = time.time() + 60
+        while time.time() < deadline:  # SGLang's SIGQUIT handler kills the tree; let the kernel reap it
+            left = [p for p in psutil.process_iter(["pid"]) if _in_group(p, srv.proc.pid)]
+            if not left:
+                break
+            time.sleep(1.0)
+        log = srv.log()
+    finally:
+        srv.stop()
+    assert srv.proc.returncode != 0
+    assert not left, f"processes of the server still alive: {left}"
+    assert "fault injected by SGLANG_CPP_CALIB_FAULT_RANK inside the forward (PP1 TP1)" in log
+    assert "made no progress for 20s (SGLANG_CPP_CALIB_DEADLINE_S)" in log
+    assert "fired up" not in log  # it never served
+
+
+def _in_group(proc, pgid: int) -> bool:
+    try:
+        return os.getpgid(proc.pid) == pgid and proc.status() != "zombie"
+    except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
+@pytest.fixture(scope="module")
+def dp_attn(tiny_qwen3, tmp_path_factory):
+    """TP2 x PP2 with DP attention (--enable-dp-attention --dp-size 2: each stage's two ranks attend for their
+    own requests, the MLP is TP over both), four ranks on two cores."""
+    d = tmp_path_factory.mktemp("dp_attn")
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
+           "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "1024", "OMP_NUM_THREADS": "1",
+           "SGLANG_CPP_MAX_CHUNK": "512"}  # a multi-chunk plan whatever the (noisy, tiny) calibration says
+    spec = ServerSpec(tiny_qwen3, pp_size=2, chunk_size=256, dynamic=True, env=env, cores="0|1|0|1",
+                      extra_args=("--tp-size", "2", "--enable-dp-attention", "--dp-size", "2", *SMALL_POOL))
+    with launched(spec, 600) as srv:
+        outs = [generate(srv.base_url, input_ids=random_ids(1500, s), max_new_tokens=4) for s in (5, 6)]
+        log = srv.log()
+    return {"dir": d, "outs": outs, "log": log}
+
+
+def test_dp_attention_calibration_forwards_are_extends_of_every_dp_ranks_chunk(dp_attn):
+    """Issue 27 item 1: SGLang's own prepare_mlp_sync_batch runs on each calibration batch, so the forward sees
+    is_extend_in_batch=True (left False, DeepEP's auto mode took its low-latency path) and every DP rank's
+    chunk (each runs the same sample at the same moment). Read back from SGLang's forward context, per rank."""
+    said = [ln for ln in dp_attn["log"].splitlines() if "calibration forwards under DP attention" in ln]
+    assert len(said) == 4  # every rank of TP2 x PP2
+    assert all("is_extend_in_batch=True, global_num_tokens=[64, 64]" in ln for ln in said), said
+
+
+def test_dp_attention_both_stages_of_a_dp_rank_decide_alike_and_serve(dp_attn):
+    """Each DP rank's requests are planned on both stages alike (world rank = 2 * pp_rank + tp_rank)."""
+    per_rank = [[(e["rid"], e["prefix"], e["chunk"]) for e in read_events(dp_attn["dir"] / f"dec_{r}.jsonl",
+                                                                          "decision")] for r in range(4)]
+    assert per_rank[0] == per_rank[2] and per_rank[1] == per_rank[3]
+    chunks: dict = {}
+    for r in (0, 1):  # PP0 of DP rank 0 and 1
+        for e in read_events(dp_attn["dir"] / f"dec_{r}.jsonl", "decision"):
+            if e["prompt_len"] == 1500:
+                chunks.setdefault(e["rid"], []).append(e["chunk"])
+    assert len(chunks) == 2  # both requests, on whichever DP rank took them
+    assert all(sum(c) == 1500 and len(c) >= 3 and max(c) <= 512 for c in chunks.values()), chunks
+    assert all(len(o.output_ids) == 4 for o in dp_attn["outs"])

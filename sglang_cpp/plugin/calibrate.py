@@ -14,10 +14,12 @@ import logging
 import math
 import time
 from array import array
+from contextlib import contextmanager
 
 import numpy as np
 
 from .. import envs
+from .deadline import note_error, tick
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -82,21 +84,51 @@ def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> int:
     return min(top, int(max_chunk) // a * a) if max_chunk and max_chunk >= 4 * a else top
 
 
-def dp_global_num_tokens(n: int, dp_size: int, dp_rank: int) -> list[int]:
-    """As upstream's profiler: this DP rank runs n tokens, the others report 0 (the DP gather needs it)."""
-    out = [0] * dp_size
-    out[dp_rank] = n
-    return out
+def _no_idle_batch():
+    raise RuntimeError("sglang-cpp calibration: SGLang asked for an idle batch beside a calibration extend")
 
 
-def _set_dp_fields(batch, n: int) -> None:
-    from sglang.srt.layers.dp_attention import is_dp_attention_enabled
-    from sglang.srt.runtime_context import get_parallel
+def prepare_mlp_sync(batch, runner) -> bool:
+    """SGLang's own MLP-sync preparation of a batch, run as the scheduler runs it on every batch it forwards
+    (`SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch`, which does not exist yet when the sizer is built,
+    srt/managers/scheduler.py:657 against :721). Under DP attention (or a gathered MLP buffer) it all-gathers
+    every DP rank's token count and sets `is_extend_in_batch` (issue 27 item 1: left False, DeepEP's `auto`
+    mode took its low-latency path, sized for 128 tokens per rank), the TBO split and the global forward mode.
+    A collective over the TP group: every rank runs the same calibration forward at the same moment, so every
+    DP rank reports the chunk: t(L, x) is measured with all DP ranks prefilling x tokens at once. Returns
+    whether it ran."""
+    from sglang.srt.utils.common import require_mlp_sync
 
-    if is_dp_attention_enabled():
-        par = get_parallel()
-        batch.global_num_tokens = dp_global_num_tokens(n, par.attn_dp_size, par.attn_dp_rank)
-        batch.global_num_tokens_for_logprob = list(batch.global_num_tokens)
+    if not require_mlp_sync():
+        return False
+    from sglang.srt.managers.scheduler_components.dp_attn import prepare_mlp_sync_batch_raw
+    from sglang.srt.model_executor.cuda_graph_config import cuda_graph_fully_disabled
+    from sglang.srt.runtime_context import get_parallel, get_schedule
+    from sglang.srt.utils.common import require_mlp_tp_gather
+
+    prepare_mlp_sync_batch_raw(batch, model_runner=runner, get_idle_batch=_no_idle_batch,
+                               disable_cuda_graph=cuda_graph_fully_disabled(),
+                               require_mlp_tp_gather=require_mlp_tp_gather(),
+                               disable_overlap_schedule=get_schedule().disable_overlap_schedule,
+                               offload_tags=set(), dwdp=get_parallel().dwdp_size > 1)
+    return True
+
+
+@contextmanager
+def no_expert_recording():
+    """Calibration forwards stay out of EPLB's expert-distribution statistics (`--enable-eplb`,
+    `--expert-distribution-recorder-mode`): a no-op recorder is SGLang's global one meanwhile. Their
+    seeded random proxies route tokens nothing like served prompts do."""
+    from sglang.srt.eplb.expert_distribution import (_ExpertDistributionRecorderNoop,
+                                                     get_global_expert_distribution_recorder,
+                                                     set_global_expert_distribution_recorder)
+
+    prev = get_global_expert_distribution_recorder()
+    set_global_expert_distribution_recorder(_ExpertDistributionRecorderNoop())
+    try:
+        yield
+    finally:
+        set_global_expert_distribution_recorder(prev)
 
 
 def _random_proxies(tensors: dict, seed: int) -> dict:
@@ -164,12 +196,44 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     if batch.input_ids is None and batch.prefill_input_ids_cpu is not None:
         batch.input_ids = batch.prefill_input_ids_cpu.to(sched.device, non_blocking=True)
         batch.prefill_input_ids_cpu = None
-    _set_dp_fields(batch, n)
+    synced = prepare_mlp_sync(batch, runner)
     fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
     set_is_extend_in_batch(batch.forward_mode.is_extend())
-    out = runner.forward(forward_batch=fb, pp_proxy_tensors=None if proxies is None else PPProxyTensors(proxies))
+    with no_expert_recording():
+        out = runner.forward(forward_batch=fb, pp_proxy_tensors=None if proxies is None else PPProxyTensors(proxies))
     timer.stop()
+    if synced and not _SAID_DP:
+        _say_dp(batch)
     return timer.wait_ms(), out
+
+
+_SAID_DP: list = []
+
+
+def _say_dp(batch) -> None:
+    """Once per rank: what SGLang's own forward saw of the DP state (read back from its forward context), so
+    a deployment's log shows that calibration forwards run as extends of every DP rank's chunk."""
+    from sglang.srt.layers.dp_attention import get_is_extend_in_batch
+
+    _SAID_DP.append(True)
+    logger.info("[sglang-cpp] calibration forwards under DP attention: SGLang's forward saw is_extend_in_batch=%s, "
+                "global_num_tokens=%s", get_is_extend_in_batch(), list(batch.global_num_tokens or []))
+
+
+def speculative_warning(algorithm: str, pp_size: int, online: bool) -> str:
+    """'' unless speculative decoding runs with PP: then the last stage's prefill forwards also run the
+    draft model's extend (EAGLE/MTP), which the startup calibration does not time, so the plan under-costs
+    that stage (issue 27 item 10). Served forwards are timed around the whole `run_batch`, draft included:
+    online refinement fits it after the first requests."""
+    if pp_size <= 1 or algorithm.upper() in ("", "NONE"):
+        return ""
+    fix = ("online refinement (SGLANG_CPP_ONLINE, on) refits the last stage from served forwards, which include "
+           "it, after the first requests" if online else
+           "SGLANG_CPP_ONLINE=0 keeps this under-costing for the server's life: turn it on, or pass a profile fitted "
+           "on served forwards (sglang-cpp tune fit --from-log)")
+    return (f"[sglang-cpp] speculative decoding ({algorithm}) with pp={pp_size}: the last stage's prefill chunks also "
+            "run the draft model's extend, which the startup calibration does not time, so plans under-cost that "
+            f"stage until it is measured; {fix}")
 
 
 def default_repeats(device: str) -> tuple[int, bool]:
@@ -190,6 +254,7 @@ def synthetic_req(sched, rng, n_tokens: int, rid: str):
     req = Req(rid=rid, origin_input_text="", origin_input_ids=ids,
               sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
     req.skip_radix_cache_insert = True  # checkpoints keep the KV on the request, not the tree
+    req.logprob_start_len = -1  # as the scheduler sets it for a request without logprobs (scheduler.py:3271)
     req.init_next_round_input(sched.tree_cache)
     req.lock = sched.tree_cache.lock(req.last_node)
     return req
@@ -267,6 +332,7 @@ def measure_stage(sched, points: list, repeats: int = 1, seed: int = 0, warmup: 
         todo += [(L, x, not (warm_shapes and rep == 0)) for rep in range(max(1, repeats) + int(warm_shapes))]
     for i, (L, x, timed) in enumerate(todo):
         req = synthetic_req(sched, rng, L + x, f"sglang-cpp-calib-{L}-{x}-{i}")
+        tick(f"in the forward of the calibration sample L={L}, x={x}")
         try:
             try:
                 if L and prefix == "random":
@@ -279,11 +345,43 @@ def measure_stage(sched, points: list, repeats: int = 1, seed: int = 0, warmup: 
                 if "out of memory" in str(exc).lower() or "alloc" in str(exc).lower():
                     raise _alloc_error(sched, L, x, exc) from exc
                 raise
+            tick(f"after the forward of the calibration sample L={L}, x={x}")
             if timed:
                 best[(L, x)] = min(ms, best.get((L, x), math.inf))
         finally:
             release_kv_cache(req, sched.tree_cache, checkpoint=False)
     return [{"L": L, "x": x, "ms": ms} for (L, x), ms in best.items()]
+
+
+def inject_fault(sched, pp_rank: int, tp_rank: int) -> None:
+    """SGLANG_CPP_CALIB_FAULT_*: on the chosen PP rank (and TP rank, -1: all of the stage's), raise now
+    (`level`) or arm a one-shot raise inside the model's next forward, before the stage's last layer, where
+    the TP peers wait in that layer's collectives (`forward`, the hang of issue 27 item 2)."""
+    if envs.CALIB_FAULT_RANK.get() != pp_rank or envs.CALIB_FAULT_TP_RANK.get() not in (-1, tp_rank):
+        return
+    if envs.CALIB_FAULT_IN.get() == "level":
+        raise RuntimeError("fault injected by SGLANG_CPP_CALIB_FAULT_RANK")
+    layer = last_layer(sched.tp_worker.model_runner.model)
+    handle = None
+
+    def fail(module, args):
+        handle.remove()
+        raise RuntimeError(f"fault injected by SGLANG_CPP_CALIB_FAULT_RANK inside the forward (PP{pp_rank} TP{tp_rank})")
+
+    handle = layer.register_forward_pre_hook(fail)
+
+
+def last_layer(model):
+    """The last decoder layer this stage holds: the model's first ModuleList of layers, less SGLang's
+    PPMissingLayer placeholders for other stages' layers."""
+    import torch
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers":
+            own = [m for m in mod if type(m).__name__ != "PPMissingLayer"]
+            if own:
+                return own[-1]
+    raise RuntimeError(f"no decoder layers found in {type(model).__name__}")
 
 
 def calibration_levels(max_len: int, start: int = 1024, factor: int = 4) -> list[int]:
@@ -313,7 +411,7 @@ def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
 
 def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0,
                          max_chunk: int = 0, align: int = 64, min_chunk: int = 0,
-                         prefix: str = "random", plan_cfg=None) -> tuple[list[dict], int]:
+                         prefix: str = "random", plan_cfg=None, tp_rank: int = 0) -> tuple[list[dict], int]:
     """Every rank measures its own stage on the grids of lengths 4x apart up to max_len; after each
     level all ranks all-gather their samples and times, and stop together once the next level would
     overrun `budget_s` (0: no budget). No forward is longer than max_chunk. With plan_cfg, each level after
@@ -338,8 +436,7 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
         points = new_points(level, seen, align, top, min_chunk)
         t_level = time.time()
         try:
-            if envs.CALIB_FAULT_RANK.get() == pp_rank:
-                raise RuntimeError("fault injected by SGLANG_CPP_CALIB_FAULT_RANK")
+            inject_fault(sched, pp_rank, tp_rank)
             local = {"ok": True, "t": 0.0, "samples": [dict(s, stage=pp_rank) for s in
                                                         measure_stage(sched, points, repeats, seed=level,
                                                                       warmup=i == 0, max_chunk=max_chunk,
@@ -347,8 +444,11 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
         except Exception as exc:  # travel to every rank, then fail everywhere
             logger.exception("[sglang-cpp] calibration failed on PP%d", pp_rank)
             local = {"ok": False, "error": f"PP{pp_rank}: {exc!r}"}
+            note_error(local["error"])
         local["t"] = time.time() - t_level
+        tick(f"waiting for every rank's samples of calibration level {i + 1} (a gather over the world group)")
         gathered = all_gather(local)
+        tick(f"after calibration level {i + 1}")
         errors = [g["error"] for g in gathered if not g["ok"]]
         if errors:
             raise RuntimeError("sglang-cpp startup calibration failed: " + "; ".join(errors) +

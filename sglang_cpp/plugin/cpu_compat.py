@@ -142,3 +142,12 @@ def L2TransferEngine_init_cpu(result, self, *args, **kwargs):
             if stream is not None and not hasattr(stream, "synchronize"):
                 setattr(self, name, _SyncStream(stream))
     return None
+
+
+def TorchNativeAttnBackend_init_cpu(result, self, *args, **kwargs):
+    """AFTER ``TorchNativeAttnBackend.__init__``, CPU only: DP attention pads a batch to its DP peers' size
+    (``ForwardBatch._pad_inputs_to_size``, forward_batch_info.py:2014) and asks the attention backend on CPU
+    for ``get_cpu_graph_seq_len_fill_value``, which only the intel_amx backend defines (1), so torch_native
+    died with AttributeError at the first DP forward. The instance gets the same value."""
+    if cpu_server() and not hasattr(self, "get_cpu_graph_seq_len_fill_value"):
+        self.get_cpu_graph_seq_len_fill_value = lambda: 1

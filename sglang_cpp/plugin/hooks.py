@@ -9,6 +9,8 @@ from dataclasses import asdict
 
 from .. import envs
 from ..machine import cpu_dtype_warning
+from .calibrate import speculative_warning
+from .deadline import startup_deadline
 from .overhead import measure_overhead
 from .profiles import resolve_cost, resolve_upstream, save_served
 from .attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: F401 (hook)
@@ -17,6 +19,7 @@ from .cpu_compat import (  # noqa: F401 (hooks)
     MHATokenToKVPoolHost_backup_from_device_all_layer,
     MHATokenToKVPoolHost_init_cpu,
     MooncakeKVSender_init_cpu,
+    TorchNativeAttnBackend_init_cpu,
     alloc_with_host_register_cpu,
 )
 from .hicache_file import HiCacheFile_init  # noqa: F401 (hook)
@@ -114,11 +117,19 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     if policy == "quadratic":
         upstream = resolve_upstream(self, cfg, original)
     else:
-        cost, calibrated_len, samples = resolve_cost(self, cfg, max_context=min(g["max_context"] for g in gathered),
-                                                     kv_tokens=min(g["kv_tokens"] for g in gathered))
-        probe = envs.OVERHEAD_PROBE.get()
-        if probe:  # every rank: a pipelined run through the real P2P path
-            cost, over = measure_overhead(self, cfg, cost, probe, log=LOG)
+        spec = speculative_warning(getattr(self.spec_algorithm, "name", str(self.spec_algorithm)), par.pp_size,
+                                   envs.ONLINE.get())
+        if spec:
+            logger.warning(spec)
+        who = f"world rank {world_rank()} (PP{par.pp_rank}, TP{par.tp_rank})"
+        with startup_deadline(envs.CALIB_DEADLINE_S.get(), who):  # no rank hangs in a peer's failed collective
+            cost, calibrated_len, samples = resolve_cost(self, cfg, max_context=min(g["max_context"] for g in gathered),
+                                                         kv_tokens=min(g["kv_tokens"] for g in gathered),
+                                                         tp_rank=int(par.tp_rank))
+            probe = envs.OVERHEAD_PROBE.get()
+            if probe:  # every rank: a pipelined run through the real P2P path
+                cost, over = measure_overhead(self, cfg, cost, probe, log=LOG)
+        if probe:
             save_served(self, cfg, cost, over, calibrated_len)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self))

@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from .deadline import tick
+
 logger = logging.getLogger("sglang_cpp")
 
 
@@ -61,6 +63,7 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
     steps, pending, cache = [], [], {}
     try:
         for k in range(n_chunks + 1):
+            tick(f"in step {k} of the pipelined overhead probe (a receive from the previous stage, a forward)")
             t0 = time.perf_counter()
             blocked = 0.0
             received = None

@@ -178,7 +178,7 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
             "bound": bound, "prefix": envs.CALIB_PREFIX.get()}
 
 
-def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
+def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: int = 0) -> tuple:
     """(cost model, calibrated length, samples) for this server; the samples (what online refinement
     starts from) are world rank 0's only, [] elsewhere. World rank 0 resolves the source (its own
     profile file or cache), fits it, and every rank receives the coefficients: no rank fits alone, so
@@ -208,7 +208,7 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0) -> tuple:
     pc = cfg.plan_config()
     samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
                                             max_chunk=pc.max_chunk, align=pc.align, min_chunk=pc.min_chunk,
-                                            prefix=src["prefix"], plan_cfg=pc)
+                                            prefix=src["prefix"], plan_cfg=pc, tp_rank=tp_rank)
     cost = model_from_dict(from_rank0(lambda: cost_from_profile({"samples": samples, "meta": meta},
                                                                  "startup calibration").to_dict()),
                            "startup calibration")

@@ -39,6 +39,9 @@ TARGETS = {
     # observe only: a `kv_send` decision-log event per KV transfer of a PD prefill rank
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.send": ("MooncakeKVSender_send", "AFTER"),
     "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register": ("alloc_with_host_register_cpu", "AROUND"),
+    # CPU-only: DP attention's padding asks torch_native for a method only intel_amx defines
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.__init__":
+        ("TorchNativeAttnBackend_init_cpu", "AFTER"),
     # CPU-only HiCache L2: torch KV copies between the device and host pools, synchronous streams
     f"{MHA_HOST}.__init__": ("MHATokenToKVPoolHost_init_cpu", "AFTER"),
     f"{MHA_HOST}.backup_from_device_all_layer": ("MHATokenToKVPoolHost_backup_from_device_all_layer", "AROUND"),
@@ -54,15 +57,20 @@ INTERNALS = (
     "sglang.srt.distributed.parallel_state.GroupCoordinator",
     "sglang.srt.distributed.parallel_state.TensorMetadata",
     "sglang.srt.distributed.parallel_state.get_pp_group",
-    "sglang.srt.layers.dp_attention.is_dp_attention_enabled",
+    "sglang.srt.eplb.expert_distribution._ExpertDistributionRecorderNoop",
+    "sglang.srt.eplb.expert_distribution.get_global_expert_distribution_recorder",
+    "sglang.srt.eplb.expert_distribution.set_global_expert_distribution_recorder",
+    "sglang.srt.layers.dp_attention.get_is_extend_in_batch",
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
     "sglang.srt.managers.schedule_batch.Req",
+    "sglang.srt.managers.scheduler_components.dp_attn.prepare_mlp_sync_batch_raw",
     "sglang.srt.managers.schedule_batch.ScheduleBatch",
     "sglang.srt.managers.schedule_policy.AddReqResult",
     "sglang.srt.managers.schedule_policy.PrefillAdder",
     "sglang.srt.managers.schedule_policy.mamba_prefill_chunk_grid",
     "sglang.srt.mem_cache.common.checkpoint_kv_cache",
     "sglang.srt.mem_cache.common.release_kv_cache",
+    "sglang.srt.model_executor.cuda_graph_config.cuda_graph_fully_disabled",
     "sglang.srt.model_executor.forward_batch_info.ForwardBatch",
     "sglang.srt.model_executor.forward_batch_info.PPProxyTensors",
     "sglang.srt.model_executor.runner_utils.buffers.allocate_pp_proxy_tensors",
@@ -74,6 +82,8 @@ INTERNALS = (
     "sglang.srt.runtime_context.max_prefill_buffer_tokens",
     "sglang.srt.sampling.sampling_params.SamplingParams",
     "sglang.srt.utils.common.get_device_module",
+    "sglang.srt.utils.common.require_mlp_sync",
+    "sglang.srt.utils.common.require_mlp_tp_gather",
 )
 
 
