@@ -111,6 +111,19 @@ def read_events(path: Path, event: str) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event]
 
 
+def switch_stream(path: Path) -> list[tuple]:
+    """The order in which a stage switched models and planned requests: ('refit', version) and
+    ('plan', prompt length) at each request's first decision."""
+    out, seen = [], set()
+    for e in map(json.loads, path.read_text().splitlines()):
+        if e["event"] == "refit":
+            out.append(("refit", e["version"]))
+        elif e["event"] == "decision" and e["rid"] not in seen:
+            seen.add(e["rid"])
+            out.append(("plan", e["prompt_len"]))
+    return out
+
+
 def chunks_of(path: Path, rid_prefix_len: int | None = None) -> dict:
     """rid -> [(prefix, chunk), ...] from a stage's single-request forward events."""
     out: dict = {}

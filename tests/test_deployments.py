@@ -14,7 +14,7 @@ from sglang_cpp.client import generate, random_ids
 from sglang_cpp.costmodel import load_profile
 from sglang_cpp.server import ServerSpec, launched
 
-from conftest import SMALL_POOL, read_events
+from conftest import SMALL_POOL, read_events, switch_stream
 
 pytestmark = pytest.mark.server
 PAGE, MAX_PREFILL, CALIB = 16, 1024, 4096
@@ -225,3 +225,14 @@ def test_dp_attention_both_stages_of_a_dp_rank_decide_alike_and_serve(dp_attn):
     assert len(chunks) == 2  # both requests, on whichever DP rank took them
     assert all(sum(c) == 1500 and len(c) >= 3 and max(c) <= 512 for c in chunks.values()), chunks
     assert all(len(o.output_ids) == 4 for o in dp_attn["outs"])
+
+
+def test_dp_attention_online_refits_switch_both_stages_of_a_dp_rank_at_the_same_request(dp_attn):
+    """Issue 26 under DP attention: online refinement is on (the default). Both stages of each DP rank switch
+    models between the same two requests (compared up to each stage's last planned request: a refit after it
+    reaches the later stage only with the next iteration, which the shutdown cuts off)."""
+    for a, b in ((0, 2), (1, 3)):
+        streams = [switch_stream(dp_attn["dir"] / f"dec_{r}.jsonl") for r in (a, b)]
+        cut = [max(i for i, (k, _) in enumerate(st) if k == "plan") + 1 for st in streams]
+        assert streams[0][:cut[0]] == streams[1][:cut[1]], (a, b, streams)
+    assert "online stage 0: refit accepted" in dp_attn["log"]  # refinement ran under DP attention

@@ -17,7 +17,8 @@ from sglang_cpp.server import ServerSpec, launch_fails, launched, reported_calib
 from sglang_cpp.upstream import UpstreamPredictor
 
 from conftest import (CHAT, LONG, MIXED_CHUNK, OFF_CHUNK, OFF_CTX, OFF_PROMPT, QUAD_ABC, QUAD_PROMPT, QUAD_SIGMA,
-                      SMALL_POOL, chunks_of, mixed_prompts, read_events, run_cached_pair, sglang_reference_chunks)
+                      SMALL_POOL, chunks_of, mixed_prompts, read_events, run_cached_pair, sglang_reference_chunks,
+                      switch_stream)
 
 pytestmark = pytest.mark.server
 TIMEOUT = 900
@@ -281,19 +282,6 @@ def online_run(tiny, tmp_path_factory):
     return {"dir": d, "res": res, "log": log}
 
 
-def _stream(path) -> list[tuple]:
-    """The order in which a stage switched models and planned requests: ('refit', version) and
-    ('plan', prompt length) at each request's first decision."""
-    out, seen = [], set()
-    for e in map(json.loads, path.read_text().splitlines()):
-        if e["event"] == "refit":
-            out.append(("refit", e["version"]))
-        elif e["event"] == "decision" and e["rid"] not in seen:
-            seen.add(e["rid"])
-            out.append(("plan", e["prompt_len"]))
-    return out
-
-
 def test_online_refit_reaches_every_stage_at_the_same_request(online_run):
     """World rank 0 gets both stages' forwards (stage 1's over the side group), refits, and every rank
     switches to the refined model between the same two requests; the requests planned after it are
@@ -302,7 +290,7 @@ def test_online_refit_reaches_every_stage_at_the_same_request(online_run):
 
     d, log = online_run["dir"], online_run["log"]
     logs = [d / f"dec_{r}.jsonl" for r in (0, 1)]
-    streams = [_stream(p) for p in logs]
+    streams = [switch_stream(p) for p in logs]
     # a refit after the last request reaches stage 1 only with the next iteration's requests, which the
     # shutdown cuts off: compare up to each stage's last planned request
     cut = [max(i for i, (k, _) in enumerate(st) if k == "plan") + 1 for st in streams]

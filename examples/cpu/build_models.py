@@ -71,20 +71,16 @@ def build_smollm2(out: Path = SMOLLM2) -> Path:
     return out
 
 
-def build_tiny(out: Path = TINY, hidden: int = 256, layers: int = 4, heads: int = 8) -> Path:
+def _random_model(out: Path, make) -> Path:
+    """Save `make()` (a transformers model built after seeding 0) as bf16 safetensors with SmolLM2's tokenizer
+    (real BPE, vocab 49152); rebuilt only when missing."""
     if (out / "model.safetensors").exists():
         return out
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    smol = build_smollm2()  # reuse its tokenizer: real BPE, vocab 49152
+    smol = build_smollm2()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 43 // 16,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
-                      max_position_embeddings=65536, tie_word_embeddings=False, torch_dtype="bfloat16",
-                      bos_token_id=1, eos_token_id=2)
-    cfg.architectures = ["LlamaForCausalLM"]
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = make().to(torch.bfloat16)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -96,29 +92,33 @@ def build_tiny(out: Path = TINY, hidden: int = 256, layers: int = 4, heads: int 
     return out
 
 
+def build_tiny(out: Path = TINY, hidden: int = 256, layers: int = 4, heads: int = 8) -> Path:
+    def make():
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=hidden * 43 // 16,
+                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                          max_position_embeddings=65536, tie_word_embeddings=False, torch_dtype="bfloat16",
+                          bos_token_id=1, eos_token_id=2)
+        cfg.architectures = ["LlamaForCausalLM"]
+        return LlamaForCausalLM(cfg)
+
+    return _random_model(out, make)
+
+
 def build_tiny_qwen3(out: Path = TINY_QWEN3) -> Path:
     """A random-initialised 4-layer Qwen3 (dense): SGLang's Qwen3 splits attention by the attention-TP size,
     so DP attention runs on it (SGLang's Llama does not support DP attention)."""
-    if (out / "model.safetensors").exists():
-        return out
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    def make():
+        from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    smol = build_smollm2()
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=49152, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=65536,
-                      tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
-    cfg.architectures = ["Qwen3ForCausalLM"]
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp)
-    for f in smol.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(f, tmp / f.name)
-    _finish(out, tmp)
-    print(f"[models] built {out}")
-    return out
+        cfg = Qwen3Config(vocab_size=49152, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                          num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=65536,
+                          tie_word_embeddings=False, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
+        cfg.architectures = ["Qwen3ForCausalLM"]
+        return Qwen3ForCausalLM(cfg)
+
+    return _random_model(out, make)
 
 
 def main() -> None:

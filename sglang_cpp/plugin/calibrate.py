@@ -305,6 +305,7 @@ def computed_prefix(sched, req, L: int, max_chunk: int, proxies: dict) -> None:
     end, step = req.prefix_len + L, max_chunk or L
     while req.prefix_len < end:
         req.extend_end = min(end, req.prefix_len + step)
+        tick(f"computing a calibration prefix, {req.prefix_len} of {L} tokens")
         _forward_timed(sched, req, proxies)
         checkpoint_kv_cache(req, sched.tree_cache)
         req.init_next_round_input()
