@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_cpp.bench import BenchConfig, run_ttft
-from sglang_cpp.costmodel import load_profile
-from sglang_cpp.costmodel import model_from_dict as load_cost_dict
+from sglang_cpp.bench.ttft import BenchConfig, run_ttft
+from sglang_cpp.core.costmodel import load_profile
+from sglang_cpp.core.costmodel import model_from_dict as load_cost_dict
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.server import ServerSpec, launched
+from sglang_cpp.bench.server import ServerSpec, launched
 
 CALIBRATED = re.compile(r"calibrated (\d+) samples on (\d+) stage\(s\) up to (\d+) tokens in ([0-9.]+)s")
 SAVED = re.compile(r"saved calibration to (\S+\.json)")

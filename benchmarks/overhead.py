@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.costmodel import load_cost, load_profile
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.core.costmodel import load_cost, load_profile
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.planner_base import makespan
-from sglang_cpp.server import ServerSpec, launched, reported_calibration
+from sglang_cpp.core.planner_base import makespan
+from sglang_cpp.bench.server import ServerSpec, launched, reported_calibration
 
 SMOLLM2 = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")
 

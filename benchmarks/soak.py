@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from sglang_cpp.client import generate, random_ids
+from sglang_cpp.bench.client import generate, random_ids
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.server import ServerSpec, launched
+from sglang_cpp.bench.server import ServerSpec, launched
 
 TINY = os.path.expanduser("~/.cache/sglang-cpp/models/tiny-llama")
 NEW_TOKENS = 8

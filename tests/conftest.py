@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.server import ServerSpec, launched
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.bench.server import ServerSpec, launched
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sglang-cpp"))

@@ -160,7 +160,7 @@ def test_a_continuing_planned_chunk_gets_the_mixed_decode_tokens_back(monkeypatc
 
 
 def test_plan_aligns_to_sglangs_whole_grid():
-    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.core.costmodel import CostModel
 
     c = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=4096, max_prefill_tokens=16384, page_size=16,
                     context_len=1 << 20, align=192)  # e.g. hooks._align with a mamba grid of 192
@@ -238,7 +238,7 @@ def test_fit_rejects_launch_timed_forwards(tmp_path):
 
 def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
     """SGLang admits a request at prefix_len + host_hit_length (HiCache L2 hit): the plan starts there."""
-    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.core.costmodel import CostModel
     from sglang_cpp.plugin import hooks
 
     c = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=1024, max_prefill_tokens=4096, page_size=1,

@@ -81,7 +81,7 @@ def test_an_alignment_sglang_sets_after_the_sizer_is_built_is_planned_on():
     """Item 4: SGLang sets truncation_align_size (deterministic inference's 4096 split tiles, DSA's kpool)
     after maybe_init_dynamic_chunk_sizer; a fake scheduler that sets it late, as SGLang does, gets every
     non-final chunk on the 4096 grid from the first plan on."""
-    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.core.costmodel import CostModel
     from sglang_cpp.plugin.hooks import _align
     from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
 
@@ -274,7 +274,7 @@ def _gpu_check():
 def test_gpu_check_verdicts_on_known_models():
     """The CPU-safe part of examples/gpu/check.py: the FlashAttention-shape verdict and the held-out error,
     on models and samples written by hand."""
-    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.core.costmodel import CostModel
 
     check = _gpu_check()
     fa = CostModel(c0=1.0, b=0.01, e=2e-7, f=1e-7)

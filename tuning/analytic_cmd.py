@@ -45,9 +45,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..analytic import DEVICES, MODELS
-    from ..analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
-    from ..costmodel import PipelineCost, add_constant, save_profile
+    from ..whatif.analytic import DEVICES, MODELS
+    from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
+    from ..core.costmodel import PipelineCost, add_constant, save_profile
     from ..files import device_file_name
 
     if args.analytic not in MODELS:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..costmodel import COEFS, PipelineCost, cost_from_profile, load_profile, save_profile
+from ..core.costmodel import COEFS, PipelineCost, cost_from_profile, load_profile, save_profile
 from ..args import alias
 from . import config_from_args
 

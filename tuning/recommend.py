@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..planner import fixed_split
+from ..core.planner import fixed_split
 from .fit import FORMS, as_cost, fit_stages, read_profile
 
 DEFAULT_SIZES = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
@@ -92,7 +92,7 @@ class Option:
 # -- building blocks -------------------------------------------------------------------------------
 def load_stages(cfg: ChunkTuneConfig) -> tuple[dict, list, list, list]:
     """(profile doc, samples, fitted models, one model per PP stage). Refits when samples exist."""
-    from ..costmodel import cost_from_profile
+    from ..core.costmodel import cost_from_profile
 
     where = f"profile {cfg.profile}"
     doc, samples = read_profile(cfg.profile)
@@ -113,14 +113,14 @@ class Sim:
     """Memoised simulated TTFT of a chunk sequence (many (C, sigma) pairs give the same chunks)."""
 
     def __init__(self, stages: list, p2p_ms: float):
-        from ..simulator import SimConfig
+        from ..whatif.simulator import SimConfig
 
         self.stages, self.cfg, self.cache = stages, SimConfig(cpu_overhead_ms=p2p_ms), {}
 
     def __call__(self, chunks) -> float:
         key = tuple(int(c) for c in chunks)
         if key not in self.cache:
-            from ..simulator import simulate
+            from ..whatif.simulator import simulate
 
             self.cache[key] = simulate(list(key), self.stages, len(self.stages), self.cfg).ttft_ms
         return self.cache[key]
@@ -143,7 +143,7 @@ def fixed_options(cfg, sim) -> list[Option]:
 
 
 def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
-    from ..upstream import UpstreamPredictor, emulated_fit
+    from ..core.upstream import UpstreamPredictor, emulated_fit
 
     out, failed = [], {}
     for C in cfg.sizes:
@@ -168,7 +168,7 @@ def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
 
 def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Option]:
     """The plan policy at base chunk C, over the plugin's bound knobs (its planner settings exactly)."""
-    from ..planner import plan_equal_time
+    from ..core.planner import plan_equal_time
     from ..plugin.sizer import SizerConfig
 
     al = cfg.align

@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.plan import ChunkPlan
-from sglang_cpp.server import ServerSpec, launched
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.core.plan import ChunkPlan
+from sglang_cpp.bench.server import ServerSpec, launched
 
 MODEL = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache/sglang-cpp")) / "models/smollm2-135m"
 

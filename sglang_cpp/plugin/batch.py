@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import envs
-from ..batch_policy import GLLMThrottle, View, even_share, time_budget, time_chunk
+from ..core.batch_policy import GLLMThrottle, View, even_share, time_budget, time_chunk
 
 BATCH_POLICIES = ("sglang", "gllm", "time")
 

@@ -149,7 +149,7 @@ def _start_online(cost, samples: list, overheads: list, gathered: list, pp_rank:
     """Every rank: the side group (a collective, so all call it here), then each its part of online.Online."""
     import torch.distributed as dist
 
-    from ..costmodel import PipelineCost
+    from ..core.costmodel import PipelineCost
     from .consensus import world_rank
     from .online import Online, side_group
 
@@ -203,7 +203,7 @@ def get_pp_indices(original, num_hidden_layers, pp_rank, pp_size, *args, **kwarg
     (SGLang's own error names neither the variable nor the fix)."""
     import os
 
-    from ..partition import parse_partition
+    from ..core.partition import parse_partition
 
     raw = os.environ.get("SGLANG_PP_LAYER_PARTITION")
     if raw is not None and pp_size > 1:

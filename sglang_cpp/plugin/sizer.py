@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional
 
 from .. import envs
-from ..plan import ChunkPlan
-from ..planner import DP_MAX_UNITS, PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
-from ..upstream import UpstreamPredictor, check_sigma
+from ..core.plan import ChunkPlan
+from ..core.planner import DP_MAX_UNITS, PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
+from ..core.upstream import UpstreamPredictor, check_sigma
 
 logger = logging.getLogger("sglang_cpp")
 POLICIES = ("plan", "quadratic", "off")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .client import ServerError, wait_healthy
-from .machine import CPU_DTYPE
+from ..machine import CPU_DTYPE
 
 
 def free_port() -> int:

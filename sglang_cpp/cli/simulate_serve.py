@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from .args import alias, parse_len
+from ..args import alias, parse_len
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -55,8 +55,8 @@ def run_policies(requests, prefill, names, *, chunk: int = 2048, decode=None, **
     """{policy name: ServeResult} for each name, each on a fresh policy object: `chunk` is the prefill
     budget (sglang, sarathi, tdpipe) or #MaxP (gllm, time); sipipe is sglang with CPU sampling; `decode`
     the per-stage DecodeCost (default: from each prefill model); `serve` are the ServeConfig settings."""
-    from .batch_policy import make_policy
-    from .serving_sim import DecodeCost, ServeConfig, simulate_serving
+    from ..core.batch_policy import make_policy
+    from ..whatif.serving_sim import DecodeCost, ServeConfig, simulate_serving
 
     decode = list(decode) if decode is not None else [DecodeCost.from_prefill(m) for m in prefill]
     out = {}
@@ -72,7 +72,7 @@ def decode_costs(paths, pp_size: int):
     """Per-stage DecodeCost fitted on decision logs, or None (the prefill models' estimate)."""
     if not paths:
         return None
-    from .serving_sim import read_decode_log
+    from ..whatif.serving_sim import read_decode_log
 
     fitted = read_decode_log(paths)
     if sorted(fitted) != list(range(pp_size)):
@@ -96,8 +96,8 @@ def format_table(results: dict) -> str:
 
 
 def run(args) -> int:
-    from .files import pyplot, save_figure, save_json
-    from .workload import LengthMix, load_trace, poisson, save_trace
+    from ..files import pyplot, save_figure, save_json
+    from ..whatif.workload import LengthMix, load_trace, poisson, save_trace
 
     if args.pp_size < 1:
         raise ValueError(f"--pp-size={args.pp_size} must be >= 1")
@@ -108,7 +108,7 @@ def run(args) -> int:
                            LengthMix.parse(args.output_lens, "--output-lens"), args.seed)
     if args.save_workload:
         save_trace(requests, args.save_workload)
-    from .simulate_cli import cli_costs
+    from .common import cli_costs
 
     prefill = cli_costs(args)[0]
     results = run_policies(requests, prefill, [n.strip() for n in args.policies.split(",") if n.strip()],

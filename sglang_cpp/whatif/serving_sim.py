@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batch_policy import View, WaitingReq
+from ..core.batch_policy import View, WaitingReq
 from .serving_result import ServeResult
 
 
