@@ -24,13 +24,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sglang_cpp.whatif.analytic import DEVICES, MODELS, percent_of_limit
-from sglang_cpp.whatif.analytic_fit import Measured, fit, predict_ms, stage_models
 from sglang_cpp.core.costmodel import PipelineCost
 from sglang_cpp.core.planner import ttft
 from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.files import pyplot, save_figure
 from sglang_cpp.machine import provenance_lines
+from sglang_cpp.whatif.analytic import DEVICES, MODELS, percent_of_limit
+from sglang_cpp.whatif.analytic_fit import Measured, fit, predict_ms, stage_models
 
 PP1_POINT = Measured(1, 128 * 1024, 55.5e3)
 TABLE1 = {128 * 1024: 10.54, 256 * 1024: 32.68, 512 * 1024: 114.33, 1024 * 1024: 420.91}

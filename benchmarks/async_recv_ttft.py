@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from sglang_cpp.bench.client import generate, random_ids
-from sglang_cpp.machine import cpu_model, versions
 from sglang_cpp.bench.server import ServerSpec, launched
+from sglang_cpp.machine import cpu_model, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")

@@ -21,13 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_cpp.bench.serve import (ServeBenchConfig, load_runs, plot_runs, run_bench_serving, same_outputs,
+                                     summary_table)
+from sglang_cpp.bench.server import ServerSpec, launched, reported_calibration
 from sglang_cpp.bench.ttft import _find
 from sglang_cpp.core.costmodel import cost_from_profile, load_profile
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.bench.serve import (ServeBenchConfig, load_runs, plot_runs, run_bench_serving, same_outputs,
-                                     summary_table)
-from sglang_cpp.bench.server import ServerSpec, launched, reported_calibration
 
 SMOLLM2 = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")
 RUNS = {  # label: (SGLANG_CPP_BATCH_POLICY, plugin env, extra server args)
@@ -55,26 +55,23 @@ def measured_requests(rec: dict, cfg: ServeBenchConfig):
 def forward_check(stages, logs) -> list[str]:
     """Each stage's logged prefill forwards against its calibrated model, and its decode forwards
     against the prefill model's 1-token-extend estimate (what the simulator uses without a decode log)."""
-    import json
-
     import numpy as np
 
+    from sglang_cpp.files import read_events
     from sglang_cpp.whatif.serving_sim import DecodeCost
 
-    out = []
+    out, events = [], read_events(logs, "forward", "decode_forward")
     for rank, m in enumerate(stages):
         ext, dec = [], []
-        for path in logs:
-            for line in Path(path).read_text().splitlines():
-                r = json.loads(line)
-                if r.get("pp_rank") != rank:
-                    continue
-                if r["event"] == "forward" and r.get("chunk"):
-                    pred = float(m.time(0, 0)) + float(np.sum(m.time(np.array(r["prefix"], float),
-                                                                     np.array(r["chunk"], float)) - m.time(0, 0)))
-                    ext.append((r["ms"], pred))
-                elif r["event"] == "decode_forward":
-                    dec.append((r["ms"], float(DecodeCost.from_prefill(m).time(r["batch_size"], r["context"]))))
+        for r in events:
+            if r.get("pp_rank") != rank:
+                continue
+            if r["event"] == "forward" and r.get("chunk"):
+                pred = float(m.time(0, 0)) + float(np.sum(m.time(np.array(r["prefix"], float),
+                                                                 np.array(r["chunk"], float)) - m.time(0, 0)))
+                ext.append((r["ms"], pred))
+            elif r["event"] == "decode_forward":
+                dec.append((r["ms"], float(DecodeCost.from_prefill(m).time(r["batch_size"], r["context"]))))
         for kind, rows in (("prefill", ext), ("decode", dec)):
             if rows:
                 ms, pred = np.array(rows).T

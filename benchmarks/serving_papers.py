@@ -24,11 +24,11 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_cpp.cli.simulate_serve import run_policies
+from sglang_cpp.machine import provenance_lines
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
 from sglang_cpp.whatif.analytic_fit import stage_models
-from sglang_cpp.machine import provenance_lines
 from sglang_cpp.whatif.roofline import kv_bytes_per_token
-from sglang_cpp.cli.simulate_serve import run_policies
 from sglang_cpp.whatif.serving_sim import DecodeCost
 from sglang_cpp.whatif.workload import LengthMix, poisson
 

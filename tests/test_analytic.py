@@ -6,9 +6,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from sglang_cpp.core.partition import default_partition
 from sglang_cpp.whatif.analytic import (DEVICES, MODELS, DeviceSpec, ModelSpec, analytic_cost_model, ideal_ttft_ms,
                                  lm_head_ms, per_layer_costs, percent_of_limit, prefill_flops)
-from sglang_cpp.core.partition import default_partition
 from sglang_cpp.whatif.simulator import SimConfig, simulate
 
 # 1 FLOP per ms at efficiency 1: times in ms equal FLOP counts

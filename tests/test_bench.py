@@ -14,9 +14,9 @@ import pytest
 
 from sglang_cpp.bench import experiment
 from sglang_cpp.bench import ttft as bench
-from sglang_cpp.cli import main
 from sglang_cpp.bench.client import ServerError
 from sglang_cpp.bench.server import free_port
+from sglang_cpp.cli import main
 
 BENCH_KEYS = {"mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
               "input_throughput", "request_throughput", "completed", "total_input_tokens", "ttfts", "errors",

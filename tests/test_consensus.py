@@ -125,17 +125,18 @@ def test_mixed_chunk_decode_tokens_ride_on_top_of_a_planned_cut():
     assert first_chunk_limit(None, 10000, 4093, 1, room=16381) == 4093  # no decision: upstream's own limit
 
 
-def test_adder_init_records_the_mixed_deduction():
-    from sglang_cpp.plugin.hooks import PrefillAdder_init
+def test_adder_init_reads_the_mixed_deduction(monkeypatch):
+    """The decode tokens upstream took out come back whether SGLang passed them by position, by name or
+    not at all (0): read from the bound arguments, where the planned chunk gets them back."""
+    from sglang_cpp.plugin import hooks
 
-    adder = SimpleNamespace()
+    monkeypatch.setattr(hooks, "_FORMING", SimpleNamespace(chunked_req=object()))
+    monkeypatch.setattr(hooks, "ACTIVE", object())
     args = (1, None, None, None, 1.0, 16384, 4096)  # page_size .. rem_chunk_tokens
-    PrefillAdder_init(None, adder, *args, 5)
-    assert adder.sglang_cpp_mixed_tokens == 5
-    PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=7)
-    assert adder.sglang_cpp_mixed_tokens == 7
-    PrefillAdder_init(None, adder, *args)
-    assert adder.sglang_cpp_mixed_tokens == 0
+    for extra, kw, mixed in (((5,), {}, 5), ((), {"num_mixed_decode_tokens": 7}, 7), ((), {}, 0)):
+        adder = SimpleNamespace(rem_chunk_tokens=1000, rem_input_tokens=16384)
+        hooks.PrefillAdder_init(None, adder, *args, *extra, **kw)
+        assert adder.rem_chunk_tokens - 1000 == mixed
 
 
 def test_a_continuing_planned_chunk_gets_the_mixed_decode_tokens_back(monkeypatch):
@@ -247,8 +248,7 @@ def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
     seen = []
     monkeypatch.setattr(sizer, "decide", lambda rid, n, prefix, first: seen.append((n, prefix)) or 512)
     monkeypatch.setattr(hooks, "ACTIVE", sizer)
-    adder = SimpleNamespace(rem_chunk_tokens=1024, rem_input_tokens=16384, can_run_list=[], page_size=1,
-                            sglang_cpp_mixed_tokens=0)
+    adder = SimpleNamespace(rem_chunk_tokens=1024, rem_input_tokens=16384, can_run_list=[], page_size=1)
     req = SimpleNamespace(rid="r", full_untruncated_fill_ids=[0] * 20000, prefix_len=3000, host_hit_length=6000)
     out = hooks.PrefillAdder_add_one_req(lambda self, r, *a, **k: self.rem_chunk_tokens, adder, req, False, None)
     assert seen == [(20000, 9000)] and out == 512

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from sglang_cpp.cli import main as cli_main
 from sglang_cpp.bench.client import generate
 from sglang_cpp.bench.server import ServerSpec, launch_fails, launched, reported_calibration
+from sglang_cpp.cli import main as cli_main
 from sglang_cpp.core.upstream import UpstreamPredictor
 
 from conftest import (CHAT, LONG, MIXED_CHUNK, OFF_CHUNK, OFF_CTX, OFF_PROMPT, QUAD_ABC, QUAD_PROMPT, QUAD_SIGMA,

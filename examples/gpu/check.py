@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import math
 import os
 import subprocess
@@ -169,6 +168,7 @@ def check_server_and_fit(rows: list, model: Path, work: Path) -> dict:
 
 def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
     from sglang_cpp.bench.server import launched
+    from sglang_cpp.files import read_events
 
     if gpus < 2:
         rows.append(("pp2", "SKIPPED", f"{gpus} GPU: a PP=2 calibration needs two (not counted as a pass)"))
@@ -180,7 +180,7 @@ def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
     with launched(spec, 600, log_dir=log_dir) as srv:
         log = srv.log()
     dec = work / "dec_0.jsonl"
-    events = [json.loads(x) for x in dec.read_text().splitlines()] if dec.exists() else []
+    events = read_events([dec]) if dec.exists() else []
     ok = "[sglang-cpp] calibrated" in log and "policy=plan ready" in log
     _row(rows, "pp2", ok, f"PP=2 startup calibration on CUDA: {'done' if ok else 'missing'}; {len(events)} log events")
 

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .ttft import BenchConfig, _log, any_failed, run_ttft, write_jsonl
 from ..files import load_json, save_json
 from .report import median
 from .server import ServerSpec, reported_calibration
+from .ttft import BenchConfig, _log, any_failed, run_ttft, write_jsonl
 
 DEFAULT_MODEL = "~/.cache/sglang-cpp/models/smollm2-135m"
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .client import ServerError, generate, random_ids, server_info
 from ..machine import machine_info
+from .client import ServerError, generate, random_ids, server_info
 
 W = 50  # bench_serving's block width
 

@@ -258,7 +258,7 @@ def PrefillAdder_init(result, self, *args, **kwargs):
     forward's --max-prefill-tokens room (rem_input_tokens). With a batch
     policy, cap this micro-batch's prefill tokens at its budget (gllm) or start its ms budget."""
     bound = _adder_signature().bind(self, *args, **kwargs)
-    self.sglang_cpp_mixed_tokens = mixed = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
+    mixed = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
     sched, policy = _FORMING, BATCH
     if sched is None:
         return None

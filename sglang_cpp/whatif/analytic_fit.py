@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .analytic import DeviceSpec, ModelSpec, analytic_cost_model
 from ..core.partition import default_partition
+from .analytic import DeviceSpec, ModelSpec, analytic_cost_model
 
 
 @dataclass(frozen=True)
