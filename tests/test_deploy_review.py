@@ -114,7 +114,7 @@ def test_two_writers_never_share_a_temp_file(tmp_path):
 def test_a_decision_log_that_cannot_be_written_is_a_startup_error_then_best_effort(tmp_path, caplog):
     """Item 5: the probe names the file and the fix (the rank agreement fails every rank with it); a write
     that fails later (the folder removed, the disk full) is one WARNING, and the server goes on."""
-    from sglang_cpp.plugin.sizer import DecisionLog
+    from sglang_cpp.plugin.decision_log import DecisionLog
 
     bad = DecisionLog(1, str(tmp_path / "missing" / "dec_{rank}.jsonl"), rank=3)
     assert bad.probe().startswith(f"SGLANG_CPP_DECISION_LOG: cannot write {tmp_path}/missing/dec_3.jsonl")
