@@ -5,7 +5,7 @@ Why: upstream's knobs (--chunked-prefill-size C, SGLANG_DYNAMIC_CHUNKING_SMOOTH_
 hand today, one server launch per guess. Given a fitted cost model, the simulator ranks every option in
 milliseconds: (a) the sglang-cpp `plan` policy and its bounds, (b) upstream's dynamic chunking over a
 (C, sigma) grid, with upstream's own fit emulated (stage-0 fresh prefills of 1.25*C .. 1.25*C/128 tokens,
-first sample dropped, OLS), (c) fixed chunks. Options are ranked by the mean over --input-lens of
+first sample dropped, OLS), (c) fixed chunks. Options are ranked by the mean over --input-len of
 predicted TTFT / best fixed TTFT at that length, so every length weighs the same.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class ChunkTuneConfig:
         if not self.chunk_sizes or min(self.chunk_sizes) < 1:
             raise ValueError(f"--fixed-chunks {self.chunk_sizes!r}: give chunk sizes >= 1, e.g. 1k,2k,4k")
         if not (math.isfinite(self.p2p_ms) and self.p2p_ms >= 0):
-            raise ValueError(f"--p2p-ms={self.p2p_ms!r} must be a finite number >= 0")
+            raise ValueError(f"--chunk-overhead-ms={self.p2p_ms!r} must be a finite number >= 0")
         if self.max_prefill_tokens < self.align:
             raise ValueError(f"--max-prefill-tokens={self.max_prefill_tokens} is below the chunk alignment "
                              f"{self.align} (max(--page-size, 64))")

@@ -114,7 +114,8 @@ def side_by_side(records: list[dict], args) -> str:
 def add_ttft_args(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--base-url", help="SGLang server, e.g. http://127.0.0.1:30000 (not needed when simulating)")
-    a("--input-lens", type=parse_lens, required=True, help="comma-separated prompt lengths (8k = 8192)")
+    a("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens, required=True,
+      help="prompt length, or several comma-separated (8k = 8192)")
     a("--num-requests", type=int, default=2, help="measured requests per length")
     a("--warmup", type=int, default=1, help="unmeasured requests per length, before the measured ones")
     a("--max-concurrency", type=int, default=1)
@@ -125,6 +126,7 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     a("--policy-label", default="", help="name of the server's configuration, carried into the JSONL")
     a("--request-timeout", dest="timeout", type=float, default=3600.0, help="seconds per request")
     alias(p, "--request-timeout", "--timeout")
+    alias(p, "--input-len", "--input-lens")
     g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
     g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
     g.add_argument("--analytic", metavar="MODEL", help="analytic model preset (sglang_cpp.whatif.analytic.MODELS)")
@@ -168,13 +170,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     a("--model-path", required=True, help="the served model's folder (its tokenizer writes the prompts)")
     a("--num-requests", type=int, default=d.num_requests)
     a("--request-rate", type=float, default=d.request_rate, help="Poisson arrivals per second (inf: all at once)")
-    a("--input-lens", default=d.input_lens, help="length mixture [WEIGHT:]LO[-HI],... of the prompts")
-    a("--output-lens", default=d.output_lens, help="length mixture of the outputs")
+    a("--input-len", dest="input_lens", metavar="MIX", default=d.input_lens,
+      help="length mixture [WEIGHT:]LO[-HI],... of the prompts")
+    a("--output-len", dest="output_lens", metavar="MIX", default=d.output_lens, help="length mixture of the outputs")
     a("--seed", type=int, default=d.seed)
     a("--context-length", type=int, default=d.context_length,
       help="cut each prompt so it fits with its output (0: the model config's max_position_embeddings)")
     a("--label", default="run", help="this run's name in the table and the output file")
     a("--out-dir", default="results/serve", help="workload and bench_serving output files go here")
+    alias(p, "--input-len", "--input-lens")
+    alias(p, "--output-len", "--output-lens")
 
 
 def run_ttft_cli(args) -> int:

@@ -67,7 +67,8 @@ def add_experiment_args(p, preset) -> None:
     d, a = preset, p.add_argument
     a("--model-path", dest="model", default=d.model, help=f"model folder (default {experiment.DEFAULT_MODEL})")
     a("--pp-size", type=int, default=d.pp_size)
-    a("--input-lens", type=parse_lens, default=d.input_lens, help="prompt lengths, e.g. 8k,16k")
+    a("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens,
+      default=d.input_lens, help="prompt length, or several comma-separated, e.g. 8k,16k")
     a("--fixed-chunks", type=parse_ints, default=d.fixed_chunks, help="the fixed-chunk sweep")
     a("--sigmas", type=parse_floats, default=d.sigmas, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR values")
     a("--dynamic-base", type=int, default=d.dynamic_base,
@@ -102,7 +103,7 @@ def add_experiment_args(p, preset) -> None:
     alias(p, "--fixed-chunks", "--fixed")
     alias(p, "--sigmas", "--sigma")
     alias(p, "--plot", "--png")
-    alias(p, "--input-lens", "--input-len")
+    alias(p, "--input-len", "--input-lens")
 
 
 def run_experiment(args) -> int:
