@@ -1,5 +1,6 @@
 """Print sglang-cpp's internal import graph (module -> modules it imports), its cycles, what the
-offline core reaches, and every import against the wings' direction (docs/architecture.md). Static (ast), so it sees lazy imports inside functions too.
+offline core reaches, and every import against the wings' direction (docs/architecture.md). Static
+(ast), so it sees lazy imports inside functions too.
 
 Usage: python scripts/import_graph.py [--json]
 """
