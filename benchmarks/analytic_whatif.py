@@ -7,7 +7,7 @@ Table 1, PP8 TP4 with --chunked-prefill-size 18432 --enable-dynamic-chunking and
 32.68, 114.33 and 420.91 s at 128K, 256K, 512K and 1M. The efficiency is fitted on the PP1 point only;
 every PP8 figure is a prediction. Writes results/analytic_whatif.md and results/analytic_whatif.png.
 
-The stage models are the roofline (`sglang_cpp/roofline.py`: the slower of FLOPs and bytes, experts
+The stage models are the roofline (`sglang_cpp/whatif/roofline.py`: the slower of FLOPs and bytes, experts
 touched counted) with the H20 preset's fixed per-chunk cost unless --chunk-overhead-ms says otherwise.
 The same side by side comes from one CLI call:
   sglang-cpp bench ttft --analytic qwen3-235b-a22b-fp8 --device H20 --tp-size 4 --pp-size 8 \
@@ -24,13 +24,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sglang_cpp.analytic import DEVICES, MODELS, percent_of_limit
-from sglang_cpp.analytic_fit import Measured, fit, predict_ms, stage_models
-from sglang_cpp.costmodel import PipelineCost
-from sglang_cpp.planner import ttft
-from sglang_cpp.policy import chunks_for
+from sglang_cpp.core.costmodel import PipelineCost
+from sglang_cpp.core.planner import ttft
+from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.files import pyplot, save_figure
 from sglang_cpp.machine import provenance_lines
+from sglang_cpp.whatif.analytic import DEVICES, MODELS, percent_of_limit
+from sglang_cpp.whatif.analytic_fit import Measured, fit, predict_ms, stage_models
 
 PP1_POINT = Measured(1, 128 * 1024, 55.5e3)
 TABLE1 = {128 * 1024: 10.54, 256 * 1024: 32.68, 512 * 1024: 114.33, 1024 * 1024: 420.91}

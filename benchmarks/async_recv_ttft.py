@@ -16,9 +16,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from sglang_cpp.client import generate, random_ids
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.bench.server import ServerSpec, launched
 from sglang_cpp.machine import cpu_model, versions
-from sglang_cpp.server import ServerSpec, launched
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from sglang_cpp.bench.server import ServerSpec, start
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.server import ServerSpec, start
 
 TINY = os.path.expanduser("~/.cache/sglang-cpp/models/tiny-llama")
 

@@ -17,12 +17,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sglang_cpp.analytic import DEVICES, MODELS
-from sglang_cpp.analytic_fit import Measured, fit, stage_models
+from sglang_cpp.core.partition import default_partition
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.partition import default_partition
 from sglang_cpp.plugin.calibrate import calibration_levels, level_grids
-from sglang_cpp.roofline import kv_bytes_per_token
+from sglang_cpp.whatif.analytic import DEVICES, MODELS
+from sglang_cpp.whatif.analytic_fit import Measured, fit, stage_models
+from sglang_cpp.whatif.roofline import kv_bytes_per_token
 
 FORWARDS_PER_SHAPE = 3  # GPUs: one untimed forward per shape, then the minimum of 2 (default_repeats)
 

@@ -31,11 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_cpp.bench import BenchConfig, run_ttft
-from sglang_cpp.costmodel import load_profile
-from sglang_cpp.costmodel import model_from_dict as load_cost_dict
+from sglang_cpp.bench.server import ServerSpec, launched
+from sglang_cpp.bench.ttft import BenchConfig, run_ttft
+from sglang_cpp.core.costmodel import load_profile
+from sglang_cpp.core.costmodel import model_from_dict as load_cost_dict
+from sglang_cpp.files import read_events
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.server import ServerSpec, launched
 
 CALIBRATED = re.compile(r"calibrated (\d+) samples on (\d+) stage\(s\) up to (\d+) tokens in ([0-9.]+)s")
 SAVED = re.compile(r"saved calibration to (\S+\.json)")
@@ -48,7 +49,7 @@ def errors_by_request(d: Path) -> dict:
     out: dict = {}
     for path in sorted(d.glob("dec_*.jsonl")):
         model = None
-        for e in map(json.loads, path.read_text().splitlines()):
+        for e in read_events([path]):
             if e["event"] in ("startup", "refit"):
                 c = load_cost_dict(e["cost"])
                 model = list(getattr(c, "stages", None) or [c])

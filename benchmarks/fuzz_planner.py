@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from sglang_cpp.costmodel import CostModel, PipelineCost
-from sglang_cpp.planner import PlanConfig, plan_equal_time
+from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.planner import PlanConfig, plan_equal_time
 
 SHAPES = ("fa", "torch_native", "upstream", "near_zero", "huge", "per_stage")
 # (what is broken, the words the ValueError must contain)
@@ -120,7 +120,7 @@ def plan_case(case: dict) -> list[int]:
 
 def too_many_chunks(case: dict) -> bool:
     """Valid but degenerate: more chunks than any server runs (planner.MAX_PLAN_CHUNKS); a clear error."""
-    from sglang_cpp.planner import MAX_PLAN_CHUNKS
+    from sglang_cpp.core.planner import MAX_PLAN_CHUNKS
 
     hi = case["max"] // case["align"] * case["align"]
     return -(-(case["N"] - case["prefix"]) // hi) > MAX_PLAN_CHUNKS

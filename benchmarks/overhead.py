@@ -18,7 +18,6 @@ Usage: python benchmarks/overhead.py [--input-len 6000] [--num-requests 3] [--ca
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -28,17 +27,18 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.costmodel import load_cost, load_profile
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.bench.server import ServerSpec, launched, reported_calibration
+from sglang_cpp.core.costmodel import load_cost, load_profile
+from sglang_cpp.core.planner_base import makespan
+from sglang_cpp.files import read_events
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.planner_base import makespan
-from sglang_cpp.server import ServerSpec, launched, reported_calibration
 
 SMOLLM2 = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")
 
 
 def events(path: Path, name: str) -> list[dict]:
-    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == name]
+    return read_events([path], name)
 
 
 def gaps(path: Path, rid: str) -> list[float]:

@@ -19,9 +19,9 @@ import numpy as np
 import scipy
 
 import sglang_cpp
-from sglang_cpp.analytic import DEVICES, MODELS, analytic_cost_model
-from sglang_cpp.costmodel import CostModel
-from sglang_cpp.planner import PlanConfig, plan_dp, plan_equal_time
+from sglang_cpp.core.costmodel import CostModel
+from sglang_cpp.core.planner import PlanConfig, plan_dp, plan_equal_time
+from sglang_cpp.whatif.analytic import DEVICES, MODELS, analytic_cost_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,13 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_cpp.bench import _find
-from sglang_cpp.costmodel import cost_from_profile, load_profile
+from sglang_cpp.bench.serve import (ServeBenchConfig, load_runs, plot_runs, run_bench_serving, same_outputs,
+                                     summary_table)
+from sglang_cpp.bench.server import ServerSpec, launched, reported_calibration
+from sglang_cpp.bench.ttft import _find
+from sglang_cpp.core.costmodel import cost_from_profile, load_profile
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.serve_bench import (ServeBenchConfig, load_runs, plot_runs, run_bench_serving, same_outputs,
-                                     summary_table)
-from sglang_cpp.server import ServerSpec, launched, reported_calibration
 
 SMOLLM2 = os.path.expanduser("~/.cache/sglang-cpp/models/smollm2-135m")
 RUNS = {  # label: (SGLANG_CPP_BATCH_POLICY, plugin env, extra server args)
@@ -43,8 +43,8 @@ def measured_requests(rec: dict, cfg: ServeBenchConfig):
     """The requests bench_serving sent (its per-request input and output lengths, in its order) on
     Poisson arrivals at the same rate: our own draw of the length mixture differs (10 vs 5 long
     prompts on seed 0, twice the prefill tokens), which alone made the simulator look 2x off."""
-    from sglang_cpp.serving_sim import Request
-    from sglang_cpp.workload import LengthMix, poisson
+    from sglang_cpp.whatif.serving_sim import Request
+    from sglang_cpp.whatif.workload import LengthMix, poisson
 
     arrivals = [r.arrival_ms for r in poisson(len(rec["input_lens"]), cfg.request_rate, LengthMix.parse("1"),
                                               LengthMix.parse("1"), cfg.seed)]
@@ -55,26 +55,23 @@ def measured_requests(rec: dict, cfg: ServeBenchConfig):
 def forward_check(stages, logs) -> list[str]:
     """Each stage's logged prefill forwards against its calibrated model, and its decode forwards
     against the prefill model's 1-token-extend estimate (what the simulator uses without a decode log)."""
-    import json
-
     import numpy as np
 
-    from sglang_cpp.serving_sim import DecodeCost
+    from sglang_cpp.files import read_events
+    from sglang_cpp.whatif.serving_sim import DecodeCost
 
-    out = []
+    out, events = [], read_events(logs, "forward", "decode_forward")
     for rank, m in enumerate(stages):
         ext, dec = [], []
-        for path in logs:
-            for line in Path(path).read_text().splitlines():
-                r = json.loads(line)
-                if r.get("pp_rank") != rank:
-                    continue
-                if r["event"] == "forward" and r.get("chunk"):
-                    pred = float(m.time(0, 0)) + float(np.sum(m.time(np.array(r["prefix"], float),
-                                                                     np.array(r["chunk"], float)) - m.time(0, 0)))
-                    ext.append((r["ms"], pred))
-                elif r["event"] == "decode_forward":
-                    dec.append((r["ms"], float(DecodeCost.from_prefill(m).time(r["batch_size"], r["context"]))))
+        for r in events:
+            if r.get("pp_rank") != rank:
+                continue
+            if r["event"] == "forward" and r.get("chunk"):
+                pred = float(m.time(0, 0)) + float(np.sum(m.time(np.array(r["prefix"], float),
+                                                                 np.array(r["chunk"], float)) - m.time(0, 0)))
+                ext.append((r["ms"], pred))
+            elif r["event"] == "decode_forward":
+                dec.append((r["ms"], float(DecodeCost.from_prefill(m).time(r["batch_size"], r["context"]))))
         for kind, rows in (("prefill", ext), ("decode", dec)):
             if rows:
                 ms, pred = np.array(rows).T
@@ -86,7 +83,7 @@ def forward_check(stages, logs) -> list[str]:
 
 def simulate(reqs, calibration: str, chunk: int, kv: int, decode=None) -> dict:
     """Simulated total tok/s per policy on `reqs` with the server's calibrated stage models."""
-    from sglang_cpp.serving_cli import run_policies
+    from sglang_cpp.cli.simulate_serve import run_policies
 
     cost = cost_from_profile(load_profile(calibration), calibration)
     stages = list(getattr(cost, "stages", (cost,)))
@@ -149,7 +146,7 @@ def main() -> int:
         same, n = same_outputs(base, r)
         lines.append(f"- {r['label']}: {same} of {n} greedy outputs equal to {base['label']}'s")
     if calibration:
-        from sglang_cpp.serving_cli import decode_costs
+        from sglang_cpp.cli.simulate_serve import decode_costs
 
         kv = _find(base.get("server_info") or {}, "max_total_num_tokens") or 1 << 20
         reqs = measured_requests(base, cfg)

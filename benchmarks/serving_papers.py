@@ -24,13 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_cpp.analytic import DEVICES, MODELS
-from sglang_cpp.analytic_fit import stage_models
+from sglang_cpp.cli.simulate_serve import run_policies
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.roofline import kv_bytes_per_token
-from sglang_cpp.serving_cli import run_policies
-from sglang_cpp.serving_sim import DecodeCost
-from sglang_cpp.workload import LengthMix, poisson
+from sglang_cpp.whatif.analytic import DEVICES, MODELS
+from sglang_cpp.whatif.analytic_fit import stage_models
+from sglang_cpp.whatif.roofline import kv_bytes_per_token
+from sglang_cpp.whatif.serving_sim import DecodeCost
+from sglang_cpp.whatif.workload import LengthMix, poisson
 
 SHAREGPT_IN = "0.6:16-256,0.3:256-768,0.1:768-1023"  # inputs < 1024 (vLLM's ShareGPT filter), mean ~300
 SHAREGPT_OUT = "0.5:16-256,0.4:256-512,0.1:512-1024"  # mean ~300

@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import brentq
 
-from sglang_cpp.analytic import DEVICES, MODELS
-from sglang_cpp.analytic_fit import Measured, Ratio, fit, stage_models
-from sglang_cpp.costmodel import CostModel, PipelineCost, add_constant
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, add_constant
+from sglang_cpp.core.partition import default_partition
+from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.partition import default_partition
-from sglang_cpp.policy import chunks_for
-from sglang_cpp.simulator import simulate_requests
+from sglang_cpp.whatif.analytic import DEVICES, MODELS
+from sglang_cpp.whatif.analytic_fit import Measured, Ratio, fit, stage_models
+from sglang_cpp.whatif.simulator import simulate_requests
 
 Q, H20, TP, S = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"], 4, 128 * 1024
 PP1_S, TABLE1_S, RATIO = 55.5, 10.54, 1.105

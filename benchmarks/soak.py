@@ -14,7 +14,6 @@ Usage: python benchmarks/soak.py [--model-path DIR] [--num 50] [--results result
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -27,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.files import update_section
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.bench.server import ServerSpec, launched
+from sglang_cpp.files import read_events, update_section
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.server import ServerSpec, launched
 
 TINY = os.path.expanduser("~/.cache/sglang-cpp/models/tiny-llama")
 NEW_TOKENS = 8
@@ -84,9 +83,8 @@ def decisions(path: Path) -> dict:
     """rid -> [(prefix, chunk), ...]: every chunk decision a stage logged."""
     out: dict = {}
     if path.exists():
-        for d in map(json.loads, path.read_text().splitlines()):
-            if d.get("event") == "decision":
-                out.setdefault(d["rid"], []).append((d["prefix"], d["chunk"]))
+        for d in read_events([path], "decision"):
+            out.setdefault(d["rid"], []).append((d["prefix"], d["chunk"]))
     return out
 
 

@@ -25,10 +25,10 @@ from pathlib import Path
 import psutil
 import requests
 
-from sglang_cpp.client import generate, random_ids, wait_healthy
+from sglang_cpp.bench.client import generate, random_ids, wait_healthy
+from sglang_cpp.bench.server import ServerSpec, start
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.server import ServerSpec, start
 
 TINY = os.path.expanduser("~/.cache/sglang-cpp/models/tiny-llama")
 NEW_TOKENS = 16

@@ -30,9 +30,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sglang_cpp.analytic import DEVICES, MODELS
-from sglang_cpp.analytic_fit import Measured, fit, predict_ms
 from sglang_cpp.machine import provenance_lines
+from sglang_cpp.whatif.analytic import DEVICES, MODELS
+from sglang_cpp.whatif.analytic_fit import Measured, fit, predict_ms
 
 PP1_POINT = Measured(1, 128 * 1024, 55.5e3)
 LENS = (128 * 1024, 256 * 1024, 512 * 1024, 1024 * 1024)

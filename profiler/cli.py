@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..args import alias, parse_ints, parse_len
-from ..costmodel import COEFS, META_KEYS, fit_cost_model, save_profile
+from ..core.costmodel import COEFS, META_KEYS, fit_cost_model, save_profile
 from .grid import BACKENDS, DEVICES, DTYPES, ProfileConfig
 
 

@@ -13,7 +13,7 @@ import warnings
 
 from tqdm import tqdm
 
-from sglang_cpp.client import flush_cache, generate, get_json
+from sglang_cpp.bench.client import flush_cache, generate, get_json
 
 from .grid import MAX_LEN_CAP, ProfileConfig, median
 

@@ -1,5 +1,6 @@
-"""Print sglang-cpp's internal import graph (module -> modules it imports), its cycles, and what the
-offline core reaches. Static (ast), so it sees lazy imports inside functions too.
+"""Print sglang-cpp's internal import graph (module -> modules it imports), its cycles, what the
+offline core reaches, and every import against the wings' direction (docs/architecture.md). Static
+(ast), so it sees lazy imports inside functions too.
 
 Usage: python scripts/import_graph.py [--json]
 """
@@ -14,13 +15,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp", "sglang_cpp.profiler": ROOT / "profiler",
             "sglang_cpp.tuning": ROOT / "tuning"}
-CORE = ("sglang_cpp.costmodel", "sglang_cpp.planner", "sglang_cpp.planner_base", "sglang_cpp.equal_time",
-        "sglang_cpp.plan", "sglang_cpp.partition", "sglang_cpp.simulator", "sglang_cpp.analytic",
-        "sglang_cpp.analytic_fit", "sglang_cpp.upstream", "sglang_cpp.roofline", "sglang_cpp.batch_policy",
-        "sglang_cpp.serving_sim", "sglang_cpp.serving_result", "sglang_cpp.workload")
-FORBIDDEN_FOR_CORE = ("sglang_cpp.plugin", "sglang_cpp.cli", "sglang_cpp.bench", "sglang_cpp.experiment",
-                      "sglang_cpp.experiment_report", "sglang_cpp.simulate_cli", "sglang_cpp.serving_cli",
-                      "sglang_cpp.profiler",
+# The wings, bottom up. A wing imports only itself and the wings in its BELOW set; every module sits in one.
+SUPPORT = ("sglang_cpp", "sglang_cpp.envs", "sglang_cpp.args", "sglang_cpp.files", "sglang_cpp.machine")
+WING_OF = {"sglang_cpp.core": "core", "sglang_cpp.whatif": "whatif", "sglang_cpp.plugin": "plugin",
+           "sglang_cpp.bench": "bench", "sglang_cpp.cli": "cli",
+           "sglang_cpp.profiler": "cli", "sglang_cpp.tuning": "cli"}  # `profile` and `tune`: command families
+BELOW = {"support": set(), "core": {"support"}, "whatif": {"support", "core"}, "plugin": {"support", "core"},
+         "bench": {"support", "core", "whatif"}, "cli": {"support", "core", "whatif", "plugin", "bench"}}
+PURE = ("core", "whatif")  # no torch, no sglang: they run anywhere numpy does
+CORE = ("sglang_cpp.core.costmodel", "sglang_cpp.core.planner", "sglang_cpp.core.planner_base",
+        "sglang_cpp.core.equal_time", "sglang_cpp.core.plan", "sglang_cpp.core.partition", "sglang_cpp.core.upstream",
+        "sglang_cpp.core.policy", "sglang_cpp.core.batch_policy", "sglang_cpp.core.refine",
+        "sglang_cpp.whatif.simulator", "sglang_cpp.whatif.analytic", "sglang_cpp.whatif.analytic_fit",
+        "sglang_cpp.whatif.roofline", "sglang_cpp.whatif.serving_sim", "sglang_cpp.whatif.serving_result",
+        "sglang_cpp.whatif.workload")
+FORBIDDEN_FOR_CORE = ("sglang_cpp.plugin", "sglang_cpp.cli", "sglang_cpp.bench", "sglang_cpp.profiler",
                       "sglang_cpp.tuning", "torch", "sglang")
 
 
@@ -126,6 +135,32 @@ def core_violations(g: dict) -> dict[str, list[str]]:
     return out
 
 
+def wing(mod: str) -> str | None:
+    """The wing `mod` belongs to (None: placed nowhere, itself a violation)."""
+    if mod in SUPPORT:
+        return "support"
+    best = max((p for p in WING_OF if mod == p or mod.startswith(p + ".")), key=len, default=None)
+    return WING_OF[best] if best else None
+
+
+def wing_violations(g: dict) -> list[str]:
+    """Every import that points up or sideways between wings, every module in no wing, and every torch or
+    sglang a pure wing (core, whatif) reaches; [] when the layout holds."""
+    out = []
+    for m in sorted(g):
+        w = wing(m)
+        if w is None:
+            out.append(f"{m}: in no wing (place it in scripts/import_graph.py)")
+            continue
+        for n in sorted(g[m]):
+            v = wing(n) if n.startswith("sglang_cpp") else None
+            if v is not None and v != w and v not in BELOW[w]:
+                out.append(f"{m} -> {n}: {w} imports {v}")
+        if w in PURE:
+            out += [f"{m} reaches {x}: {w} is pure" for x in sorted(reach(g, m) & {"torch", "sglang"})]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the graph as JSON")
@@ -142,7 +177,11 @@ def main() -> int:
         print("  " + " <-> ".join(c))
     bad = core_violations(g)
     print(f"core importing plugin/CLI/torch/sglang: {bad or 'none'}")
-    return 1 if bad or cyc else 0
+    up = wing_violations(g)
+    print(f"wing violations: {len(up)}")
+    for v in up:
+        print("  " + v)
+    return 1 if bad or cyc or up else 0
 
 
 if __name__ == "__main__":

@@ -38,10 +38,14 @@ class EnvVar(Generic[T]):
             value = self.parse(raw)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{name}={raw!r} is invalid: {exc}. {self.help}") from None
+        return self.check(value, name, raw)
+
+    def check(self, value: T, name: str = "", raw=None) -> T:
+        """`value` when it is one of the choices (or there are none); else a ValueError naming the
+        variable, the value and the choices. One check for a value read here and one a caller was given."""
         if self.choices and value not in self.choices:
-            raise ValueError(
-                f"{name}={raw!r} is not one of {', '.join(map(str, self.choices))}. {self.help}"
-            )
+            raise ValueError(f"{name or self.name}={value if raw is None else raw!r} is not one of "
+                             f"{', '.join(map(str, self.choices))}. {self.help}")
         return value
 
     def is_set(self) -> bool:

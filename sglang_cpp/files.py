@@ -1,7 +1,8 @@
-"""Writing results: atomic JSON (state, profiles, per-device files) and matplotlib figures.
+"""Results on disk: atomic JSON (state, profiles, per-device files), matplotlib figures, and the one
+reader of the plugin's decision logs.
 
-One home for both, so an interrupted run never leaves a half-written file and every figure is saved
-the same way, headless.
+One home for each, so an interrupted run never leaves a half-written file, every figure is saved the
+same way, headless, and every tool reads a decision log alike.
 """
 from __future__ import annotations
 
@@ -50,19 +51,36 @@ def load_json(path, default=_MISSING):
         return default
 
 
-def read_events(paths, event: str) -> list[dict]:
-    """The `event` records of the plugin's decision logs (JSONL), in file order; a partial last line
-    (a crash or a kill mid-write) is skipped."""
-    out = []
+def iter_events(paths, *events: str, strict: bool = False):
+    """(path, line number, record) for each record of the plugin's decision logs (JSON lines), in file
+    order, of the named events (every event when none is named). A line that is not JSON is skipped, or
+    with `strict` (a fit's samples) an error, except a last line without its newline: what a crash or a
+    kill mid-write leaves. A file that cannot be read is an error naming SGLANG_CPP_DECISION_LOG."""
     for path in paths:
-        for line in Path(path).read_text().splitlines():
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"decision log {path}: cannot read it ({exc.strerror or exc}); start the server with "
+                             "SGLANG_CPP_DECISION_LOG=/tmp/cpp-{rank}.jsonl and send requests") from None
+        lines = text.splitlines()
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
             try:
                 rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == event:
-                out.append(rec)
-    return out
+            except ValueError as exc:
+                if not strict or (n == len(lines) and not text.endswith("\n")):
+                    continue
+                raise ValueError(f"decision log {path} line {n} is not JSON ({getattr(exc, 'msg', exc)}); "
+                                 "delete the line (a crash can leave a partial last line)") from None
+            if isinstance(rec, dict) and (not events or rec.get("event") in events):
+                yield path, n, rec
+
+
+def read_events(paths, *events: str, strict: bool = False) -> list[dict]:
+    """The records of `iter_events`: the one reader of decision logs (the fit, the serving simulator's
+    decode fit, the runner's step costs, the benchmarks and the tests)."""
+    return [rec for _, _, rec in iter_events(paths, *events, strict=strict)]
 
 
 def update_section(path, title: str, body: str, head: str = "# Reliability") -> Path:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.server import ServerSpec, launched
+from sglang_cpp import files
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.bench.server import ServerSpec, launched
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sglang-cpp"))
@@ -106,9 +107,8 @@ def pp1(smollm2) -> dict:
 
 
 def read_events(path: Path, event: str) -> list[dict]:
-    if not path.exists():
-        return []
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event]
+    """The `event` records of one stage's decision log (none while it does not exist yet)."""
+    return files.read_events([path], event) if path.exists() else []
 
 
 def switch_stream(path: Path) -> list[tuple]:

@@ -6,10 +6,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sglang_cpp.analytic import (DEVICES, MODELS, DeviceSpec, ModelSpec, analytic_cost_model, ideal_ttft_ms,
+from sglang_cpp.core.partition import default_partition
+from sglang_cpp.whatif.analytic import (DEVICES, MODELS, DeviceSpec, ModelSpec, analytic_cost_model, ideal_ttft_ms,
                                  lm_head_ms, per_layer_costs, percent_of_limit, prefill_flops)
-from sglang_cpp.partition import default_partition
-from sglang_cpp.simulator import SimConfig, simulate
+from sglang_cpp.whatif.simulator import SimConfig, simulate
 
 # 1 FLOP per ms at efficiency 1: times in ms equal FLOP counts
 TOY_DEV = DeviceSpec("toy", peak_bf16_tflops=1e-9, peak_fp8_tflops=2e-9, mem_bw_gbps=1.0, efficiency=1.0)
@@ -205,7 +205,7 @@ BLOG_TABLE1_S = {128 * 1024: 10.54, 256 * 1024: 32.68, 512 * 1024: 114.33, 1024 
 def test_fit_on_the_pp1_point_predicts_the_blogs_table1_within_15_percent():
     """One published point without pipeline effects fixes the efficiency; the PP8 predictions come from the
     simulator running upstream's dynamic chunking, with no further fitting."""
-    from sglang_cpp.analytic_fit import Measured, fit, predict_ms
+    from sglang_cpp.whatif.analytic_fit import Measured, fit, predict_ms
 
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     f = fit(q, h20, 4, [Measured(1, 128 * 1024, BLOG_PP1_128K_S * 1e3)])
@@ -218,7 +218,7 @@ def test_fit_on_the_pp1_point_predicts_the_blogs_table1_within_15_percent():
 
 
 def test_measured_point_parsing_and_fit_errors():
-    from sglang_cpp.analytic_fit import Measured, fit
+    from sglang_cpp.whatif.analytic_fit import Measured, fit
 
     m = Measured.parse("8, 128k, 10.54, quadratic, 18k, 0.8")
     assert (m.pp_size, m.input_len, m.ttft_ms, m.policy, m.chunk, m.sigma) == (8, 131072, 10540.0, "quadratic",
@@ -256,7 +256,7 @@ def test_roofline_rows_by_hand():
     Linear: 2*576 FLOP per token and layer vs 1152 weight bytes per layer + 64 activation and 16 KV-write
     bytes per token and layer. Attention: 16 x (2L + x) FLOP per layer vs a 16-byte KV read per prefix
     token and layer, once plus once per 128-query tile."""
-    from sglang_cpp.roofline import roofline_stage
+    from sglang_cpp.whatif.roofline import roofline_stage
 
     dev = DeviceSpec("toy-mem", 1e-6, 2e-6, 1e-6, efficiency=1.0, mem_efficiency=1.0)
     st = roofline_stage(TINY, dev)
@@ -277,7 +277,7 @@ def test_roofline_rows_by_hand():
 
 def test_expected_experts_matches_random_routing():
     """E(1 - (1 - k/E)^x) against top-k routing drawn at random (k distinct experts per token)."""
-    from sglang_cpp.roofline import expected_experts
+    from sglang_cpp.whatif.roofline import expected_experts
 
     rng = np.random.default_rng(0)
     for E, k, x in [(128, 8, 16), (128, 8, 64), (256, 8, 4), (64, 6, 40)]:
@@ -290,7 +290,7 @@ def test_expected_experts_matches_random_routing():
 def test_roofline_charges_small_moe_chunks_their_expert_reads():
     """Qwen3-235B-A22B-FP8, 12 layers on TP4 H20: a 128-token chunk reads ~98% of every layer's experts
     (fp8, a quarter per GPU), which takes longer than its FLOPs; a 16K chunk is compute-bound."""
-    from sglang_cpp.roofline import roofline_stage
+    from sglang_cpp.whatif.roofline import roofline_stage
 
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     H, I = 4096, 1536
@@ -306,8 +306,8 @@ def test_roofline_charges_small_moe_chunks_their_expert_reads():
 
 def test_roofline_json_round_trip(tmp_path):
     """A roofline stage (a maximum of rows) saves and loads as the same function of (L, x)."""
-    from sglang_cpp.analytic_fit import stage_models
-    from sglang_cpp.costmodel import PipelineCost, load_cost, save_profile
+    from sglang_cpp.whatif.analytic_fit import stage_models
+    from sglang_cpp.core.costmodel import PipelineCost, load_cost, save_profile
 
     stages = stage_models(MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"], 4, 2)
     path = save_profile(tmp_path / "p.json", cost=PipelineCost(tuple(stages)))
@@ -352,9 +352,9 @@ def test_plan_on_the_roofline_stops_cutting_memory_bound_chunks():
     """Qwen3-235B-A22B-FP8 PP8 TP4 on H20, 128K, no per-chunk overhead. FLOPs alone make a 64-token chunk
     nearly free, so the plan cuts >1000 of them; charged their expert reads, the plan keeps chunks above
     64 tokens, and on the roofline model it is faster than the FLOP-only plan."""
-    from sglang_cpp.analytic_fit import stage_models
-    from sglang_cpp.costmodel import PipelineCost
-    from sglang_cpp.planner import plan_chunks
+    from sglang_cpp.whatif.analytic_fit import stage_models
+    from sglang_cpp.core.costmodel import PipelineCost
+    from sglang_cpp.core.planner import plan_chunks
 
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     flops, roof = stage_models(q, h20, 4, 8, roofline=False), stage_models(q, h20, 4, 8)
@@ -388,7 +388,7 @@ def test_bench_side_by_side_from_the_tune_analytic_json(tmp_path, capsys):
 
 # -- a measured ratio (issue 25 part 5) ---------------------------------------------------------------
 def test_measured_ratio_parsing_and_errors():
-    from sglang_cpp.analytic_fit import Ratio, fit
+    from sglang_cpp.whatif.analytic_fit import Ratio, fit
 
     r = Ratio.parse("8, 128k, fixed:6k/quadratic:18k:0.75, 1.105")
     assert (r.pp_size, r.input_len, r.a, r.b, r.ratio) == (8, 131072, ("fixed", 6144, 0.8),
@@ -405,7 +405,7 @@ def test_measured_ratio_parsing_and_errors():
 def test_fit_recovers_efficiency_and_overhead_from_one_ttft_and_one_ratio():
     """Synthetic truth (efficiency 0.6, 50 ms per chunk): its PP1 TTFT and its fixed 2K / DCK 8K ratio at PP8
     pin both parameters; a fit that ignored the ratio could not find the overhead (one TTFT fixes only one)."""
-    from sglang_cpp.analytic_fit import Measured, Ratio, fit, predict
+    from sglang_cpp.whatif.analytic_fit import Measured, Ratio, fit, predict
 
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     truth = replace(h20, efficiency=0.6)

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sglang_cpp import bench, experiment
+from sglang_cpp.bench import experiment
+from sglang_cpp.bench import ttft as bench
+from sglang_cpp.bench.client import ServerError
+from sglang_cpp.bench.server import free_port
 from sglang_cpp.cli import main
-from sglang_cpp.client import ServerError
-from sglang_cpp.server import free_port
 
 BENCH_KEYS = {"mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
               "input_throughput", "request_throughput", "completed", "total_input_tokens", "ttfts", "errors",
@@ -269,8 +270,8 @@ def test_compare_table_failures_and_resume(fake, tmp_path):
     assert launches[3].env["SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"] == "0.75"
     assert launches[2].env["SGLANG_CPP_PROFILE"].endswith("profile.json") and launches[4].cores == "0"
     up = json.loads(Path(launches[3].env["SGLANG_CPP_PROFILE"]).read_text())["upstream"]
-    from sglang_cpp.costmodel import load_cost
-    from sglang_cpp.upstream import UpstreamPredictor, profile_lengths
+    from sglang_cpp.core.costmodel import load_cost
+    from sglang_cpp.core.upstream import UpstreamPredictor, profile_lengths
 
     cost = load_cost(_profile(tmp_path))
     lens = profile_lengths(128, 8192)
@@ -372,11 +373,11 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
 def test_simulator_check_beyond_8k_when_the_model_context_suffices(tmp_path):
     """The 32K compare on a 64K-context model (no --context-length needed, so cfg.ctx is None) must still
     get the simulator's prediction for every row: the prediction takes no 8192-token context from nowhere."""
-    from sglang_cpp.costmodel import CostModel
-    from sglang_cpp.experiment import ExperimentConfig, Run
-    from sglang_cpp.experiment_report import predict_ttft
-    from sglang_cpp.planner import fixed_split
-    from sglang_cpp.simulator import simulate
+    from sglang_cpp.core.costmodel import CostModel
+    from sglang_cpp.bench.experiment import ExperimentConfig, Run
+    from sglang_cpp.bench.report import predict_ttft
+    from sglang_cpp.core.planner import fixed_split
+    from sglang_cpp.whatif.simulator import simulate
 
     model = tmp_path / "m"
     model.mkdir()
@@ -391,13 +392,13 @@ def test_simulator_check_beyond_8k_when_the_model_context_suffices(tmp_path):
         simulate(fixed_split(32768, 1024), [m, m], 2).ttft_ms)
 
 
-# -- bench serve (serve_bench.py) ------------------------------------------------------------------------
+# -- bench serve (bench/serve.py) ------------------------------------------------------------------------
 def test_serve_workload_prompts_have_the_drawn_lengths_and_share_no_prefix(smollm2, tmp_path):
     """The custom dataset bench_serving reads: each prompt re-tokenizes to the length the mixture drew
     (random one-token words), outputs likewise, and no two prompts open with the same 8 tokens."""
     from transformers import AutoTokenizer
 
-    from sglang_cpp.serve_bench import ServeBenchConfig, write_dataset
+    from sglang_cpp.bench.serve import ServeBenchConfig, write_dataset
 
     tok = AutoTokenizer.from_pretrained(smollm2)
     cfg = ServeBenchConfig(num_requests=40, input_lens="0.8:200-600,0.2:2k-4k", output_lens="32-128", seed=3)
@@ -410,7 +411,7 @@ def test_serve_workload_prompts_have_the_drawn_lengths_and_share_no_prefix(smoll
 
 
 def test_serve_summary_is_relative_to_the_first_run_and_compares_outputs():
-    from sglang_cpp.serve_bench import same_outputs, summary_table
+    from sglang_cpp.bench.serve import same_outputs, summary_table
 
     keys = ("output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms",
             "mean_e2e_latency_ms")
@@ -427,7 +428,7 @@ def test_serve_workload_fits_the_context_length_and_a_refused_request_is_loud(sm
     tokens (the rest are drawn as before); a run where the server answered a request with nothing fails."""
     from transformers import AutoTokenizer
 
-    from sglang_cpp.serve_bench import ServeBenchConfig, check_answered, write_dataset
+    from sglang_cpp.bench.serve import ServeBenchConfig, check_answered, write_dataset
 
     tok = AutoTokenizer.from_pretrained(smollm2)
     free = write_dataset(ServeBenchConfig(num_requests=40, input_lens="0.8:200-600,0.2:2k-4k", seed=3), tok,

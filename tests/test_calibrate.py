@@ -71,8 +71,8 @@ def test_proxies_are_views_of_one_buffer_set_refilled_before_every_forward():
 def test_top_chunk_follows_the_plan_on_the_model_so_far_not_the_memory_cap():
     """Issue 26: a level after the first samples chunks up to twice the largest chunk the planner cuts for
     that level's length on the model fitted so far, on the alignment grid (64 * 2^k), within [4 units, cap]."""
-    from sglang_cpp.costmodel import CostModel, PipelineCost
-    from sglang_cpp.planner import PlanConfig, plan_equal_time
+    from sglang_cpp.core.costmodel import CostModel, PipelineCost
+    from sglang_cpp.core.planner import PlanConfig, plan_equal_time
     from sglang_cpp.plugin.calibrate import top_chunk
 
     pc = PlanConfig(pp_size=2, align=64, max_chunk=16384)
@@ -155,7 +155,7 @@ def _meta(model="m"):
 def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatch):
     """A calibration cut by the budget is stored under the length it reached, and a later start with the
     same target and budget reuses it (recalibrating would stop at the same place); others do not."""
-    from sglang_cpp.costmodel import save_profile
+    from sglang_cpp.core.costmodel import save_profile
     from sglang_cpp.plugin.profiles import cache_path, covered_len, find_cached
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
@@ -207,7 +207,7 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     """What world rank 0 sends every rank: the profile's content, the cached calibration's, or the target."""
     from types import SimpleNamespace
 
-    from sglang_cpp.costmodel import save_profile
+    from sglang_cpp.core.costmodel import save_profile
     from sglang_cpp.plugin.profiles import cache_path, resolve_source
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
@@ -223,7 +223,7 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     src = resolve_source(meta, cfg)
     assert src["kind"] == "cache" and len(src["doc"]["samples"]) == len(samples)
     # issue 26: rank 0 fits and sends coefficients; the samples never leave it, and no other rank refits
-    from sglang_cpp.costmodel import cost_from_profile, model_from_dict
+    from sglang_cpp.core.costmodel import cost_from_profile, model_from_dict
     from sglang_cpp.plugin.profiles import _rank0_source
 
     kept: dict = {}

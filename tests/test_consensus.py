@@ -11,7 +11,8 @@ import pytest
 from sglang_cpp import envs
 from sglang_cpp.plugin import consensus
 from sglang_cpp.plugin.hooks import first_chunk_limit
-from sglang_cpp.plugin.sizer import CppChunkSizer, DecisionLog, SizerConfig
+from sglang_cpp.plugin.decision_log import DecisionLog
+from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
 from sglang_cpp.plugin.timing import DeviceTimer, LazyTimes
 
 
@@ -125,17 +126,18 @@ def test_mixed_chunk_decode_tokens_ride_on_top_of_a_planned_cut():
     assert first_chunk_limit(None, 10000, 4093, 1, room=16381) == 4093  # no decision: upstream's own limit
 
 
-def test_adder_init_records_the_mixed_deduction():
-    from sglang_cpp.plugin.hooks import PrefillAdder_init
+def test_adder_init_reads_the_mixed_deduction(monkeypatch):
+    """The decode tokens upstream took out come back whether SGLang passed them by position, by name or
+    not at all (0): read from the bound arguments, where the planned chunk gets them back."""
+    from sglang_cpp.plugin import hooks
 
-    adder = SimpleNamespace()
+    monkeypatch.setattr(hooks, "_FORMING", SimpleNamespace(chunked_req=object()))
+    monkeypatch.setattr(hooks, "ACTIVE", object())
     args = (1, None, None, None, 1.0, 16384, 4096)  # page_size .. rem_chunk_tokens
-    PrefillAdder_init(None, adder, *args, 5)
-    assert adder.sglang_cpp_mixed_tokens == 5
-    PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=7)
-    assert adder.sglang_cpp_mixed_tokens == 7
-    PrefillAdder_init(None, adder, *args)
-    assert adder.sglang_cpp_mixed_tokens == 0
+    for extra, kw, mixed in (((5,), {}, 5), ((), {"num_mixed_decode_tokens": 7}, 7), ((), {}, 0)):
+        adder = SimpleNamespace(rem_chunk_tokens=1000, rem_input_tokens=16384)
+        hooks.PrefillAdder_init(None, adder, *args, *extra, **kw)
+        assert adder.rem_chunk_tokens - 1000 == mixed
 
 
 def test_a_continuing_planned_chunk_gets_the_mixed_decode_tokens_back(monkeypatch):
@@ -160,7 +162,7 @@ def test_a_continuing_planned_chunk_gets_the_mixed_decode_tokens_back(monkeypatc
 
 
 def test_plan_aligns_to_sglangs_whole_grid():
-    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.core.costmodel import CostModel
 
     c = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=4096, max_prefill_tokens=16384, page_size=16,
                     context_len=1 << 20, align=192)  # e.g. hooks._align with a mamba grid of 192
@@ -187,6 +189,60 @@ def test_one_info_line_per_request_and_decisions_at_debug(tmp_path, caplog):
     assert info == ["[sglang-cpp] PP0 request rid=r prompt=200 prefix=0 chunks=[100, 80, 20] predicted_ms=3.0 (plan)"]
     assert len(debug) == 3
     assert len((tmp_path / "d.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_servers_decision_log_buffers_hot_path_lines_and_flushes_them_in_order(tmp_path):
+    """Issue 28: forwards, decode steps and micro-batch budgets wait in memory; any other event, a full
+    buffer, flush() and exit write them, in the order they were logged."""
+    from sglang_cpp.plugin import decision_log
+
+    path = tmp_path / "d.jsonl"
+    log = DecisionLog(0, str(path), buffer_lines=4)
+    lines = lambda: [json.loads(x)["event"] for x in path.read_text().splitlines()] if path.exists() else []  # noqa: E731
+    log.write("forward", ms=1.0)
+    log.write("decode_forward", ms=2.0)
+    assert lines() == []  # hot: buffered
+    log.write("refit", version=1)  # not hot: everything goes out, in order
+    assert lines() == ["forward", "decode_forward", "refit"]
+    for ev in ("batch", "batch_chunk", "admit_cap"):
+        log.write(ev)
+    assert len(lines()) == 3
+    log.write("step")  # the fourth buffered line fills the buffer
+    assert lines()[3:] == ["batch", "batch_chunk", "admit_cap", "step"]
+    log.write("forward", ms=3.0)
+    log.flush()
+    assert lines()[-1] == "forward"
+    log.write("forward", ms=4.0)
+    decision_log._flush_all()  # what atexit runs
+    assert lines().count("forward") == 3
+    assert DecisionLog(0, str(tmp_path / "plain.jsonl")).buffer_lines == 0  # tools and tests: line by line
+
+
+def test_an_idle_scheduler_flushes_the_decision_log(tmp_path, monkeypatch):
+    from sglang_cpp.plugin import hooks
+
+    path = tmp_path / "d.jsonl"
+    log = DecisionLog(0, str(path), buffer_lines=256)
+    monkeypatch.setattr(hooks, "LOG", log)
+    monkeypatch.setattr(hooks, "BATCH", None)
+    log.write("decode_forward", ms=1.0)
+    batch = object()
+    assert hooks.Scheduler_get_next_batch_to_run(lambda self: batch, None) is batch  # busy: still buffered
+    assert not path.exists()
+    assert hooks.Scheduler_get_next_batch_to_run(lambda self: None, None) is None  # idle: on disk
+    assert [json.loads(x)["ms"] for x in path.read_text().splitlines()] == [1.0]
+
+
+def test_report_plans_says_when_a_prompt_ran_its_last_chunk(tmp_path):
+    """Scheduler_run_batch flushes the decision log when this is true: a request's lines are on disk
+    before its first token reaches the client."""
+    from sglang_cpp.plugin import hooks
+
+    log = DecisionLog(0, "", buffer_lines=256)
+    req = SimpleNamespace(rid="plans-r", origin_input_ids=[0] * 10, customized_info=None)
+    assert hooks._report_plans(log, [req], [0], [6]) is False
+    assert hooks._report_plans(log, [req], [6], [4]) is True
+    assert req.customized_info["sglang_cpp_plan"][0]["ran"] == [6, 4]
 
 
 # -- timing ---------------------------------------------------------------------------------------
@@ -238,7 +294,7 @@ def test_fit_rejects_launch_timed_forwards(tmp_path):
 
 def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
     """SGLang admits a request at prefix_len + host_hit_length (HiCache L2 hit): the plan starts there."""
-    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.core.costmodel import CostModel
     from sglang_cpp.plugin import hooks
 
     c = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=1024, max_prefill_tokens=4096, page_size=1,
@@ -247,8 +303,7 @@ def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
     seen = []
     monkeypatch.setattr(sizer, "decide", lambda rid, n, prefix, first: seen.append((n, prefix)) or 512)
     monkeypatch.setattr(hooks, "ACTIVE", sizer)
-    adder = SimpleNamespace(rem_chunk_tokens=1024, rem_input_tokens=16384, can_run_list=[], page_size=1,
-                            sglang_cpp_mixed_tokens=0)
+    adder = SimpleNamespace(rem_chunk_tokens=1024, rem_input_tokens=16384, can_run_list=[], page_size=1)
     req = SimpleNamespace(rid="r", full_untruncated_fill_ids=[0] * 20000, prefix_len=3000, host_hit_length=6000)
     out = hooks.PrefillAdder_add_one_req(lambda self, r, *a, **k: self.rem_chunk_tokens, adder, req, False, None)
     assert seen == [(20000, 9000)] and out == 512

@@ -81,7 +81,7 @@ def test_an_alignment_sglang_sets_after_the_sizer_is_built_is_planned_on():
     """Item 4: SGLang sets truncation_align_size (deterministic inference's 4096 split tiles, DSA's kpool)
     after maybe_init_dynamic_chunk_sizer; a fake scheduler that sets it late, as SGLang does, gets every
     non-final chunk on the 4096 grid from the first plan on."""
-    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.core.costmodel import CostModel
     from sglang_cpp.plugin.hooks import _align
     from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
 
@@ -114,7 +114,7 @@ def test_two_writers_never_share_a_temp_file(tmp_path):
 def test_a_decision_log_that_cannot_be_written_is_a_startup_error_then_best_effort(tmp_path, caplog):
     """Item 5: the probe names the file and the fix (the rank agreement fails every rank with it); a write
     that fails later (the folder removed, the disk full) is one WARNING, and the server goes on."""
-    from sglang_cpp.plugin.sizer import DecisionLog
+    from sglang_cpp.plugin.decision_log import DecisionLog
 
     bad = DecisionLog(1, str(tmp_path / "missing" / "dec_{rank}.jsonl"), rank=3)
     assert bad.probe().startswith(f"SGLANG_CPP_DECISION_LOG: cannot write {tmp_path}/missing/dec_3.jsonl")
@@ -274,7 +274,7 @@ def _gpu_check():
 def test_gpu_check_verdicts_on_known_models():
     """The CPU-safe part of examples/gpu/check.py: the FlashAttention-shape verdict and the held-out error,
     on models and samples written by hand."""
-    from sglang_cpp.costmodel import CostModel
+    from sglang_cpp.core.costmodel import CostModel
 
     check = _gpu_check()
     fa = CostModel(c0=1.0, b=0.01, e=2e-7, f=1e-7)

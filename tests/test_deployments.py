@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.bench.server import ServerSpec, launched
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.costmodel import load_profile
-from sglang_cpp.server import ServerSpec, launched
+from sglang_cpp.core.costmodel import load_profile
 
 from conftest import SMALL_POOL, read_events, switch_stream
 
@@ -154,7 +154,7 @@ def test_a_tp_rank_failing_inside_a_calibration_forward_ends_every_process_with_
     ends the server, and no process of it is left."""
     import psutil
 
-    from sglang_cpp.server import start
+    from sglang_cpp.bench.server import start
 
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(tmp_path / "cache"),
            "SGLANG_CPP_CALIB_MAX_LEN": "1024", "OMP_NUM_THREADS": "1", "SGLANG_CPP_CALIB_DEADLINE_S": "20",

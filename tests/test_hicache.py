@@ -16,9 +16,9 @@ import json
 
 import pytest
 
-from sglang_cpp.server import ServerSpec
+from sglang_cpp.bench.server import ServerSpec
 
-from sglang_cpp.client import random_ids
+from sglang_cpp.bench.client import random_ids
 
 from conftest import ASK, ASK2, DEVICE, DOC, HICACHE_ARGS, HICACHE_PROMPTS, read_events, serve_hicache
 

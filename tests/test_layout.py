@@ -1,6 +1,7 @@
-"""The layout: profile -> fit -> plan -> serve -> bench with no import cycles, and an offline core
-(cost model, planner, plan, partition, simulator, analytic model, upstream's algorithm) that imports
-neither the plugin, the CLI, torch nor sglang. Read statically (scripts/import_graph.py)."""
+"""The layout: profile -> fit -> plan -> serve -> bench with no import cycles; wings (core, whatif, plugin,
+bench, cli, over the support modules) that import only the wings below them; and an offline core and
+what-if models that import neither the plugin, the CLI, torch nor sglang. Read statically
+(scripts/import_graph.py); docs/architecture.md draws it."""
 from __future__ import annotations
 
 import importlib.util
@@ -35,6 +36,36 @@ def test_the_checker_sees_a_violation():
     assert {"sglang", "torch"} <= ig.reach(g, "sglang_cpp.plugin.hooks")
     assert "sglang_cpp.plugin.sizer" in ig.reach(g, "sglang_cpp.cli")
     assert ig.cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+def test_every_wing_imports_only_the_wings_below_it():
+    ig = _graph_module()
+    assert ig.wing_violations(ig.graph()) == []
+    assert ig.cycles({w: set(b) for w, b in ig.BELOW.items()}) == []  # the wings themselves form a ladder
+    assert all(w in ig.BELOW["cli"] for w in ig.BELOW if w != "cli")  # the CLI sits on top of all of them
+
+
+def test_the_wing_check_fails_on_a_violation_it_is_given():
+    """Test the test: an import pointing up, one sideways (plugin -> whatif), a pure wing reaching torch
+    through a support module, and a module placed in no wing are each reported."""
+    ig = _graph_module()
+    g = {"sglang_cpp.core.plan": {"sglang_cpp.whatif.simulator"},
+         "sglang_cpp.whatif.simulator": {"sglang_cpp.machine"},
+         "sglang_cpp.machine": {"torch"},
+         "sglang_cpp.plugin.hooks": {"sglang_cpp.whatif.simulator", "sglang_cpp.core.plan", "sglang_cpp.envs"},
+         "sglang_cpp.bench.ttft": {"sglang_cpp.cli"},
+         "sglang_cpp.cli": {"sglang_cpp.bench.ttft", "sglang_cpp.plugin.hooks"},
+         "sglang_cpp.stray": set()}
+    bad = ig.wing_violations(g)
+    assert "sglang_cpp.core.plan -> sglang_cpp.whatif.simulator: core imports whatif" in bad
+    assert "sglang_cpp.plugin.hooks -> sglang_cpp.whatif.simulator: plugin imports whatif" in bad
+    assert "sglang_cpp.bench.ttft -> sglang_cpp.cli: bench imports cli" in bad
+    assert "sglang_cpp.whatif.simulator reaches torch: whatif is pure" in bad
+    assert "sglang_cpp.core.plan reaches torch: core is pure" in bad
+    assert any(v.startswith("sglang_cpp.stray: in no wing") for v in bad)
+    assert not any(v.startswith("sglang_cpp.cli ->") for v in bad)  # the CLI may import every wing
+    assert len(bad) == 6
+    assert ig.wing("sglang_cpp.tuning.fit") == ig.wing("sglang_cpp.profiler.cli") == "cli"
 
 
 def test_every_sglang_internal_the_plugin_uses_is_listed_in_one_place():

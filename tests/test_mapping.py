@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_cpp.cli import main
-from sglang_cpp.costmodel import CostModel
-from sglang_cpp.planner import prefill_buffer_tokens
+from sglang_cpp.core.costmodel import CostModel
+from sglang_cpp.core.planner import prefill_buffer_tokens
 
 COEFFS = "4.0,0.0,0.05,0.0,2e-6,1e-6"  # FA-shaped: the plan cuts many chunks of different sizes
 COST = CostModel(*(float(v) for v in COEFFS.split(",")))
@@ -54,7 +54,7 @@ def test_every_path_gives_the_plugins_chunks(tmp_path, capsys):
     want = _plugin_chunks()
     assert len(set(want[:-1])) > 3 and len(want) > 8  # a plan that could differ
 
-    from sglang_cpp.policy import chunks_for
+    from sglang_cpp.core.policy import chunks_for
 
     assert chunks_for("plan", N, COST, PP, C, max_prefill=MPT) == want
 

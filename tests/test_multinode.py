@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from sglang_cpp.client import ServerError, generate, random_ids, wait_healthy
-from sglang_cpp.server import ServerSpec, free_port, start
+from sglang_cpp.bench.client import ServerError, generate, random_ids, wait_healthy
+from sglang_cpp.bench.server import ServerSpec, free_port, start
 
 from conftest import SMALL_POOL, chunks_of, read_events
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_cpp.partition import (ENV_NAME, Partition, default_partition, format_partition,
+from sglang_cpp.core.partition import (ENV_NAME, Partition, default_partition, format_partition,
                                   gain_over_default, parse_partition, partition_layers,
                                   stage_times_for)
 

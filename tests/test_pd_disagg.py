@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_cpp.client import ServerError, generate, random_ids
-from sglang_cpp.server import ServerSpec, free_port, launched, reported_calibration
+from sglang_cpp.bench.client import ServerError, generate, random_ids
+from sglang_cpp.bench.server import ServerSpec, free_port, launched, reported_calibration
 
 from conftest import CHAT, pd_long_ids, read_events
 

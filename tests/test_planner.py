@@ -6,9 +6,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sglang_cpp.costmodel import CostModel, PipelineCost
-from sglang_cpp.plan import ChunkPlan
-from sglang_cpp.planner import (PlanConfig, fixed_candidates, fixed_split, plan_chunks, plan_dp, plan_equal_time, plan_fixed,
+from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.plan import ChunkPlan
+from sglang_cpp.core.planner import (PlanConfig, fixed_candidates, fixed_split, plan_chunks, plan_dp, plan_equal_time, plan_fixed,
                                 ttft)
 
 GPU = CostModel.fa(a=1e-6, b=0.05, c0=20.0)               # FA kernels: x(2L+x)
@@ -76,7 +76,7 @@ def test_equal_time_chunks_are_balanced_without_runt_tail():
 
 
 def test_planner_beats_upstream_quadratic_on_its_own_model():
-    from sglang_cpp.upstream import UpstreamPredictor
+    from sglang_cpp.core.upstream import UpstreamPredictor
 
     up = UpstreamPredictor(a=1e-6, b=0.05, c=20, chunk_size=12288, page_size=64, context_len=1 << 21)
     seq = up.chunk_sequence(131072)
@@ -87,7 +87,7 @@ def test_planner_beats_upstream_quadratic_on_its_own_model():
 def test_pipeline_cost_plan_for_either_stage_order_beats_its_fixed_chunks():
     """Stages that differ make the order matter (a flow shop), so each order gets its own plan; either
     plan simulates no slower than the fixed chunks the planner weighs, on its own stage order."""
-    from sglang_cpp.simulator import simulate
+    from sglang_cpp.whatif.simulator import simulate
 
     a, b = CostModel.fa(a=1e-6, b=0.05), CostModel(c0=30, b=0.04, d=1e-7, e=2e-6, f=1e-6)
     for cost in (PipelineCost((a, b)), PipelineCost((b, a))):
@@ -178,8 +178,8 @@ def test_a_stage_that_never_paces_is_not_searched_and_the_exact_makespan_decides
     paces); the final choice is still made on the exact makespan of every stage, where the fast stages
     shorten the fill and drain: on (fast, slow, fast) the plan is no slower than the plan of three slow
     stages: faster than that plan's chunks would run there (27.89 s against 28.02 s)."""
-    from sglang_cpp.equal_time import _pacing_rows
-    from sglang_cpp.planner_base import makespan
+    from sglang_cpp.core.equal_time import _pacing_rows
+    from sglang_cpp.core.planner_base import makespan
 
     slow = CostModel.fa(a=2e-6, b=0.06, c0=25.0)
     fast = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
@@ -198,7 +198,7 @@ def test_a_stage_slower_than_no_other_nowhere_is_searched_but_still_predicted():
     coefficient by coefficient), yet the plan's predicted times are the maximum over every stage."""
     import numpy as np
 
-    from sglang_cpp.equal_time import _pacing_rows
+    from sglang_cpp.core.equal_time import _pacing_rows
 
     fixed_cost = CostModel(c0=40.0, b=0.01, f=1e-7)  # paces small chunks
     quadratic = CostModel(c0=1.0, b=0.01, f=4e-6)  # paces big chunks
@@ -215,7 +215,7 @@ def test_a_stage_slower_than_no_other_nowhere_is_searched_but_still_predicted():
 def test_equal_time_targets_of_a_linear_model_are_the_closed_form():
     """t = c0 + b x: every chunk of target T has x = (T - c0) / b tokens, so K chunks over R tokens need
     T = c0 + b R / K. The batched walk over 96 targets plus one secant step lands on it."""
-    from sglang_cpp.equal_time import _equal_time_chunks, _targets
+    from sglang_cpp.core.equal_time import _equal_time_chunks, _targets
 
     c0, b, R = 5.0, 0.02, 100_000
     coefs = [(c0, 0.0, b, 0.0, 0.0, 0.0)]
@@ -235,7 +235,7 @@ def test_a_tight_chunk_count_is_all_maximum_chunks():
     maximum (the 495,558-token, max-128 fuzz input that walked 3,872 boundaries one by one)."""
     import numpy as np
 
-    from sglang_cpp.equal_time import _equal_count_chunks
+    from sglang_cpp.core.equal_time import _equal_count_chunks
 
     cfg = PlanConfig(pp_size=3, align=64, max_chunk=128)
     R = 495_558
@@ -257,8 +257,8 @@ def test_makespan_is_the_simulators_recurrence(P, seed, o):
     """planner_base.makespan against the discrete-event simulator (independent code) on stages that differ."""
     import numpy as np
 
-    from sglang_cpp.planner_base import makespan
-    from sglang_cpp.simulator import SimConfig, simulate
+    from sglang_cpp.core.planner_base import makespan
+    from sglang_cpp.whatif.simulator import SimConfig, simulate
 
     rng = np.random.default_rng(seed)
     stages = tuple(CostModel(c0=rng.uniform(0, 20), g=rng.uniform(0, 1e-3), b=rng.uniform(0.01, 1),
@@ -275,8 +275,8 @@ def test_plan_never_simulates_slower_than_the_fixed_chunk_when_stages_differ():
     """At 32K on the calibrated long-llama stages, sum + (P-1)*max ranked a plan of 3.5K..640-token chunks
     ahead of fixed 1024 chunks that the simulator (and the server: 182.9 s against 177.7 s) puts ahead.
     The final choice on the exact makespan never loses to the fixed chunk in the simulator."""
-    from sglang_cpp.planner import fixed_split
-    from sglang_cpp.simulator import simulate
+    from sglang_cpp.core.planner import fixed_split
+    from sglang_cpp.whatif.simulator import simulate
 
     for L, C in ((32768, 1024), (32768, 2048), (16384, 1024), (8192, 512)):
         cfg = PlanConfig.from_server(pp_size=2, chunk_size=C, max_prefill_tokens=16384)
@@ -336,7 +336,7 @@ def test_the_plan_is_the_same_for_every_chunked_prefill_size_above_its_chunks(P,
 def test_chunk_bounds_come_from_memory_not_from_the_chunk_size():
     """No floor from C; the ceiling is SGLang's prefill-buffer ceiling, max(C, max-prefill, 1.25 C) with
     dynamic chunking on PP; SGLANG_CPP_MIN_CHUNK / MAX_CHUNK stay explicit overrides."""
-    from sglang_cpp.planner import prefill_buffer_tokens
+    from sglang_cpp.core.planner import prefill_buffer_tokens
 
     cfg = PlanConfig.from_server(pp_size=8, chunk_size=18432, max_prefill_tokens=16384, page_size=64)
     assert (cfg.lo, cfg.hi) == (64, 23040)

@@ -1,4 +1,4 @@
-"""Online refinement's decisions (sglang_cpp/refine.py), on synthetic forwards with a known cost."""
+"""Online refinement's decisions (sglang_cpp/core/refine.py), on synthetic forwards with a known cost."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from sglang_cpp.costmodel import CostModel, PipelineCost
-from sglang_cpp.refine import RefineConfig, Refiner
+from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.refine import RefineConfig, Refiner
 
 TRUE = CostModel(c0=20.0, b=0.5, e=2e-4, f=1e-4)  # what the forwards cost while serving
 CALIB = CostModel(c0=5.0, b=0.4, e=1e-4, f=0.5e-4)  # what the startup calibration measured: too cheap
@@ -114,7 +114,7 @@ def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference
     rng = np.random.default_rng(5)
     _serve(r, CostModel(**{**TRUE.coeffs, "c0": 2 * TRUE.c0}), 40, rng, stage=1, noise=0.0)
     assert any(n.startswith("stage 1: refit accepted") for n in r.refit())
-    from sglang_cpp.costmodel import fit_cost_model
+    from sglang_cpp.core.costmodel import fit_cost_model
 
     pts = r.stages[1].base + list(r.stages[1].fitted)
     assert r.model.stages[1].c0 == pytest.approx(fit_cost_model(*zip(*pts), holdout=0.0).c0 + 12.0)

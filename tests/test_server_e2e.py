@@ -1,6 +1,6 @@
 """End-to-end on the real SGLang 0.5.23 server (CPU, torch_native) with the real SmolLM2-135M model.
 
-Servers start on free loopback ports and are always torn down (sglang_cpp.server.launched).
+Servers start on free loopback ports and are always torn down (sglang_cpp.bench.server.launched).
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
+from sglang_cpp.bench.client import generate
+from sglang_cpp.bench.server import ServerSpec, launch_fails, launched, reported_calibration
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.client import generate
-from sglang_cpp.server import ServerSpec, launch_fails, launched, reported_calibration
-from sglang_cpp.upstream import UpstreamPredictor
+from sglang_cpp.core.upstream import UpstreamPredictor
 
 from conftest import (CHAT, LONG, MIXED_CHUNK, OFF_CHUNK, OFF_CTX, OFF_PROMPT, QUAD_ABC, QUAD_PROMPT, QUAD_SIGMA,
                       SMALL_POOL, chunks_of, mixed_prompts, read_events, run_cached_pair, sglang_reference_chunks,
@@ -267,7 +267,7 @@ ONLINE_LENS = (1600, 1700, 1800, 1900, 2000)
 def online_run(tiny, tmp_path_factory):
     """Tiny PP=2, plan policy on a profile 100x too cheap (what a stale or foreign profile does), online
     refinement on (the default): the first request's tiny chunks give world rank 0 both stages' forwards."""
-    from sglang_cpp.client import random_ids
+    from sglang_cpp.bench.client import random_ids
 
     d = tmp_path_factory.mktemp("online")
     cheap = {"coeffs": {"c0": 0.05, "b": 1e-4, "e": 2e-8, "f": 1e-8}}
@@ -286,7 +286,7 @@ def test_online_refit_reaches_every_stage_at_the_same_request(online_run):
     """World rank 0 gets both stages' forwards (stage 1's over the side group), refits, and every rank
     switches to the refined model between the same two requests; the requests planned after it are
     planned on it, and both stages decide every request alike."""
-    from sglang_cpp.costmodel import model_from_dict
+    from sglang_cpp.core.costmodel import model_from_dict
 
     d, log = online_run["dir"], online_run["log"]
     logs = [d / f"dec_{r}.jsonl" for r in (0, 1)]

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from sglang_cpp.batch_policy import GLLMThrottle, TimeThrottle, View, WaitingReq, even_share, make_policy
-from sglang_cpp.costmodel import CostModel
-from sglang_cpp.planner import fixed_split
-from sglang_cpp.serving_sim import DecodeCost, Request, ServeConfig, simulate_serving
-from sglang_cpp.simulator import simulate
+from sglang_cpp.core.batch_policy import GLLMThrottle, TimeThrottle, View, WaitingReq, even_share, make_policy
+from sglang_cpp.core.costmodel import CostModel
+from sglang_cpp.core.planner import fixed_split
+from sglang_cpp.whatif.serving_sim import DecodeCost, Request, ServeConfig, simulate_serving
+from sglang_cpp.whatif.simulator import simulate
 
 FA = CostModel.fa(a=2e-5, b=0.05, c0=3.0)  # ms: 3 + 0.05 x + 2e-5 x (2L + x)
 
@@ -191,8 +191,8 @@ def test_even_share_admission_by_hand():
 def test_decode_cost_fit_recovers_a_linear_decode_step_from_logged_forwards(tmp_path):
     """Forwards made as 3 ms + 0.5 ms per sequence + 0.01 ms per context token: the fit gives those back;
     read_decode_log fits one per PP rank and skips other events; decode_costs wants every rank."""
-    from sglang_cpp.serving_cli import decode_costs
-    from sglang_cpp.serving_sim import read_decode_log
+    from sglang_cpp.cli.simulate_serve import decode_costs
+    from sglang_cpp.whatif.serving_sim import read_decode_log
 
     rows = [(1, 300), (4, 2000), (8, 1000), (16, 9000), (2, 5000)]
     ms = [3.0 + 0.5 * b + 0.01 * c for b, c in rows]

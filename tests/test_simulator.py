@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_cpp.cli import main as cli_main
-from sglang_cpp.costmodel import CostModel
 from sglang_cpp.args import parse_len
-from sglang_cpp.simulator import SimConfig, simulate, simulate_requests
+from sglang_cpp.cli import main as cli_main
+from sglang_cpp.core.costmodel import CostModel
+from sglang_cpp.whatif.simulator import SimConfig, simulate, simulate_requests
 
 MODES = list(itertools.product(("sync", "deferred"), ("serial", "batched")))
 

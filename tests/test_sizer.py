@@ -5,10 +5,11 @@ import json
 
 import pytest
 
-from sglang_cpp.costmodel import CostModel, PipelineCost
-from sglang_cpp.planner import plan_equal_time
-from sglang_cpp.plugin.sizer import CppChunkSizer, DecisionLog, SizerConfig
-from sglang_cpp.upstream import UpstreamPredictor
+from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.planner import plan_equal_time
+from sglang_cpp.core.upstream import UpstreamPredictor
+from sglang_cpp.plugin.decision_log import DecisionLog
+from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
 
 COST = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20), CostModel(c0=10, b=0.04, d=1e-7, e=2e-6, f=1e-6)))
 

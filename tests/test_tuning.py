@@ -10,8 +10,8 @@ import pytest
 
 import sglang_cpp
 from sglang_cpp.cli import main
-from sglang_cpp.costmodel import COEFS, CostModel, PipelineCost, load_cost, load_profile, save_profile
-from sglang_cpp.partition import parse_partition
+from sglang_cpp.core.costmodel import COEFS, CostModel, PipelineCost, load_cost, load_profile, save_profile
+from sglang_cpp.core.partition import parse_partition
 
 STAGE0 = CostModel(c0=5.0, g=0.002, b=0.05, d=1e-7, e=3e-6, f=1.5e-6)
 STAGE1 = CostModel(c0=8.0, g=0.001, b=0.06, d=2e-7, e=2e-6, f=1.0e-6)
@@ -107,7 +107,7 @@ def test_chunk_writes_a_plugin_loadable_profile_with_recommendations(tmp_path, c
     assert cost.time(4096, 1024) == pytest.approx(STAGE0.time(4096, 1024), rel=0.01)
     doc = load_profile(path)
     from sglang_cpp.plugin.profiles import check_matches
-    from sglang_cpp.upstream import UpstreamPredictor
+    from sglang_cpp.core.upstream import UpstreamPredictor
 
     check_matches(doc, {"hidden_size": 1, "num_layers": 1}, "SGLANG_CPP_PROFILE", 2)
     UpstreamPredictor(**doc["upstream"], chunk_size=4096, context_len=1 << 20)  # the quadratic policy's input
@@ -132,7 +132,7 @@ def test_chunk_writes_a_plugin_loadable_profile_with_recommendations(tmp_path, c
 
 
 def test_chunk_when_upstream_fit_fails(tmp_path, capsys, monkeypatch):
-    from sglang_cpp import upstream
+    from sglang_cpp.core import upstream
 
     def fail(*_a, **_k):
         raise ValueError("upstream fit: quadratic coefficient a=-1e-09 is not positive")
@@ -186,7 +186,8 @@ FAKE_TTFT = {("fixed", 1024): 70.0, ("fixed", 2048): 50.0, ("fixed", 4096): 31.0
 def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
     """`tune sweep` is the runner's sweep preset: fixed chunks, then the plan at C*, then upstream's algorithm
     at 2*C* per sigma (one server when 2*C* covers the input), with a failure reported, not raised."""
-    from sglang_cpp import bench, experiment, server
+    from sglang_cpp.bench import experiment, server
+    from sglang_cpp.bench import ttft as bench
 
     launched_specs = []
 
@@ -231,7 +232,7 @@ def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
     assert plan.env["SGLANG_CPP_PROFILE"] == str(prof.resolve())
     # upstream's algorithm on the fit its own profiling would get from the same cost model
     assert dyn.env["SGLANG_CPP_POLICY"] == "quadratic" and dyn.chunk_size == 8000 and dyn.dynamic
-    from sglang_cpp.upstream import UpstreamPredictor, profile_lengths
+    from sglang_cpp.core.upstream import UpstreamPredictor, profile_lengths
 
     lens = profile_lengths(8000, 8192)
     cost = load_cost(prof)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_cpp.upstream import UpstreamPredictor, check_sigma
+from sglang_cpp.core.upstream import UpstreamPredictor, check_sigma
 
 
 def reference_predict(a, b, c, C, sigma, page, ctx, maxp, L):

@@ -4,7 +4,7 @@ Fits the fraction of peak the stack reaches (one efficiency for GEMMs and attent
 --fit-overhead and two or more points, the per-chunk overhead, so that the simulated TTFT of each
 --measured configuration (and the TTFT ratio of each --measured-ratio pair) matches it (least squares
 on the log ratio). Prints predicted vs measured,
-optionally predicts --input-lens at --pp-size, and writes the per-device JSON (the --pp-size stage
+optionally predicts --input-len at --pp-size, and writes the per-device JSON (the --pp-size stage
 models, overhead folded into each chunk's constant) that `simulate --profile`, `bench ttft --simulate`
 and `plan --profile` load.
 """
@@ -35,19 +35,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prefill-tokens", type=parse_len, default=16384)
     p.add_argument("--pp-size", type=int, default=None, help="pipeline of the JSON and the predictions "
                                                             "(default: the largest measured)")
-    p.add_argument("--input-lens", type=parse_lens, default=(), help="predict these lengths at --pp-size")
+    p.add_argument("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens,
+                   default=(), help="predict this length (or these, comma-separated) at --pp-size")
     p.add_argument("--policy", choices=("fixed", "quadratic", "plan"), default="quadratic",
                    help="chunk policy of the predictions")
     p.add_argument("--chunked-prefill-size", dest="chunk", type=parse_len, default=16384)
     p.add_argument("--sigma", type=float, default=0.8, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
     alias(p, "--tp-size", "--tp")
+    alias(p, "--input-len", "--input-lens")
 
 
 def run(args) -> int:
-    from ..analytic import DEVICES, MODELS
-    from ..analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
-    from ..costmodel import PipelineCost, add_constant, save_profile
+    from ..whatif.analytic import DEVICES, MODELS
+    from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
+    from ..core.costmodel import PipelineCost, add_constant, save_profile
     from ..files import device_file_name
 
     if args.analytic not in MODELS:

@@ -8,7 +8,7 @@ import platform
 import shlex
 from pathlib import Path
 
-from ..costmodel import save_profile
+from ..core.costmodel import save_profile
 from ..files import device_file_name
 from . import config_from_args
 from .fit import FORMS, as_cost, residuals
@@ -109,7 +109,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("profile", help="profile JSON (sglang-cpp profile, or tune fit --out)")
     p.add_argument("--pp-size", type=int, required=True)
-    p.add_argument("--input-lens", type=parse_lens, required=True, help="prompt lengths to optimise, e.g. 32k,128k")
+    p.add_argument("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens,
+                   required=True, help="prompt length(s) to optimise, e.g. 32k,128k")
     p.add_argument("--page-size", type=int, default=1, help="server --page-size (alignment is max(page, 64))")
     p.add_argument("--max-prefill-tokens", type=parse_len, default=SGLANG_MAX_PREFILL)
     p.add_argument("--model-name", default=None, help="model name in the output file name (default: profile meta)")
@@ -119,6 +120,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-overhead-ms", dest="p2p_ms", type=float, default=0.0,
                    help="fixed cost per chunk the profile misses: P2P, scheduling (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
     alias(p, "--chunk-overhead-ms", "--p2p-ms")
+    alias(p, "--input-len", "--input-lens")
     p.add_argument("--fixed-chunks", dest="chunk_sizes", type=parse_ints, default=DEFAULT_SIZES,
                    help="C grid for fixed and upstream (default 1k..32k)")
     alias(p, "--fixed-chunks", "--chunk-sizes")

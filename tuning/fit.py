@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..costmodel import COEFS, PipelineCost, cost_from_profile, load_profile, save_profile
 from ..args import alias
+from ..core.costmodel import COEFS, PipelineCost, cost_from_profile, load_profile, save_profile
+from ..files import iter_events
 from . import config_from_args
 
 FORMS = ("full", "fa")
@@ -73,34 +74,19 @@ def read_decision_log(paths) -> list[dict]:
     """Samples from the plugin's JSONL: single-request 'forward' events, stage = pp_rank. Events marked
     synchronous=false (a host clock around a GPU forward: launch time, not compute) are rejected."""
     out, launch_timed = [], 0
-    for path in paths:
+    for path, n, rec in iter_events(paths, "forward", strict=True):
         try:
-            lines = Path(path).read_text().splitlines()
-        except FileNotFoundError:
-            raise ValueError(f"decision log {path} does not exist; start the server with "
-                             "SGLANG_CPP_DECISION_LOG=/tmp/cpp-{rank}.jsonl and send requests") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"decision log {path} line {n} is not JSON ({exc.msg}); "
-                                 "delete the line (a crash can leave a partial last line)") from None
-            if not isinstance(rec, dict) or rec.get("event") != "forward":
-                continue
-            try:
-                prefix, chunk, ms, rank = rec["prefix"], rec["chunk"], rec["ms"], rec["pp_rank"]
-            except KeyError as exc:
-                raise ValueError(f"decision log {path} line {n}: forward event lacks {exc}; "
-                                 "expected keys pp_rank, prefix, chunk, ms") from None
-            if len(chunk) != 1 or len(prefix) != 1 or len(rec.get("rids", [0])) != 1 or chunk[0] < 1:
-                continue  # batched forwards mix shapes: not one (L, x) point
-            if rec.get("synchronous") is False:
-                launch_timed += 1
-                continue
-            out.append({"L": float(prefix[0]), "x": float(chunk[0]), "ms": float(ms), "stage": int(rank),
-                        "source": f"{Path(path).name}:{n}"})
+            prefix, chunk, ms, rank = rec["prefix"], rec["chunk"], rec["ms"], rec["pp_rank"]
+        except KeyError as exc:
+            raise ValueError(f"decision log {path} line {n}: forward event lacks {exc}; "
+                             "expected keys pp_rank, prefix, chunk, ms") from None
+        if len(chunk) != 1 or len(prefix) != 1 or len(rec.get("rids", [0])) != 1 or chunk[0] < 1:
+            continue  # batched forwards mix shapes: not one (L, x) point
+        if rec.get("synchronous") is False:
+            launch_timed += 1
+            continue
+        out.append({"L": float(prefix[0]), "x": float(chunk[0]), "ms": float(ms), "stage": int(rank),
+                    "source": f"{Path(path).name}:{n}"})
     if not out and launch_timed:
         raise ValueError(f"decision log {', '.join(map(str, paths))}: all {launch_timed} forward events are "
                          "synchronous=false (host-timed GPU launches, not compute); rerun with this sglang-cpp, "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..partition import default_partition, parse_partition, partition_layers, stage_times_for
+from ..core.partition import default_partition, parse_partition, partition_layers, stage_times_for
 from . import config_from_args
 
 DEFAULT_CHUNK = 4096  # analytic default shape: a 4K chunk over an empty prefix
@@ -68,7 +68,7 @@ class LayerCosts:
 
 
 def analytic_costs(cfg: PartitionConfig) -> LayerCosts:
-    from ..analytic import DEVICES, MODELS, embedding_ms, lm_head_ms, per_layer_costs
+    from ..whatif.analytic import DEVICES, MODELS, embedding_ms, lm_head_ms, per_layer_costs
 
     if cfg.analytic not in MODELS:
         raise ValueError(f"--analytic {cfg.analytic!r}: choose one of {', '.join(sorted(MODELS))}")

@@ -5,7 +5,7 @@ Why: upstream's knobs (--chunked-prefill-size C, SGLANG_DYNAMIC_CHUNKING_SMOOTH_
 hand today, one server launch per guess. Given a fitted cost model, the simulator ranks every option in
 milliseconds: (a) the sglang-cpp `plan` policy and its bounds, (b) upstream's dynamic chunking over a
 (C, sigma) grid, with upstream's own fit emulated (stage-0 fresh prefills of 1.25*C .. 1.25*C/128 tokens,
-first sample dropped, OLS), (c) fixed chunks. Options are ranked by the mean over --input-lens of
+first sample dropped, OLS), (c) fixed chunks. Options are ranked by the mean over --input-len of
 predicted TTFT / best fixed TTFT at that length, so every length weighs the same.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..planner import fixed_split
+from ..core.planner import fixed_split
 from .fit import FORMS, as_cost, fit_stages, read_profile
 
 DEFAULT_SIZES = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
@@ -50,7 +50,7 @@ class ChunkTuneConfig:
         if not self.chunk_sizes or min(self.chunk_sizes) < 1:
             raise ValueError(f"--fixed-chunks {self.chunk_sizes!r}: give chunk sizes >= 1, e.g. 1k,2k,4k")
         if not (math.isfinite(self.p2p_ms) and self.p2p_ms >= 0):
-            raise ValueError(f"--p2p-ms={self.p2p_ms!r} must be a finite number >= 0")
+            raise ValueError(f"--chunk-overhead-ms={self.p2p_ms!r} must be a finite number >= 0")
         if self.max_prefill_tokens < self.align:
             raise ValueError(f"--max-prefill-tokens={self.max_prefill_tokens} is below the chunk alignment "
                              f"{self.align} (max(--page-size, 64))")
@@ -92,7 +92,7 @@ class Option:
 # -- building blocks -------------------------------------------------------------------------------
 def load_stages(cfg: ChunkTuneConfig) -> tuple[dict, list, list, list]:
     """(profile doc, samples, fitted models, one model per PP stage). Refits when samples exist."""
-    from ..costmodel import cost_from_profile
+    from ..core.costmodel import cost_from_profile
 
     where = f"profile {cfg.profile}"
     doc, samples = read_profile(cfg.profile)
@@ -113,14 +113,14 @@ class Sim:
     """Memoised simulated TTFT of a chunk sequence (many (C, sigma) pairs give the same chunks)."""
 
     def __init__(self, stages: list, p2p_ms: float):
-        from ..simulator import SimConfig
+        from ..whatif.simulator import SimConfig
 
         self.stages, self.cfg, self.cache = stages, SimConfig(cpu_overhead_ms=p2p_ms), {}
 
     def __call__(self, chunks) -> float:
         key = tuple(int(c) for c in chunks)
         if key not in self.cache:
-            from ..simulator import simulate
+            from ..whatif.simulator import simulate
 
             self.cache[key] = simulate(list(key), self.stages, len(self.stages), self.cfg).ttft_ms
         return self.cache[key]
@@ -143,7 +143,7 @@ def fixed_options(cfg, sim) -> list[Option]:
 
 
 def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
-    from ..upstream import UpstreamPredictor, emulated_fit
+    from ..core.upstream import UpstreamPredictor, emulated_fit
 
     out, failed = [], {}
     for C in cfg.sizes:
@@ -168,7 +168,7 @@ def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
 
 def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Option]:
     """The plan policy at base chunk C, over the plugin's bound knobs (its planner settings exactly)."""
-    from ..planner import plan_equal_time
+    from ..core.planner import plan_equal_time
     from ..plugin.sizer import SizerConfig
 
     al = cfg.align

@@ -7,13 +7,13 @@ One fresh server per configuration; TTFT of prompts of the target length, lower 
      algorithm through SGLANG_CPP_POLICY=quadratic, on the a, b, c upstream's own fit would get from
      that calibration at its profiling lengths (--upstream-profiling: let upstream profile at startup).
 When the base covers the whole prompt, sigma has no effect (one chunk): that server runs once.
-This is the `sweep` preset of the runner behind `bench compare` (sglang_cpp/experiment.py): same
+This is the `sweep` preset of the runner behind `bench compare` (sglang_cpp/bench/experiment.py): same
 flags, resumable, a markdown table with the simulator's prediction beside each row.
 """
 from __future__ import annotations
 
-from ..bench_cli import add_experiment_args, run_experiment
-from ..experiment import PRESETS
+from ..bench.experiment import PRESETS
+from ..cli.common import add_experiment_args, run_experiment
 
 
 def add_args(p) -> None:

@@ -8,23 +8,22 @@ Usage: python examples/cpu/main_job.py [--input-len 6000] [--chunked-prefill-siz
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from sglang_cpp.client import generate, random_ids
-from sglang_cpp.plan import ChunkPlan
-from sglang_cpp.server import ServerSpec, launched
+from sglang_cpp.bench.client import generate, random_ids
+from sglang_cpp.bench.server import ServerSpec, launched
+from sglang_cpp.core.plan import ChunkPlan
+from sglang_cpp.files import read_events
 
 MODEL = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache/sglang-cpp")) / "models/smollm2-135m"
 
 
 def plan_from_log(path: Path, rid: str, prompt_len: int, pp_size: int) -> ChunkPlan:
-    dec = [json.loads(line) for line in path.read_text().splitlines()]
-    dec = {d["prefix"]: d for d in dec if d["event"] == "decision" and d["rid"] == rid}
+    dec = {d["prefix"]: d for d in read_events([path], "decision") if d["rid"] == rid}
     steps = [dec[k] for k in sorted(dec)]
     return ChunkPlan(prompt_len=prompt_len, prefix_len=steps[0]["prefix"], chunks=[d["chunk"] for d in steps],
                      pred_ms=[d["predicted_ms"] or 0.0 for d in steps], pp_size=pp_size, policy="plan (as run)")

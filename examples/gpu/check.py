@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import math
 import os
 import subprocess
@@ -57,7 +56,7 @@ def split_error(samples: list[dict], fit) -> tuple[float, int]:
 
 
 def _fit(samples: list[dict]):
-    from sglang_cpp.costmodel import fit_cost_model
+    from sglang_cpp.core.costmodel import fit_cost_model
 
     return fit_cost_model([s["L"] for s in samples], [s["x"] for s in samples], [s["ms"] for s in samples],
                           name="gpu check")
@@ -132,7 +131,7 @@ def build_model(out: Path) -> Path:
 
 
 def _server(model: Path, pp: int, env: dict, log_dir: str, dynamic: bool = False):
-    from sglang_cpp.server import ServerSpec
+    from sglang_cpp.bench.server import ServerSpec
 
     spec = ServerSpec(str(model), pp_size=pp, chunk_size=max(CHUNKS), device="cuda", env=env, dynamic=dynamic,
                       extra_args=("--skip-tokenizer-init", "--enable-metrics", "--disable-cuda-graph",
@@ -143,7 +142,7 @@ def _server(model: Path, pp: int, env: dict, log_dir: str, dynamic: bool = False
 def check_server_and_fit(rows: list, model: Path, work: Path) -> dict:
     from sglang_cpp.profiler.grid import ProfileConfig
     from sglang_cpp.profiler.server import profile_server
-    from sglang_cpp.server import launched
+    from sglang_cpp.bench.server import launched
 
     spec, log_dir = _server(model, 1, {}, str(work))
     out: dict = {}
@@ -168,7 +167,8 @@ def check_server_and_fit(rows: list, model: Path, work: Path) -> dict:
 
 
 def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
-    from sglang_cpp.server import launched
+    from sglang_cpp.bench.server import launched
+    from sglang_cpp.files import read_events
 
     if gpus < 2:
         rows.append(("pp2", "SKIPPED", f"{gpus} GPU: a PP=2 calibration needs two (not counted as a pass)"))
@@ -180,7 +180,7 @@ def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
     with launched(spec, 600, log_dir=log_dir) as srv:
         log = srv.log()
     dec = work / "dec_0.jsonl"
-    events = [json.loads(x) for x in dec.read_text().splitlines()] if dec.exists() else []
+    events = read_events([dec]) if dec.exists() else []
     ok = "[sglang-cpp] calibrated" in log and "policy=plan ready" in log
     _row(rows, "pp2", ok, f"PP=2 startup calibration on CUDA: {'done' if ok else 'missing'}; {len(events)} log events")
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import envs
-from ..batch_policy import GLLMThrottle, View, even_share, time_budget, time_chunk
+from ..core.batch_policy import GLLMThrottle, View, even_share, time_budget, time_chunk
 
-BATCH_POLICIES = ("sglang", "gllm", "time")
+BATCH_POLICIES = envs.BATCH_POLICY.choices
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,7 @@ class BatchConfig:
     even_decodes: bool = False  # SGLANG_CPP_EVEN_DECODES: eq. 4 as a per-slot admission cap
 
     def __post_init__(self):
-        if self.policy not in BATCH_POLICIES:
-            raise ValueError(f"SGLANG_CPP_BATCH_POLICY={self.policy!r} is not one of {', '.join(BATCH_POLICIES)}. "
-                             f"{envs.BATCH_POLICY.help}")
+        envs.BATCH_POLICY.check(self.policy)
         if self.policy != "sglang" and not self.mixed_chunk:
             raise ValueError(f"SGLANG_CPP_BATCH_POLICY={self.policy} throttles the prefill that decodes ride "
                              "with: add --enable-mixed-chunk, or unset SGLANG_CPP_BATCH_POLICY")

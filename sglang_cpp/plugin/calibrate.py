@@ -75,7 +75,7 @@ def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> int:
     its time, yet a plan that cuts 1-2K chunks never runs them (issue 26: 0.74x the chunk walks' time at
     32K, not 0.25x). Where the model wants big chunks (a GPU), the top stays at the cap. Chunks the plan
     later wants above the top are served forwards, which online refinement fits."""
-    from ..planner import plan_dp, plan_equal_time
+    from ..core.planner import plan_dp, plan_equal_time
 
     fn = plan_dp if plan_cfg.method == "dp" else plan_equal_time
     a = max(1, int(plan_cfg.align))
@@ -480,7 +480,7 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
 
 def _next_top(samples: list, length: int, plan_cfg, max_chunk: int) -> int:
     """World rank 0: top_chunk on the samples so far; a fit that fails keeps the cap (and says so)."""
-    from ..costmodel import cost_from_profile
+    from ..core.costmodel import cost_from_profile
 
     try:
         cost = cost_from_profile({"samples": samples}, "calibration so far")

@@ -25,7 +25,8 @@ from .cpu_compat import (  # noqa: F401 (hooks)
 from .hicache_file import HiCacheFile_init  # noqa: F401 (hook)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
 from .batch import BatchConfig, BatchPolicy, slot_loads
-from .sizer import CppChunkSizer, DecisionLog, SizerConfig
+from .decision_log import DecisionLog
+from .sizer import CppChunkSizer, SizerConfig
 from .steps import CLOCK, Scheduler__pp_commit_comm_work, Scheduler__pp_recv_typed_dict  # noqa: F401 (hooks)
 from . import steps
 from .timing import DeviceTimer, LazyTimes
@@ -34,6 +35,7 @@ logger = logging.getLogger("sglang_cpp")
 
 ACTIVE: CppChunkSizer | None = None  # one scheduler per process
 LOG: DecisionLog | None = None
+LOG_BUFFER_LINES = 256  # hot-path lines a server's decision log holds before one write (decision_log.py)
 BATCH: BatchPolicy | None = None  # SGLANG_CPP_BATCH_POLICY other than sglang
 ONLINE = None  # online.Online: SGLANG_CPP_ONLINE with the plan policy
 _FORMING = None  # the Scheduler forming a prefill batch (set around _get_new_batch_prefill_raw)
@@ -105,7 +107,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     check_agreement(gathered)
     policy = cfg.policy
     active = bool(sch.enable_dynamic_chunking)
-    LOG = DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank()) \
+    LOG = DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank(), buffer_lines=LOG_BUFFER_LINES) \
         if (path or active or batch_cfg.policy != "sglang") else None
     if batch_cfg.policy != "sglang":  # the smallest pool of all ranks: the same KV fraction everywhere
         BATCH = BatchPolicy(batch_cfg, kv_capacity=min(g["kv_tokens"] for g in gathered), log=LOG,
@@ -149,7 +151,7 @@ def _start_online(cost, samples: list, overheads: list, gathered: list, pp_rank:
     """Every rank: the side group (a collective, so all call it here), then each its part of online.Online."""
     import torch.distributed as dist
 
-    from ..costmodel import PipelineCost
+    from ..core.costmodel import PipelineCost
     from .consensus import world_rank
     from .online import Online, side_group
 
@@ -203,7 +205,7 @@ def get_pp_indices(original, num_hidden_layers, pp_rank, pp_size, *args, **kwarg
     (SGLang's own error names neither the variable nor the fix)."""
     import os
 
-    from ..partition import parse_partition
+    from ..core.partition import parse_partition
 
     raw = os.environ.get("SGLANG_PP_LAYER_PARTITION")
     if raw is not None and pp_size > 1:
@@ -229,7 +231,10 @@ def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
         running = kwargs.get("running_batch", args[0] if args else None)
         self.sglang_cpp_slot = next((i for i, b in enumerate(getattr(self, "running_mbs", ()))
                                      if b is running), None)
-    return original(self, *args, **kwargs)
+    batch = original(self, *args, **kwargs)
+    if batch is None and LOG is not None:  # idle: the decision log's buffered lines go to disk
+        LOG.flush()
+    return batch
 
 
 def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwargs):
@@ -258,7 +263,7 @@ def PrefillAdder_init(result, self, *args, **kwargs):
     forward's --max-prefill-tokens room (rem_input_tokens). With a batch
     policy, cap this micro-batch's prefill tokens at its budget (gllm) or start its ms budget."""
     bound = _adder_signature().bind(self, *args, **kwargs)
-    self.sglang_cpp_mixed_tokens = mixed = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
+    mixed = int(bound.arguments.get("num_mixed_decode_tokens") or 0)
     sched, policy = _FORMING, BATCH
     if sched is None:
         return None
@@ -388,23 +393,26 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
         if log.path:
             log.write("step", **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in step.items()})
     CLOCK.forward_end(rec["rids"][0] if chunk else None, None if timer.cuda else timer.elapsed_ms())
-    if event == "forward":
-        _report_plans(log, batch.reqs, prefix, ext)
+    done = event == "forward" and _report_plans(log, batch.reqs, prefix, ext)
     _PENDING.add(timer, {"event": event, **rec, "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
     for rec in _PENDING.drain():
         if online is not None and rec["event"] == "forward" and len(rec["chunk"]) == 1 and rec["chunk"][0] > 0:
             online.record(rec["prefix"][0], rec["chunk"][0], rec["ms"])
         log.write(rec.pop("event"), **rec)
+    if done:  # a prompt ran its last chunk: its lines are on disk before its first token reaches the client
+        log.flush()
     return out
 
 
 _RAN: dict = {}  # rid -> [first prefix, chunks that ran], until the prompt's last chunk has run
 
 
-def _report_plans(log: DecisionLog, reqs, prefix: list, ext: list) -> None:
+def _report_plans(log: DecisionLog, reqs, prefix: list, ext: list) -> bool:
     """A request whose prompt's last chunk just ran carries its plan to the client: the chunks that ran,
     and the decided plan with its policy and predicted ms, as `meta_info["sglang_cpp_plan"]` (SGLang's
-    per-request `customized_info`, which the tokenizer manager accumulates into meta_info)."""
+    per-request `customized_info`, which the tokenizer manager accumulates into meta_info). True when
+    some request's prompt finished in this forward."""
+    done = False
     for req, p, x in zip(reqs, prefix, ext):
         n = len(req.origin_input_ids)
         if p >= n:  # a decode token riding in a mixed batch
@@ -417,8 +425,10 @@ def _report_plans(log: DecisionLog, reqs, prefix: list, ext: list) -> None:
             info = req.customized_info if isinstance(req.customized_info, dict) else {}
             info["sglang_cpp_plan"] = [plan]
             req.customized_info = info
+            done = True
     while len(_RAN) > 4096:  # aborted requests never reach their last chunk
         _RAN.pop(next(iter(_RAN)))
+    return done
 
 
 def MooncakeKVSender_send(result, self, kv_indices, *args, **kwargs):

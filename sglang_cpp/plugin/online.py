@@ -5,7 +5,7 @@ How the pieces travel, with no collective that one rank could skip:
 - samples: each stage's leader (its lowest world rank) sends its single-request forwards to world rank 0
   with non-blocking point-to-point sends on a gloo group of its own (made at startup by every rank);
   world rank 0 polls for them once per scheduler step.
-- the fit: world rank 0 only (sglang_cpp.refine.Refiner), on a background thread, so the scheduler never
+- the fit: world rank 0 only (sglang_cpp.core.refine.Refiner), on a background thread, so the scheduler never
   waits for it; a refit is accepted only if it predicts held-back forwards better than the model in force.
 - the switch: world rank 0 puts the accepted coefficients (a ModelUpdate) into the request list it pulls
   from the tokenizer. That list reaches every TP rank and every later stage in the same scheduler
@@ -21,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..costmodel import model_from_dict
+from ..core.costmodel import model_from_dict
 
 logger = logging.getLogger("sglang_cpp")
 TAG = 26026  # the sample messages' tag on the side group
@@ -56,7 +56,7 @@ class Online:
         self._pending: ModelUpdate | None = None
         self._lock = threading.Lock()
         if rank == 0:
-            from ..refine import Refiner
+            from ..core.refine import Refiner
 
             self.refiner = Refiner(cost, calibration, overheads, refine_cfg)
             self.covered = max((d["L"] + d["x"] for d in calibration), default=0)

@@ -96,7 +96,7 @@ def _commit(works) -> None:
 
 def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
     """`cost` with each stage's measured overhead added to its c0 (world rank 0's figures, on every rank)."""
-    from ..costmodel import PipelineCost, add_constant
+    from ..core.costmodel import PipelineCost, add_constant
     from .consensus import from_rank0, on_every_rank
 
     chunk = 2 * cfg.plan_config().align

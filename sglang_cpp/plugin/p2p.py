@@ -55,7 +55,7 @@ hangs -- neither can be cancelled. Doing it exactly would need the sender to ann
 layout (or fixed max-size buffers), or a dedicated receiver thread owning the PP channel; both are
 deeper changes than an out-of-tree hook.
 
-Mapping to sglang_cpp/simulator.py: `recv_mode="serial"` is upstream (switch off). With the switch on,
+Mapping to sglang_cpp/whatif/simulator.py: `recv_mode="serial"` is upstream (switch off). With the switch on,
 a proxy transfer still starts only when the receiving stage reaches `_pp_recv_proxy_tensors` for that
 chunk (its metadata must be read first), i.e. after its previous forward: on CPU (synchronous
 forwards) it cannot overlap the receiver's previous compute, so the simulator's "serial" timing

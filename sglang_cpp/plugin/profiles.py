@@ -14,9 +14,9 @@ from pathlib import Path
 from .. import envs
 from .cache_key import timing_args
 from ..machine import cpu_model
-from ..costmodel import PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
+from ..core.costmodel import PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
 from ..files import device_file_name
-from ..upstream import UpstreamPredictor
+from ..core.upstream import UpstreamPredictor
 
 logger = logging.getLogger("sglang_cpp")
 

@@ -6,19 +6,17 @@ length and cached prefix), so every stage makes the same decisions.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import threading
-import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional
 
 from .. import envs
-from ..plan import ChunkPlan
-from ..planner import DP_MAX_UNITS, PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
-from ..upstream import UpstreamPredictor, check_sigma
+from ..core.plan import ChunkPlan
+from ..core.planner import DP_MAX_UNITS, PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
+from ..core.upstream import UpstreamPredictor, check_sigma
+from .decision_log import DecisionLog
 
 logger = logging.getLogger("sglang_cpp")
 POLICIES = ("plan", "quadratic", "off")
@@ -81,70 +79,6 @@ class SizerConfig:
                                       context_len=self.context_len, min_chunk=self.min_chunk,
                                       max_chunk=self.max_chunk, overhead_ms=self.overhead_ms, method=self.method,
                                       align=self.align, buffer_tokens=self.buffer_tokens)
-
-
-class DecisionLog:
-    """An optional JSONL file (SGLANG_CPP_DECISION_LOG; `{rank}` expands to the world rank, `{pp_rank}`
-    and `{tp_rank}` to this process's), per-decision lines at DEBUG and one INFO line per request."""
-
-    def __init__(self, pp_rank: int, path: str = "", tp_rank: int = 0, rank: int | None = None,
-                 max_open: int = 4096):
-        self.pp_rank = pp_rank
-        rank = pp_rank if rank is None else rank
-        self.path = (path.replace("{rank}", str(rank)).replace("{pp_rank}", str(pp_rank))
-                     .replace("{tp_rank}", str(tp_rank))) if path else ""
-        self._lock = threading.Lock()
-        self._open: OrderedDict[str, list] = OrderedDict()  # rid -> [first prefix, chunks], until the last
-        self._max_open = max_open
-        self.finished: OrderedDict[str, dict] = OrderedDict()  # rid -> its whole plan, until it has run
-        self._fh = None
-
-    def write(self, event: str, **rec) -> None:
-        rec = {"event": event, "pp_rank": self.pp_rank, "t": round(time.time(), 6), **rec}
-        if event == "decision":
-            self._summarise(rec)
-        if self.path:
-            line = json.dumps(rec) + "\n"
-            with self._lock:
-                try:
-                    if self._fh is None:  # opened once, line-buffered: no open() per line on the scheduler's path
-                        self._fh = open(self.path, "a", buffering=1)
-                    self._fh.write(line)
-                except OSError as exc:  # a full disk or a vanished folder must not take the server down
-                    logger.warning("[sglang-cpp] PP%d decision log %s: %s; no more lines are written to it",
-                                   self.pp_rank, self.path, exc.strerror or exc)
-                    self.path, self._fh = "", None
-
-    def probe(self) -> str:
-        """'' when this rank can append to its log file; else the error, naming the file and the fix (the
-        rank agreement fails every rank with it, at startup, not at the first write on one node)."""
-        if not self.path:
-            return ""
-        try:
-            with open(self.path, "a"):
-                pass
-        except OSError as exc:
-            return (f"SGLANG_CPP_DECISION_LOG: cannot write {self.path} ({exc.strerror or exc}); create its folder on "
-                    "every node, or point the variable at a writable path")
-        return ""
-
-    def _summarise(self, rec: dict) -> None:
-        logger.debug("[sglang-cpp] PP%d decision rid=%s prefix=%d chunk=%d predicted_ms=%.1f (%s)",
-                     self.pp_rank, rec["rid"], rec["prefix"], rec["chunk"], rec.get("predicted_ms") or 0.0,
-                     rec.get("policy"))
-        ent = self._open.setdefault(rec["rid"], [rec["prefix"], [], 0.0])
-        ent[1].append(rec["chunk"])
-        ent[2] += rec.get("predicted_ms") or 0.0
-        while len(self._open) > self._max_open:  # aborted requests never reach their last chunk
-            self._open.popitem(last=False)
-        if rec["prefix"] + rec["chunk"] >= rec["prompt_len"]:
-            self._open.pop(rec["rid"], None)
-            self.finished[rec["rid"]] = {"policy": rec.get("policy"), "prefix": ent[0], "chunks": list(ent[1]),
-                                         "predicted_ms": round(ent[2], 3)}
-            while len(self.finished) > self._max_open:
-                self.finished.popitem(last=False)
-            logger.info("[sglang-cpp] PP%d request rid=%s prompt=%d prefix=%d chunks=%s predicted_ms=%.1f (%s)",
-                        self.pp_rank, rec["rid"], rec["prompt_len"], ent[0], ent[1], ent[2], rec.get("policy"))
 
 
 class CppChunkSizer:

@@ -354,7 +354,7 @@ def save_profile(path: str | Path, *, samples: Sequence[dict] = (), meta: dict |
         doc["stages"] = [m.to_dict() for m in stages]
     if extra:
         doc.update(extra)
-    from .files import save_json
+    from ..files import save_json
 
     return save_json(path, doc)  # atomic: a crash never leaves a half-written profile
 

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bench import BenchConfig, _log, any_failed, run_ttft, write_jsonl
-from .files import load_json, save_json
-from .experiment_report import median
+from ..files import load_json, save_json
+from .report import median
 from .server import ServerSpec, reported_calibration
+from .ttft import BenchConfig, _log, any_failed, run_ttft, write_jsonl
 
 DEFAULT_MODEL = "~/.cache/sglang-cpp/models/smollm2-135m"
 
@@ -57,7 +57,7 @@ class ExperimentConfig:
     rounds: int = 3  # tuning-free mode: interleaved rounds, each starting every configuration once
 
     def __post_init__(self):
-        from .upstream import check_sigma
+        from ..core.upstream import check_sigma
 
         object.__setattr__(self, "model", os.path.expanduser(str(self.model)))
         object.__setattr__(self, "sigmas", tuple(check_sigma(s, "--sigmas") for s in self.sigmas))
@@ -216,7 +216,7 @@ def step_costs(paths) -> dict:
     beyond forward and waits (loop_ms) and of the plugin's own hooks in it (plugin_ms) (plugin/steps.py)."""
     import numpy as np
 
-    from .files import read_events
+    from ..files import read_events
 
     out: dict = {}
     for e in read_events(paths, "step"):
@@ -238,7 +238,7 @@ def calibration_stages(cfg: ExperimentConfig, runner: Runner, plan_ents: list) -
         return None, None, ""
     cal = Path(runner.state["calibration"])
     try:
-        from .costmodel import load_cost
+        from ..core.costmodel import load_cost
 
         c = load_cost(cal)
         return cal, list(getattr(c, "stages", None) or [c]), ""
@@ -248,8 +248,8 @@ def calibration_stages(cfg: ExperimentConfig, runner: Runner, plan_ents: list) -
 
 def upstream_json(cfg: ExperimentConfig, base: int, stages) -> tuple[str | None, str]:
     """(profile holding upstream's a, b, c for base chunk `base`, emulated from the calibration; message)."""
-    from .costmodel import PipelineCost
-    from .upstream import emulated_fit
+    from ..core.costmodel import PipelineCost
+    from ..core.upstream import emulated_fit
 
     cost = stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
     a, b, c = emulated_fit(cost, base, cfg.ctx or 8192)
@@ -261,7 +261,7 @@ def upstream_json(cfg: ExperimentConfig, base: int, stages) -> tuple[str | None,
 
 def experiment(cfg: ExperimentConfig, *, launch=None, log=_log, command: str = "") -> int:
     """The whole experiment; writes the results table. 0 when every server ran and every request succeeded."""
-    from .experiment_report import Row, predict_ttft, write_report
+    from .report import Row, predict_ttft, write_report
 
     if launch is None:
         from .server import launched as launch
@@ -334,7 +334,7 @@ def tuning_free(cfg: ExperimentConfig, runner: Runner, command: str = "") -> int
     server ran and every request succeeded."""
     from dataclasses import replace
 
-    from .experiment_report import write_tuning_free
+    from .report import write_tuning_free
 
     order = interleaved(cfg)
     ents: dict[str, list] = {r.key: [] for r in order}

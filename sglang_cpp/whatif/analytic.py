@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .costmodel import CostModel
+from ..core.costmodel import CostModel
 
 
 @dataclass(frozen=True)

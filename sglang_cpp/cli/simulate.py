@@ -6,8 +6,9 @@ import argparse
 import json
 import math
 
-from .args import alias, parse_len
-from .simulator import RECV_MODES, SEND_MODES, SimConfig, _stage_costs, simulate
+from ..args import alias, parse_len
+from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
+from .common import chunk_overhead_ms, cli_costs
 
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -50,54 +51,6 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def chunk_overhead_ms(args, given: float | None) -> float:
-    """--chunk-overhead-ms (`given`), or its default: the device preset's fixed per-chunk cost for an
-    analytic model (a profile measured it already, so 0 there). `args` names the cost source."""
-    if given is not None:
-        if not (given >= 0 and math.isfinite(given)):
-            raise ValueError(f"--chunk-overhead-ms={given} must be a finite number >= 0")
-        return given
-    if getattr(args, "analytic", None) and not getattr(args, "profile", None) and not getattr(args, "coeffs", None):
-        from .analytic import DEVICES
-
-        if args.device in DEVICES:
-            return DEVICES[args.device].chunk_overhead_ms
-    return 0.0
-
-
-def cli_costs(args) -> tuple[list, int]:
-    """(per-stage cost models, hidden size) for the chosen cost source: args.profile, args.coeffs or
-    args.analytic (with device, tp, pp_size and, where the command has them, efficiency, dtype and
-    layers_per_stage)."""
-    from .costmodel import load_cost, parse_coeffs
-
-    P = args.pp_size
-    if args.profile:
-        return _stage_costs(load_cost(args.profile), P), 0
-    if args.coeffs:
-        return [parse_coeffs(args.coeffs)] * P, 0
-    from .analytic import DEVICES, MODELS
-    from .analytic_fit import stage_models
-
-    if args.analytic not in MODELS:
-        raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
-    if args.device not in DEVICES:
-        raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
-    model, dev = MODELS[args.analytic], DEVICES[args.device]
-    if getattr(args, "efficiency", None) is not None:
-        from dataclasses import replace
-        dev = replace(dev, efficiency=args.efficiency)
-    lps = getattr(args, "layers_per_stage", None)
-    try:
-        parts = None if lps is None else ([int(v) for v in str(lps).split(",")] if "," in str(lps) else [int(lps)] * P)
-    except ValueError:
-        parts = [0]
-    if parts is not None and (len(parts) != P or any(n < 1 for n in parts)):
-        raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
-    models = stage_models(model, dev, args.tp, P, parts, dtype=getattr(args, "dtype", None))
-    return models, model.hidden_size
-
-
 def run_simulate(args) -> int:
     """`sglang-cpp simulate`: plan (fixed, quadratic or planner) + simulate + report. Bad input raises
     ValueError (sglang_cpp.cli.main prints it and exits 2)."""
@@ -111,8 +64,8 @@ def run_simulate(args) -> int:
     R = args.prompt_len - args.prefix_len
     if R < 1:
         raise ValueError(f"--input-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")
-    from .costmodel import PipelineCost
-    from .policy import chunks_for
+    from ..core.costmodel import PipelineCost
+    from ..core.policy import chunks_for
 
     C = args.chunk_size or 8192
     if C < 1:
@@ -134,4 +87,4 @@ def run_simulate(args) -> int:
     return 0
 
 
-__all__ = ["add_simulate_args", "run_simulate", "cli_costs"]
+__all__ = ["add_simulate_args", "run_simulate"]

@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..core.partition import default_partition
 from .analytic import DeviceSpec, ModelSpec, analytic_cost_model
-from .partition import default_partition
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Measured:
     @classmethod
     def parse(cls, text: str) -> "Measured":
         """'PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]]', e.g. '1,128k,55.5' or '8,128k,10.54,quadratic,18k,0.8'."""
-        from .args import parse_len
+        from ..args import parse_len
 
         parts = [p.strip() for p in str(text).split(",")]
         try:
@@ -76,7 +76,7 @@ class Ratio:
 
     @staticmethod
     def _config(text: str) -> tuple:
-        from .args import parse_len
+        from ..args import parse_len
 
         f = [t.strip() for t in text.split(":")]
         if not 2 <= len(f) <= 3 or f[0] not in POLICIES:
@@ -86,7 +86,7 @@ class Ratio:
     @classmethod
     def parse(cls, text: str) -> "Ratio":
         """'PP,INPUT_LEN,POLICY:CHUNK[:SIGMA]/POLICY:CHUNK[:SIGMA],RATIO', e.g. '8,128k,fixed:6k/quadratic:18k:0.8,1.105'."""
-        from .args import parse_len
+        from ..args import parse_len
 
         parts = [p.strip() for p in str(text).split(",")]
         try:
@@ -148,8 +148,8 @@ def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, o
     """Simulated TTFT of `point`'s configuration: its chunk policy on the per-stage models, replayed by
     the pipeline simulator with `overhead_ms` per chunk and stage (None: the device preset's)."""
     overhead_ms = device.chunk_overhead_ms if overhead_ms is None else overhead_ms
-    from .costmodel import PipelineCost
-    from .policy import chunks_for
+    from ..core.costmodel import PipelineCost
+    from ..core.policy import chunks_for
     from .simulator import SimConfig, simulate
 
     stages = stage_models(model, device, tp, point.pp_size, dtype=dtype)

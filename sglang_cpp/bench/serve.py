@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .workload import LengthMix
+from ..whatif.workload import LengthMix
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def same_outputs(a: dict, b: dict) -> tuple[int, int]:
 
 def plot_runs(records: list[dict], path: str | Path) -> Path:
     """Throughput, TTFT and TPOT per run side by side (bars, measured)."""
-    from .files import pyplot, save_figure
+    from ..files import pyplot, save_figure
 
     fig, axes = pyplot().subplots(1, 3, figsize=(10, 3.2))
     labels = [r["label"] for r in records]

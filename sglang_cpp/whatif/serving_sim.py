@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batch_policy import View, WaitingReq
+from ..core.batch_policy import View, WaitingReq
 from .serving_result import ServeResult
 
 
@@ -126,22 +126,12 @@ class MicroBatch:
 
 def read_decode_log(paths) -> dict:
     """{pp_rank: DecodeCost} fitted on the `decode_forward` events of decision logs (JSON lines)."""
-    import json
+    from ..files import read_events
 
     rows: dict = {}
-    for path in paths:
-        try:
-            lines = open(path).read().splitlines()
-        except OSError as exc:
-            raise ValueError(f"decode log {path}: cannot read it ({exc}); start the server with "
-                             "SGLANG_CPP_DECISION_LOG=/tmp/cpp-{rank}.jsonl and serve some decodes") from None
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a crash can leave a partial last line
-            if isinstance(rec, dict) and rec.get("event") == "decode_forward" and rec.get("synchronous", True):
-                rows.setdefault(int(rec["pp_rank"]), []).append((rec["batch_size"], rec["context"], rec["ms"]))
+    for rec in read_events(paths, "decode_forward"):
+        if rec.get("synchronous", True):
+            rows.setdefault(int(rec["pp_rank"]), []).append((rec["batch_size"], rec["context"], rec["ms"]))
     if not rows:
         raise ValueError(f"decode log {', '.join(map(str, paths))}: no decode_forward events; serve some decodes "
                          "with SGLANG_CPP_DECISION_LOG set (sglang-cpp >= this version writes them)")

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from .args import alias, parse_len
+from ..args import alias, parse_len
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -24,8 +24,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--workload", help="JSON lines / CSV with arrival_ms, input_len, output_len")
     w.add_argument("--num-requests", type=int, default=64)
     w.add_argument("--request-rate", type=float, default=math.inf, help="requests per second (inf: all at once)")
-    w.add_argument("--input-lens", default="0.9:200-2k,0.1:6k-8k", help="[WEIGHT:]LO-HI,... uniform mixture")
-    w.add_argument("--output-lens", default="32-128", help="[WEIGHT:]LO-HI,...")
+    w.add_argument("--input-len", dest="input_lens", metavar="MIX", default="0.9:200-2k,0.1:6k-8k",
+                   help="prompt lengths: [WEIGHT:]LO-HI,... uniform mixture")
+    w.add_argument("--output-len", dest="output_lens", metavar="MIX", default="32-128",
+                   help="output lengths: [WEIGHT:]LO-HI,...")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--save-workload", help="write the generated requests as JSON lines (a --workload file)")
     a("--policies", default="sglang,gllm,time,tdpipe,sipipe",
@@ -36,7 +38,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
       help="prefill token budget of sglang/sarathi/tdpipe; #MaxP of gllm/time")
     a("--kv-capacity", type=parse_len, default=parse_len("256k"), help="KV pool in tokens")
     a("--batch-overhead-ms", type=float, default=0.0, help="CPU prep per micro-batch and stage")
-    a("--p2p-ms", type=float, default=0.0, help="transfer per micro-batch and hop")
+    a("--p2p-latency-ms", dest="p2p_ms", metavar="MS", type=float, default=0.0,
+      help="P2P transfer time per micro-batch and hop (as simulate's --p2p-latency-ms per chunk)")
     a("--sample-ms", type=float, default=0.02,
       help="sampling per sequence on the last stage, which SiPipe's CPU sampling takes off it (an assumption: "
            "SiPipe measures 22-40%% extra last-stage time in decode)")
@@ -49,14 +52,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a("--plot", help="PNG of the KV occupancy over time, one line per policy")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--tp-size", "--tp")
+    alias(p, "--input-len", "--input-lens")
+    alias(p, "--output-len", "--output-lens")
+    alias(p, "--p2p-latency-ms", "--p2p-ms")
 
 
 def run_policies(requests, prefill, names, *, chunk: int = 2048, decode=None, **serve) -> dict:
     """{policy name: ServeResult} for each name, each on a fresh policy object: `chunk` is the prefill
     budget (sglang, sarathi, tdpipe) or #MaxP (gllm, time); sipipe is sglang with CPU sampling; `decode`
     the per-stage DecodeCost (default: from each prefill model); `serve` are the ServeConfig settings."""
-    from .batch_policy import make_policy
-    from .serving_sim import DecodeCost, ServeConfig, simulate_serving
+    from ..core.batch_policy import make_policy
+    from ..whatif.serving_sim import DecodeCost, ServeConfig, simulate_serving
 
     decode = list(decode) if decode is not None else [DecodeCost.from_prefill(m) for m in prefill]
     out = {}
@@ -72,7 +78,7 @@ def decode_costs(paths, pp_size: int):
     """Per-stage DecodeCost fitted on decision logs, or None (the prefill models' estimate)."""
     if not paths:
         return None
-    from .serving_sim import read_decode_log
+    from ..whatif.serving_sim import read_decode_log
 
     fitted = read_decode_log(paths)
     if sorted(fitted) != list(range(pp_size)):
@@ -96,8 +102,8 @@ def format_table(results: dict) -> str:
 
 
 def run(args) -> int:
-    from .files import pyplot, save_figure, save_json
-    from .workload import LengthMix, load_trace, poisson, save_trace
+    from ..files import pyplot, save_figure, save_json
+    from ..whatif.workload import LengthMix, load_trace, poisson, save_trace
 
     if args.pp_size < 1:
         raise ValueError(f"--pp-size={args.pp_size} must be >= 1")
@@ -108,7 +114,7 @@ def run(args) -> int:
                            LengthMix.parse(args.output_lens, "--output-lens"), args.seed)
     if args.save_workload:
         save_trace(requests, args.save_workload)
-    from .simulate_cli import cli_costs
+    from .common import cli_costs
 
     prefill = cli_costs(args)[0]
     results = run_policies(requests, prefill, [n.strip() for n in args.policies.split(",") if n.strip()],

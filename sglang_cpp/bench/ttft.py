@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..machine import machine_info
 from .client import ServerError, generate, random_ids, server_info
-from .machine import machine_info
 
 W = 50  # bench_serving's block width
 
@@ -236,7 +236,7 @@ def write_jsonl(records, path) -> Path:
 
 def plot_ttft(records, path) -> Path:
     """Median TTFT against input length, p90 as the upper error bar; one line per policy label."""
-    from .files import pyplot, save_figure
+    from ..files import pyplot, save_figure
 
     fig, ax = pyplot().subplots(figsize=(6, 4))
     for label in dict.fromkeys(r.get("policy") or "" for r in records):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .args import parse_len
+from ..args import parse_len
 from .serving_sim import Request
 
 

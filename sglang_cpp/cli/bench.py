@@ -1,5 +1,5 @@
 """`sglang-cpp bench`: the subcommand (`ttft` on a real server or simulated, `compare`, and `serve` via
-sglang.benchmark.serving). The client itself is bench.py; the side by side is experiment.py; this module only wires
+sglang.benchmark.serving). The client itself is bench/ttft.py; the side by side is bench/experiment.py; this module only wires
 them to the command line."""
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import math
 import sys
 from types import SimpleNamespace
 
-from . import experiment, serve_bench
-from .args import alias, parse_floats, parse_ints, parse_len, parse_lens
-from .bench import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
-                    write_jsonl)
-from .policy import POLICIES, chunks_for
+from ..args import alias, parse_len, parse_lens
+from ..bench import experiment
+from ..bench import serve as serve_bench
+from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
+                          write_jsonl)
+from ..core.policy import POLICIES, chunks_for
+from .common import add_experiment_args, run_experiment
 
 
 def parse_policies(text: str) -> list[tuple[str, int | None]]:
@@ -34,9 +36,9 @@ def parse_policies(text: str) -> list[tuple[str, int | None]]:
 def simulate_ttft(args) -> list[dict]:
     """Same records as run_ttft, from the simulator, for every --policy; closed loop at
     --max-concurrency, FIFO."""
-    from .costmodel import PipelineCost
-    from .simulate_cli import chunk_overhead_ms, cli_costs
-    from .simulator import SimConfig, simulate_requests
+    from ..core.costmodel import PipelineCost
+    from .common import chunk_overhead_ms, cli_costs
+    from ..whatif.simulator import SimConfig, simulate_requests
 
     P = args.pp_size
     src = SimpleNamespace(profile=args.simulate, analytic=args.analytic if not args.simulate else None,
@@ -83,11 +85,11 @@ def side_by_side(records: list[dict], args) -> str:
     kinds = {r["policy"]: r["chunk_plan"]["policy"] for r in records}
     plan = next((lb for lb in labels if kinds[lb] == "plan"), None)
     dck = next((lb for lb in labels if kinds[lb] == "quadratic"), None)
-    from .analytic import DEVICES, MODELS, percent_of_limit
+    from ..whatif.analytic import DEVICES, MODELS, percent_of_limit
 
     limit, model, device, tp = None, args.analytic, args.device, args.tp
     if args.simulate:  # a `tune analytic` JSON names its model and device
-        from .costmodel import load_profile
+        from ..core.costmodel import load_profile
 
         meta = load_profile(args.simulate)["meta"]
         model, device, tp = meta.get("model"), meta.get("device_name"), int(meta.get("tp") or 1)
@@ -112,7 +114,8 @@ def side_by_side(records: list[dict], args) -> str:
 def add_ttft_args(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--base-url", help="SGLang server, e.g. http://127.0.0.1:30000 (not needed when simulating)")
-    a("--input-lens", type=parse_lens, required=True, help="comma-separated prompt lengths (8k = 8192)")
+    a("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens, required=True,
+      help="prompt length, or several comma-separated (8k = 8192)")
     a("--num-requests", type=int, default=2, help="measured requests per length")
     a("--warmup", type=int, default=1, help="unmeasured requests per length, before the measured ones")
     a("--max-concurrency", type=int, default=1)
@@ -123,9 +126,10 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     a("--policy-label", default="", help="name of the server's configuration, carried into the JSONL")
     a("--request-timeout", dest="timeout", type=float, default=3600.0, help="seconds per request")
     alias(p, "--request-timeout", "--timeout")
+    alias(p, "--input-len", "--input-lens")
     g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
     g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
-    g.add_argument("--analytic", metavar="MODEL", help="analytic model preset (sglang_cpp.analytic.MODELS)")
+    g.add_argument("--analytic", metavar="MODEL", help="analytic model preset (sglang_cpp.whatif.analytic.MODELS)")
     g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
     g.add_argument("--device", default="H100", help="device preset for --analytic")
     g.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
@@ -166,13 +170,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     a("--model-path", required=True, help="the served model's folder (its tokenizer writes the prompts)")
     a("--num-requests", type=int, default=d.num_requests)
     a("--request-rate", type=float, default=d.request_rate, help="Poisson arrivals per second (inf: all at once)")
-    a("--input-lens", default=d.input_lens, help="length mixture [WEIGHT:]LO[-HI],... of the prompts")
-    a("--output-lens", default=d.output_lens, help="length mixture of the outputs")
+    a("--input-len", dest="input_lens", metavar="MIX", default=d.input_lens,
+      help="length mixture [WEIGHT:]LO[-HI],... of the prompts")
+    a("--output-len", dest="output_lens", metavar="MIX", default=d.output_lens, help="length mixture of the outputs")
     a("--seed", type=int, default=d.seed)
     a("--context-length", type=int, default=d.context_length,
       help="cut each prompt so it fits with its output (0: the model config's max_position_embeddings)")
     a("--label", default="run", help="this run's name in the table and the output file")
     a("--out-dir", default="results/serve", help="workload and bench_serving output files go here")
+    alias(p, "--input-len", "--input-lens")
+    alias(p, "--output-len", "--output-lens")
 
 
 def run_ttft_cli(args) -> int:
@@ -220,55 +227,3 @@ def run_serve_cli(args) -> int:
     rec = serve_bench.run_bench_serving(cfg, args.base_url, args.model_path, args.out_dir, args.label)
     print(serve_bench.summary_table([rec]))
     return 0 if rec["completed"] == cfg.num_requests else 1
-
-
-def add_experiment_args(p, preset) -> None:
-    """The flags of `bench compare` and `tune sweep`: one set, the preset's defaults."""
-    d, a = preset, p.add_argument
-    a("--model-path", dest="model", default=d.model, help=f"model folder (default {experiment.DEFAULT_MODEL})")
-    a("--pp-size", type=int, default=d.pp_size)
-    a("--input-lens", type=parse_lens, default=d.input_lens, help="prompt lengths, e.g. 8k,16k")
-    a("--fixed-chunks", type=parse_ints, default=d.fixed_chunks, help="the fixed-chunk sweep")
-    a("--sigmas", type=parse_floats, default=d.sigmas, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR values")
-    a("--dynamic-base", type=int, default=d.dynamic_base,
-      help="upstream dynamic chunking's --chunked-prefill-size as a multiple of the best fixed chunk")
-    a("--plan", action=argparse.BooleanOptionalAction, default=d.plan, help="run the sglang-cpp plan server")
-    a("--pp1", action=argparse.BooleanOptionalAction, default=d.pp1, help="run PP=1 on one core")
-    a("--num-requests", type=int, default=d.num_requests, help="measured requests per length and server")
-    a("--warmup", type=int, default=d.warmup, help="unmeasured requests per length and server")
-    a("--warmup-len", type=parse_len, default=d.warmup_len, help="tokens per warmup request (0: the measured length)")
-    a("--seed", type=int, default=d.seed)
-    a("--profile", default=d.profile, help="SGLANG_CPP_PROFILE for the plan server and the simulator check "
-                                            "(default: the plan server calibrates and reports its file)")
-    a("--calib-max-len", type=parse_len, default=d.calib_max_len,
-      help="the plan server's SGLANG_CPP_CALIB_MAX_LEN (0: the longest input)")
-    a("--context-length", type=parse_len, default=d.context_length,
-      help="server --context-length (default: the model's, raised to the longest input + 16 when too short)")
-    a("--device", default=d.device, help="server --device")
-    a("--upstream-profiling", action="store_true",
-      help="upstream dynamic chunking profiles at startup (128 fresh prefills of up to 1.25*C tokens) instead "
-           "of running its algorithm through SGLANG_CPP_POLICY=quadratic on the fit emulated from the calibration")
-    a("--results", default=d.results, help=f"markdown table; state, .jsonl and logs beside it (default {d.results})")
-    a("--plot", default=None, help="bar chart of median TTFT per configuration")
-    a("--timeout-per-server", type=float, default=d.timeout_per_server,
-      help="seconds a server may take to become healthy (the plan server calibrates at its first start)")
-    a("--request-timeout", type=float, default=d.request_timeout, help="seconds per request")
-    a("--fresh", action="store_true", help="ignore the saved state of an earlier, interrupted run")
-    a("--plan-chunks", type=parse_ints, default=d.plan_chunks,
-      help="the tuning-free mode: the plan server at each of these --chunked-prefill-size values beside the "
-           "--fixed-chunks, interleaved over --rounds rounds, with no sweep (no upstream or PP1 rows)")
-    a("--rounds", type=int, default=d.rounds, help="tuning-free mode: rounds, each starting every configuration once")
-    alias(p, "--model-path", "--model")
-    alias(p, "--fixed-chunks", "--fixed")
-    alias(p, "--sigmas", "--sigma")
-    alias(p, "--plot", "--png")
-    alias(p, "--input-lens", "--input-len")
-
-
-def run_experiment(args) -> int:
-    import dataclasses
-    import shlex
-
-    cls = experiment.ExperimentConfig
-    cfg = cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
-    return experiment.experiment(cfg, command=" ".join(shlex.quote(a) for a in ["sglang-cpp", *sys.argv[1:]]))

@@ -17,8 +17,8 @@ closed form like any other stage. The fixed per-chunk cost (launch, scheduler, P
 """
 from __future__ import annotations
 
+from ..core.costmodel import CostModel, PipelineCost
 from .analytic import DeviceSpec, ModelSpec, analytic_cost_model, embedding_ms
-from .costmodel import CostModel, PipelineCost
 
 Q_TILE = 128  # query rows per FlashAttention tile: the prefix KV is read once per tile
 MIN_CHUNK_TOKENS = 64  # SGLang's alignment: no chunk but the last is smaller

@@ -134,18 +134,16 @@ def _equal_count_chunks(Lg: np.ndarray, xg: np.ndarray, L0: int, R: int, K: int,
     pos = np.interp(np.arange(1, K) * (c[-1] / K), c, Lg) - L0
     # fast path (one numpy pass): the rounded boundaries, clipped to where the rest still fits in the
     # chunks left (a tight count forces them), already keep every chunk in [lo, hi]
-    left = np.arange(K - 1, 0, -1)
-    g_lo, g_hi = -(-(R - left * hi) // al) * al, (R - (left - 1) * lo - 1) // al * al
+    g_lo, g_hi = _bounds(R, np.arange(K - 1, 0, -1), lo, hi, al)
     bs = np.clip(np.rint(pos / al).astype(np.int64) * al, g_lo, g_hi)
     ch = np.diff(np.concatenate([[0], bs, [R]]))
     if ((ch[:-1] >= lo) & (ch[:-1] <= hi)).all() and 1 <= ch[-1] <= hi:
         return ch.tolist()
     chunks, L = [], 0
-    for p, gl, gh in zip(bs.tolist(), g_lo.tolist(), g_hi.tolist()):  # `_boundary`, inlined: thousands of chunks
-        low, high = max(L + lo, gl), min(L + hi, gh)
-        if low > high:
+    for p, gl, gh in zip(bs.tolist(), g_lo.tolist(), g_hi.tolist()):  # `_boundary`, its bounds computed at once
+        b = _clamp(p, L, lo, hi, gl, gh)
+        if b is None:
             return None
-        b = min(max(p, low), high)
         chunks.append(b - L)
         L = b
     return chunks + [R - L] if 1 <= R - L <= hi else None
@@ -156,8 +154,19 @@ def _boundary(b: int, L: int, left: int, R: int, lo: int, hi: int, al: int) -> i
     [lo, hi] and the rest R - b fits in `left` more chunks (non-final ones in [lo, hi], the last in
     [1, hi]). Those bounds always hold an aligned point when the chunk count is feasible, so a long plan
     never falls back to the per-K root search (None only when no boundary can work)."""
-    low = max(L + lo, -(-(R - left * hi) // al) * al)
-    high = min(L + hi, (R - (left - 1) * lo - 1) // al * al)
+    return _clamp(b, L, lo, hi, *_bounds(R, left, lo, hi, al))
+
+
+def _bounds(R: int, left, lo: int, hi: int, al: int):
+    """The aligned (lowest, highest) boundary after which the rest R - b still fits in `left` more chunks;
+    `left` may be a numpy array (every boundary of a plan at once)."""
+    return -(-(R - left * hi) // al) * al, (R - (left - 1) * lo - 1) // al * al
+
+
+def _clamp(b: int, L: int, lo: int, hi: int, g_lo: int, g_hi: int) -> int | None:
+    """`b` clamped to where the chunk from L stays in [lo, hi] and the rest within (g_lo, g_hi); None when
+    nothing is left between them. The one clamp of both boundary paths."""
+    low, high = max(L + lo, g_lo), min(L + hi, g_hi)
     return None if low > high else min(max(b, low), high)
 
 

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..machine import CPU_DTYPE
 from .client import ServerError, wait_healthy
-from .machine import CPU_DTYPE
 
 
 def free_port() -> int:

@@ -6,7 +6,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from .machine import provenance_lines
+from ..machine import provenance_lines
 
 POLICY_OF = {"fixed": "fixed", "dynamic": "quadratic", "plan": "plan", "pp1": "fixed"}  # kind -> simulated policy
 
@@ -39,9 +39,9 @@ class Row:
 
 def predict_ttft(cfg, run, L: int, stages: list) -> float:
     """Simulated TTFT (ms) of the same server configuration from the per-stage calibration models."""
-    from .costmodel import COEFS, CostModel, PipelineCost
-    from .policy import chunks_for
-    from .simulator import simulate
+    from ..core.costmodel import COEFS, CostModel, PipelineCost
+    from ..core.policy import chunks_for
+    from ..whatif.simulator import simulate
 
     P = cfg.pp_size
     if len(stages) == 1:
@@ -107,7 +107,7 @@ def render(cfg, rows: list[Row], best: dict, cal: Path | None, cal_err: str, com
     out += ["", "- vs upstream dynamic / vs best fixed: median TTFT divided by that config's median at the same "
             "length (< 1 is faster); upstream dynamic is its best sigma.",
             f"- PP{P} eff. vs PP1-1core: strong-scaling efficiency T_pp1 / ({P} * T_pp{P}); 1.0 = perfect speed-up.",
-            "- sim predicted: `sglang_cpp.simulator` on the chunk sequence each policy produces, with the per-stage "
+            "- sim predicted: `sglang_cpp.whatif.simulator` on the chunk sequence each policy produces, with the per-stage "
             "calibration models (free P2P, no host overhead); PP=1 sums the stage models.",
             f"- upstream dynamic runs at base {cfg.dynamic_base} x the best fixed chunk, clamped to the input. " +
             ("SGLang's own profiling and fit at startup (`--upstream-profiling`)." if cfg.upstream_profiling else
@@ -130,7 +130,7 @@ def _failed(fails: list) -> list[str]:
 
 def plot_bars(cfg, rows: list[Row], path) -> Path:
     """Median TTFT per configuration and length; the fastest at each length outlined."""
-    from .files import pyplot, save_figure
+    from ..files import pyplot, save_figure
 
     plt = pyplot()
     colors = {"fixed": "tab:gray", "dynamic": "tab:orange", "plan": "tab:blue", "pp1": "tab:green"}
@@ -182,8 +182,8 @@ def _ran(ents: list, L: int) -> list:
 def render_tuning_free(cfg, order: list, ents: dict, stages, cal, cal_err: str, command: str) -> str:
     import numpy as np
 
-    from .costmodel import PipelineCost
-    from .planner_base import fixed_split, makespan
+    from ..core.costmodel import PipelineCost
+    from ..core.planner_base import fixed_split, makespan
 
     P = cfg.pp_size
     cost = None if not stages else (stages[0] if len(stages) == 1 else PipelineCost(tuple(stages)))

@@ -1,0 +1,117 @@
+"""The argument helpers the subcommand families share: the stage cost models of a cost source
+(--profile, --coeffs or --analytic: `simulate`, `simulate-serve`, `bench ttft --simulate`), the fixed
+per-chunk cost's default, and the runner's flags (`bench compare`, `tune sweep`). One copy, so every
+command reads a flag alike."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from ..args import alias, parse_floats, parse_ints, parse_len, parse_lens
+
+
+def chunk_overhead_ms(args, given: float | None) -> float:
+    """--chunk-overhead-ms (`given`), or its default: the device preset's fixed per-chunk cost for an
+    analytic model (a profile measured it already, so 0 there). `args` names the cost source."""
+    if given is not None:
+        if not (given >= 0 and math.isfinite(given)):
+            raise ValueError(f"--chunk-overhead-ms={given} must be a finite number >= 0")
+        return given
+    if getattr(args, "analytic", None) and not getattr(args, "profile", None) and not getattr(args, "coeffs", None):
+        from ..whatif.analytic import DEVICES
+
+        if args.device in DEVICES:
+            return DEVICES[args.device].chunk_overhead_ms
+    return 0.0
+
+
+def cli_costs(args) -> tuple[list, int]:
+    """(per-stage cost models, hidden size) for the chosen cost source: args.profile, args.coeffs or
+    args.analytic (with device, tp, pp_size and, where the command has them, efficiency, dtype and
+    layers_per_stage)."""
+    from ..core.costmodel import load_cost, parse_coeffs
+    from ..whatif.simulator import _stage_costs
+
+    P = args.pp_size
+    if args.profile:
+        return _stage_costs(load_cost(args.profile), P), 0
+    if args.coeffs:
+        return [parse_coeffs(args.coeffs)] * P, 0
+    from ..whatif.analytic import DEVICES, MODELS
+    from ..whatif.analytic_fit import stage_models
+
+    if args.analytic not in MODELS:
+        raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
+    if args.device not in DEVICES:
+        raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
+    model, dev = MODELS[args.analytic], DEVICES[args.device]
+    if getattr(args, "efficiency", None) is not None:
+        from dataclasses import replace
+        dev = replace(dev, efficiency=args.efficiency)
+    lps = getattr(args, "layers_per_stage", None)
+    try:
+        parts = None if lps is None else ([int(v) for v in str(lps).split(",")] if "," in str(lps) else [int(lps)] * P)
+    except ValueError:
+        parts = [0]
+    if parts is not None and (len(parts) != P or any(n < 1 for n in parts)):
+        raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
+    models = stage_models(model, dev, args.tp, P, parts, dtype=getattr(args, "dtype", None))
+    return models, model.hidden_size
+
+
+def add_experiment_args(p, preset) -> None:
+    """The flags of `bench compare` and `tune sweep`: one set, the preset's defaults."""
+    from ..bench import experiment
+
+    d, a = preset, p.add_argument
+    a("--model-path", dest="model", default=d.model, help=f"model folder (default {experiment.DEFAULT_MODEL})")
+    a("--pp-size", type=int, default=d.pp_size)
+    a("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens,
+      default=d.input_lens, help="prompt length, or several comma-separated, e.g. 8k,16k")
+    a("--fixed-chunks", type=parse_ints, default=d.fixed_chunks, help="the fixed-chunk sweep")
+    a("--sigmas", type=parse_floats, default=d.sigmas, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR values")
+    a("--dynamic-base", type=int, default=d.dynamic_base,
+      help="upstream dynamic chunking's --chunked-prefill-size as a multiple of the best fixed chunk")
+    a("--plan", action=argparse.BooleanOptionalAction, default=d.plan, help="run the sglang-cpp plan server")
+    a("--pp1", action=argparse.BooleanOptionalAction, default=d.pp1, help="run PP=1 on one core")
+    a("--num-requests", type=int, default=d.num_requests, help="measured requests per length and server")
+    a("--warmup", type=int, default=d.warmup, help="unmeasured requests per length and server")
+    a("--warmup-len", type=parse_len, default=d.warmup_len, help="tokens per warmup request (0: the measured length)")
+    a("--seed", type=int, default=d.seed)
+    a("--profile", default=d.profile, help="SGLANG_CPP_PROFILE for the plan server and the simulator check "
+                                            "(default: the plan server calibrates and reports its file)")
+    a("--calib-max-len", type=parse_len, default=d.calib_max_len,
+      help="the plan server's SGLANG_CPP_CALIB_MAX_LEN (0: the longest input)")
+    a("--context-length", type=parse_len, default=d.context_length,
+      help="server --context-length (default: the model's, raised to the longest input + 16 when too short)")
+    a("--device", default=d.device, help="server --device")
+    a("--upstream-profiling", action="store_true",
+      help="upstream dynamic chunking profiles at startup (128 fresh prefills of up to 1.25*C tokens) instead "
+           "of running its algorithm through SGLANG_CPP_POLICY=quadratic on the fit emulated from the calibration")
+    a("--results", default=d.results, help=f"markdown table; state, .jsonl and logs beside it (default {d.results})")
+    a("--plot", default=None, help="bar chart of median TTFT per configuration")
+    a("--timeout-per-server", type=float, default=d.timeout_per_server,
+      help="seconds a server may take to become healthy (the plan server calibrates at its first start)")
+    a("--request-timeout", type=float, default=d.request_timeout, help="seconds per request")
+    a("--fresh", action="store_true", help="ignore the saved state of an earlier, interrupted run")
+    a("--plan-chunks", type=parse_ints, default=d.plan_chunks,
+      help="the tuning-free mode: the plan server at each of these --chunked-prefill-size values beside the "
+           "--fixed-chunks, interleaved over --rounds rounds, with no sweep (no upstream or PP1 rows)")
+    a("--rounds", type=int, default=d.rounds, help="tuning-free mode: rounds, each starting every configuration once")
+    alias(p, "--model-path", "--model")
+    alias(p, "--fixed-chunks", "--fixed")
+    alias(p, "--sigmas", "--sigma")
+    alias(p, "--plot", "--png")
+    alias(p, "--input-len", "--input-lens")
+
+
+def run_experiment(args) -> int:
+    import dataclasses
+    import shlex
+
+    from ..bench import experiment
+
+    cls = experiment.ExperimentConfig
+    cfg = cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    return experiment.experiment(cfg, command=" ".join(shlex.quote(a) for a in ["sglang-cpp", *sys.argv[1:]]))

@@ -1,0 +1,78 @@
+"""`sglang-cpp plan`: the chunk plan for one prompt, as an ASCII timeline or JSON."""
+from __future__ import annotations
+
+import argparse
+
+from ..args import alias, parse_len
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--profile", help="profile / cost-model JSON (from `sglang-cpp profile` or `tune`)")
+    g.add_argument("--coeffs", help="A,B,C (upstream f(l)=A l^2+B l+C) or c0,g,b,d,e,f (2-D model)")
+
+
+def load_cost_arg(args):
+    from ..core.costmodel import load_cost, parse_coeffs
+
+    if getattr(args, "profile", None):
+        return load_cost(args.profile)
+    if getattr(args, "coeffs", None):
+        return parse_coeffs(args.coeffs)
+    raise ValueError("give a cost model: --profile JSON or --coeffs c0,g,b,d,e,f")
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", choices=["plan", "quadratic", "fixed"], default="plan")
+    add_cost_args(p)
+    p.add_argument("--input-len", dest="prompt_len", type=parse_len, required=True, help="prompt tokens (8k, 1m)")
+    p.add_argument("--prefix-len", type=parse_len, default=0, help="tokens already cached (radix/HiCache hit)")
+    p.add_argument("--pp-size", type=int, default=2)
+    p.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None, help="the base chunk C")
+    p.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--context-length", dest="context_len", type=parse_len, default=None)
+    p.add_argument("--max-prefill-tokens", type=int, default=16384)
+    p.add_argument("--align", type=int, default=None, help="chunk alignment (default max(page-size, 64))")
+    p.add_argument("--min-chunk", type=int, default=None,
+                   help="smallest non-final chunk (default one alignment unit: the cost model decides)")
+    p.add_argument("--max-chunk", type=int, default=None,
+                   help="largest chunk (default SGLang's prefill-buffer ceiling: max(C, --max-prefill-tokens, "
+                        "1.25 C) with dynamic chunking on PP)")
+    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=0.0,
+                   help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
+    p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--out", help="also write the plan JSON here")
+    alias(p, "--input-len", "--prompt-len")
+    alias(p, "--chunked-prefill-size", "--chunk-size")
+    alias(p, "--context-length", "--context-len")
+    alias(p, "--chunk-overhead-ms", "--overhead-ms")
+
+
+def build_plan(args):
+    """The plan for `args`: the policy dispatch (core/policy.py) that `simulate`, `bench` and `tune` replay."""
+    from ..core.policy import plan_for
+
+    if args.policy == "quadratic":
+        if not args.coeffs or len(args.coeffs.split(",")) != 3:
+            raise ValueError("--policy quadratic needs --coeffs A,B,C (upstream's fitted f(l) = A l^2 + B l + C)")
+        if not args.chunk_size:
+            raise ValueError("--policy quadratic needs --chunked-prefill-size (the base chunk C)")
+    cost = load_cost_arg(args)
+    if args.policy == "fixed" and not args.chunk_size:
+        raise ValueError("--policy fixed needs --chunked-prefill-size (the fixed chunk C)")
+    return plan_for(args.policy, args.prompt_len, cost, args.pp_size, args.chunk_size or 0, sigma=args.sigma,
+                    ctx=args.context_len, max_prefill=args.max_prefill_tokens, overhead_ms=args.overhead_ms,
+                    coeffs=args.coeffs, prefix_len=args.prefix_len, page_size=args.page_size or 1,
+                    method=args.method, max_chunk=args.max_chunk or 0, min_chunk=args.min_chunk or 0,
+                    align=args.align or 64)
+
+
+def run_plan(args) -> int:
+    plan = build_plan(args)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(plan.to_json(indent=1))
+    print(plan.to_json() if args.json else plan.timeline())
+    return 0

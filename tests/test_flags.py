@@ -1,0 +1,53 @@
+"""One spelling per concept on the command line (issue 28): prompt lengths are --input-len everywhere (one
+length or a list), the serving simulator's P2P time per micro-batch is --p2p-latency-ms; the old
+spellings parse into the same arguments for one release, hidden from --help."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+
+def _parser(family: str) -> argparse.ArgumentParser:
+    from sglang_cpp.cli import simulate_serve
+    from sglang_cpp.cli import bench as bench_cli
+    from sglang_cpp.tuning import cli as tune_cli
+
+    p = argparse.ArgumentParser(prog="t")
+    {"bench": bench_cli.add_args, "tune": tune_cli.add_args, "simulate-serve": simulate_serve.add_args}[family](p)
+    return p
+
+
+CASES = [
+    ("bench", ["ttft", "--input-len", "8k,16k"], ["ttft", "--input-lens", "8k,16k"]),
+    ("bench", ["ttft", "--input-len", "8k"], ["ttft", "--input-lens", "8k"]),
+    ("bench", ["compare", "--input-len", "16k"], ["compare", "--input-lens", "16k"]),
+    ("bench", ["serve", "--base-url", "u", "--model-path", "m", "--input-len", "0.9:200-600", "--output-len", "8-16"],
+     ["serve", "--base-url", "u", "--model-path", "m", "--input-lens", "0.9:200-600", "--output-lens", "8-16"]),
+    ("simulate-serve", ["--coeffs", "1,2,3", "--pp-size", "2", "--input-len", "200-2k", "--output-len", "8-16",
+                        "--p2p-latency-ms", "0.5"],
+     ["--coeffs", "1,2,3", "--pp-size", "2", "--input-lens", "200-2k", "--output-lens", "8-16", "--p2p-ms", "0.5"]),
+    ("tune", ["chunk", "p.json", "--pp-size", "2", "--input-len", "8k,32k", "--chunk-overhead-ms", "1"],
+     ["chunk", "p.json", "--pp-size", "2", "--input-lens", "8k,32k", "--p2p-ms", "1"]),
+    ("tune", ["sweep", "--input-len", "8000"], ["sweep", "--input-lens", "8000"]),
+    ("tune", ["analytic", "--analytic", "m", "--device", "H20", "--measured", "8,128k,55.5", "--input-len", "128k"],
+     ["analytic", "--analytic", "m", "--device", "H20", "--measured", "8,128k,55.5", "--input-lens", "128k"]),
+]
+
+
+@pytest.mark.parametrize("family,new,old", CASES)
+def test_the_old_spelling_parses_alike(family, new, old):
+    p = _parser(family)
+    assert vars(p.parse_args(new)) == vars(p.parse_args(old))
+
+
+def test_old_spellings_are_hidden_and_the_p2p_time_has_its_own_name():
+    ss = _parser("simulate-serve")
+    text = ss.format_help()
+    assert "--input-len MIX" in text and "--p2p-latency-ms" in text
+    assert not any(old in text for old in ("--input-lens", "--output-lens", "--p2p-ms"))
+    assert ss.parse_args(["--coeffs", "1,2,3", "--pp-size", "2", "--p2p-latency-ms", "0.5"]).p2p_ms == 0.5
+    bench = _parser("bench")
+    ttft = bench._subparsers._group_actions[0].choices["ttft"]
+    assert "--input-len LEN[,LEN...]" in ttft.format_help() and "--input-lens" not in ttft.format_help()
+    assert bench.parse_args(["ttft", "--input-len", "8k"]).input_lens == (8192,)
