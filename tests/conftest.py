@@ -115,7 +115,7 @@ def switch_stream(path: Path) -> list[tuple]:
     """The order in which a stage switched models and planned requests: ('refit', version) and
     ('plan', prompt length) at each request's first decision."""
     out, seen = [], set()
-    for e in map(json.loads, path.read_text().splitlines()):
+    for e in files.read_events([path], "refit", "decision"):
         if e["event"] == "refit":
             out.append(("refit", e["version"]))
         elif e["event"] == "decision" and e["rid"] not in seen:
