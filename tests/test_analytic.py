@@ -202,7 +202,7 @@ BLOG_PP1_128K_S = 55.5
 BLOG_TABLE1_S = {128 * 1024: 10.54, 256 * 1024: 32.68, 512 * 1024: 114.33, 1024 * 1024: 420.91}
 
 
-def test_fit_on_the_pp1_point_predicts_the_blogs_table1_within_15_percent():
+def test_fit_on_the_pp1_point_predicts_the_blogs_table1_within_5_percent():
     """One published point without pipeline effects fixes the efficiency; the PP8 predictions come from the
     simulator running upstream's dynamic chunking, with no further fitting."""
     from sglang_cpp.whatif.analytic_fit import Measured, fit, predict_ms
@@ -214,7 +214,9 @@ def test_fit_on_the_pp1_point_predicts_the_blogs_table1_within_15_percent():
     dev = replace(h20, efficiency=f.efficiency)
     for S, published in BLOG_TABLE1_S.items():
         pred = predict_ms(q, dev, 4, Measured(8, S, 1.0, "quadratic", 18432, 0.8)) / 1e3
-        assert pred == pytest.approx(published, rel=0.15), (S, pred, published)
+        # 1.4-3.4% off on 2026-11-25 (issue 29: a 15% band let a regression of 4x that pass); 5% is the
+        # fidelity target issue 30 keeps
+        assert pred == pytest.approx(published, rel=0.05), (S, pred, published)
 
 
 def test_measured_point_parsing_and_fit_errors():

@@ -6,7 +6,10 @@ import torch
 
 from sglang_cpp.plugin.attention import TorchNativeAttnBackend__run_sdpa_forward_extend, prefix_extend_attention
 
-backend = pytest.importorskip("sglang.srt.layers.attention.torch_native_backend")
+# a plain import: SGLang is part of the test environment, and an import that fails here is a failure (issue 29),
+# not a reason to skip the comparison with SGLang's own extend
+from sglang.srt.layers.attention import torch_native_backend as backend  # noqa: E402
+
 ORIGINAL = backend.TorchNativeAttnBackend._run_sdpa_forward_extend
 
 
