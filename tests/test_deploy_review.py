@@ -213,19 +213,27 @@ def test_a_rank_without_progress_ends_the_server_naming_what_it_was_doing_and_it
 
 
 def test_progress_keeps_the_deadline_from_expiring():
-    import time
+    """On a clock the test moves (no dependence on how busy the host is): ticks 0.5 s apart keep a 1.5 s
+    deadline alive for 4 s; 1.6 s without one expires it, and the watchdog then ends the server once."""
+    import threading
 
-    from sglang_cpp.plugin.deadline import startup_deadline, tick
+    from sglang_cpp.plugin.deadline import Deadline, startup_deadline, tick
 
-    msgs = []
-    with startup_deadline(1.5, "rank", expire=msgs.append):
-        end = time.monotonic() + 4.0  # well past the deadline in all, never that long between ticks
-        while time.monotonic() < end:
-            tick("in a forward")
-            time.sleep(0.05)
-    assert msgs == []
-    with startup_deadline(0, "rank", expire=msgs.append) as d:  # 0: no deadline, no watchdog
-        assert d is None
+    now, msgs, fired = [0.0], [], threading.Event()
+    d = Deadline(1.5, "rank", expire=lambda m: (msgs.append(m), fired.set()), clock=lambda: now[0])
+    try:
+        while now[0] < 4.0:
+            now[0] += 0.5
+            assert not d.expired()
+            d.tick("in a forward")
+        assert msgs == []
+        now[0] += 1.6
+        assert d.expired()
+        assert fired.wait(30) and len(msgs) == 1 and "while in a forward" in msgs[0]
+    finally:
+        d.close()
+    with startup_deadline(0, "rank", expire=msgs.append) as none:  # 0: no deadline, no watchdog
+        assert none is None
         tick("anything")
 
 

@@ -130,28 +130,25 @@ def build_model(out: Path) -> Path:
     return out
 
 
-def _server(model: Path, pp: int, env: dict, log_dir: str, dynamic: bool = False):
+def _server(model: Path, pp: int, env: dict, dynamic: bool = False):
     from sglang_cpp.bench.server import ServerSpec
 
-    spec = ServerSpec(str(model), pp_size=pp, chunk_size=max(CHUNKS), device="cuda", env=env, dynamic=dynamic,
+    return ServerSpec(str(model), pp_size=pp, chunk_size=max(CHUNKS), device="cuda", env=env, dynamic=dynamic,
                       extra_args=("--skip-tokenizer-init", "--enable-metrics", "--disable-cuda-graph",
                                   "--mem-fraction-static", "0.7", "--context-length", str(MAX_LEN + 4096)))
-    return spec, log_dir
 
 
-def check_server_and_fit(rows: list, model: Path, work: Path) -> dict:
+def check_server_and_fit(rows: list, model: Path, work: Path) -> list[dict]:
+    """Rows server, fit and predict; the measured samples (for the results file)."""
     from sglang_cpp.profiler.grid import ProfileConfig
     from sglang_cpp.profiler.server import profile_server
     from sglang_cpp.bench.server import launched
 
-    spec, log_dir = _server(model, 1, {}, str(work))
-    out: dict = {}
-    with launched(spec, 600, log_dir=log_dir) as srv:
+    with launched(_server(model, 1, {}), 600, log_dir=str(work)) as srv:
         _row(rows, "server", True, f"PP=1 launch_server on CUDA healthy at {srv.base_url}")
         cfg = ProfileConfig(backend="server", base_url=srv.base_url, max_len=MAX_LEN, chunks=CHUNKS,
                             num_prefixes=5, repeats=3, warmup=1)
         samples, meta = profile_server(cfg, progress=False)
-        out["log"] = srv.log()
     model_all = _fit(samples)
     longest = max(samples, key=lambda s: s["L"] + s["x"])
     share = fa_share(model_all, longest["L"], longest["x"])
@@ -162,8 +159,7 @@ def check_server_and_fit(rows: list, model: Path, work: Path) -> dict:
     err, n = split_error(samples, _fit)
     _row(rows, "predict", err <= PREDICT_ERR,
          f"median |predicted/measured - 1| = {err:.1%} over {n} held-out samples (L + x up to {MAX_LEN})")
-    out.update(samples=samples, model=model_all.to_dict(), fa_share=share, split_error=err)
-    return out
+    return samples
 
 
 def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
@@ -176,8 +172,7 @@ def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
         return
     env = {"SGLANG_CPP_CACHE_DIR": str(work / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "16384",
            "SGLANG_CPP_DECISION_LOG": str(work / "dec_{rank}.jsonl")}
-    spec, log_dir = _server(model, 2, env, str(work), dynamic=True)
-    with launched(spec, 600, log_dir=log_dir) as srv:
+    with launched(_server(model, 2, env, dynamic=True), 600, log_dir=str(work)) as srv:
         log = srv.log()
     dec = work / "dec_0.jsonl"
     events = read_events([dec]) if dec.exists() else []
@@ -185,7 +180,7 @@ def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
     _row(rows, "pp2", ok, f"PP=2 startup calibration on CUDA: {'done' if ok else 'missing'}; {len(events)} log events")
 
 
-def write_results(path: Path, rows: list, info: dict, cmd: str, extra: dict) -> None:
+def write_results(path: Path, rows: list, info: dict, cmd: str, samples: list) -> None:
     lines = [f"# GPU check ({info.get('device')})", "",
              f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
              f"- command: `{cmd}`",
@@ -193,9 +188,9 @@ def write_results(path: Path, rows: list, info: dict, cmd: str, extra: dict) -> 
              f"sglang-cpp {info.get('sglang_cpp')}, python {info.get('python')}; GPUs: {info.get('gpus')}",
              "", "| step | result | figure |", "|---|---|---|"]
     lines += [f"| {s} | {r} | {f.replace('|', '/')} |" for s, r, f in rows]
-    if extra.get("samples"):
+    if samples:
         lines += ["", "Samples (L, x, ms; the server's prefill span):", "", "| L | x | ms |", "|---:|---:|---:|"]
-        lines += [f"| {s['L']} | {s['x']} | {s['ms']:.2f} |" for s in sorted(extra["samples"], key=lambda s: (s["L"], s["x"]))]
+        lines += [f"| {s['L']} | {s['x']} | {s['ms']:.2f} |" for s in sorted(samples, key=lambda s: (s["L"], s["x"]))]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     print(f"[gpu-check] wrote {path}")
@@ -207,7 +202,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     rows: list = []
     info = check_env(rows)
-    extra: dict = {}
+    samples: list = []
     if rows[-1][1] == "PASS":
         check_hooks(rows)
         check_timer(rows)
@@ -215,7 +210,7 @@ def main(argv=None) -> int:
             work = Path(tmp)
             model = build_model(work / "model")
             try:
-                extra = check_server_and_fit(rows, model, work)
+                samples = check_server_and_fit(rows, model, work)
             except Exception as exc:  # a row, not a crash: the results file still says what ran
                 _row(rows, "server", False, f"{type(exc).__name__}: {str(exc)[-400:]}")
             try:
@@ -223,7 +218,7 @@ def main(argv=None) -> int:
             except Exception as exc:
                 _row(rows, "pp2", False, f"{type(exc).__name__}: {str(exc)[-400:]}")
     write_results(Path(a.out), rows, info, " ".join([os.path.relpath(sys.argv[0], ROOT), *(argv or sys.argv[1:])]),
-                  extra)
+                  samples)
     return 0 if all(r in ("PASS", "SKIPPED") for _, r, _ in rows) else 1
 
 

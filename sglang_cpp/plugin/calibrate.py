@@ -202,20 +202,21 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     with no_expert_recording():
         out = runner.forward(forward_batch=fb, pp_proxy_tensors=None if proxies is None else PPProxyTensors(proxies))
     timer.stop()
-    if synced and not _SAID_DP:
+    if synced and not _said_dp:
         _say_dp(batch)
     return timer.wait_ms(), out
 
 
-_SAID_DP: list = []
+_said_dp = False  # this rank logged the DP state its first synced forward saw
 
 
 def _say_dp(batch) -> None:
     """Once per rank: what SGLang's own forward saw of the DP state (read back from its forward context), so
     a deployment's log shows that calibration forwards run as extends of every DP rank's chunk."""
+    global _said_dp
     from sglang.srt.layers.dp_attention import get_is_extend_in_batch
 
-    _SAID_DP.append(True)
+    _said_dp = True
     logger.info("[sglang-cpp] calibration forwards under DP attention: SGLang's forward saw is_extend_in_batch=%s, "
                 "global_num_tokens=%s", get_is_extend_in_batch(), list(batch.global_num_tokens or []))
 
@@ -346,7 +347,6 @@ def measure_stage(sched, points: list, repeats: int = 1, seed: int = 0, warmup: 
                 if "out of memory" in str(exc).lower() or "alloc" in str(exc).lower():
                     raise _alloc_error(sched, L, x, exc) from exc
                 raise
-            tick(f"after the forward of the calibration sample L={L}, x={x}")
             if timed:
                 best[(L, x)] = min(ms, best.get((L, x), math.inf))
         finally:

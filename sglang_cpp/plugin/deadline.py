@@ -42,17 +42,22 @@ def _end_server(message: str) -> None:
 class Deadline:
     """A watchdog: `expire(message)` runs once when no `tick` came for `seconds`."""
 
-    def __init__(self, seconds: float, who: str, expire: Callable[[str], None] = _end_server, poll_s: float = 0.0):
-        self.seconds, self.who, self._expire = float(seconds), who, expire
+    def __init__(self, seconds: float, who: str, expire: Callable[[str], None] = _end_server, poll_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.who, self._expire, self._clock = float(seconds), who, expire, clock
         self.doing, self.error = "starting", ""
-        self._last = time.monotonic()
+        self._last = clock()
         self._done = threading.Event()
         self._poll = poll_s or min(5.0, max(0.05, self.seconds / 20))
         self._thread = threading.Thread(target=self._watch, name="sglang-cpp-deadline", daemon=True)
         self._thread.start()
 
     def tick(self, doing: str) -> None:
-        self.doing, self._last = doing, time.monotonic()
+        self.doing, self._last = doing, self._clock()
+
+    def expired(self) -> bool:
+        """No tick for longer than `seconds`."""
+        return self._clock() - self._last > self.seconds
 
     def note_error(self, error: str) -> None:
         self.error = error
@@ -71,7 +76,7 @@ class Deadline:
 
     def _watch(self) -> None:
         while not self._done.wait(self._poll):
-            if time.monotonic() - self._last > self.seconds:
+            if self.expired():
                 msg = self.message()
                 logger.error(msg)
                 print(msg, file=sys.stderr, flush=True)

@@ -131,8 +131,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
             probe = envs.OVERHEAD_PROBE.get()
             if probe:  # every rank: a pipelined run through the real P2P path
                 cost, over = measure_overhead(self, cfg, cost, probe, log=LOG)
-        if probe:
-            save_served(self, cfg, cost, over, calibrated_len)
+                save_served(self, cfg, cost, over, calibrated_len)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self))
     self.dynamic_chunk_sizer = sizer
