@@ -17,6 +17,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .regimes import PiecewiseCost, add_constant_piecewise, piecewise_from_dict
+
 COEFS = ("c0", "g", "b", "d", "e", "f")
 PROFILE_FORMAT = "sglang-cpp-profile"
 META_KEYS = ("model", "device_name", "dtype", "tp", "pp", "stage", "page_size", "sglang_version",
@@ -120,16 +122,25 @@ class PipelineCost:
     def __post_init__(self):
         if not self.stages:
             raise ValueError("PipelineCost needs at least one stage model")
-        # (rows, 6) coefficients: every row evaluated in one matrix product (64 stages are common)
-        object.__setattr__(self, "_coefs", np.array([[getattr(m, k) for k in COEFS] for m in self.rows]))
+        # (rows, 6) coefficients: every row evaluated in one matrix product (64 stages are common); None
+        # when a stage is piecewise in L (core/regimes.py), whose rows depend on the prefix
+        poly = all(isinstance(m, (CostModel, PipelineCost)) and getattr(m, "_coefs", 0) is not None
+                   for m in self.stages)
+        object.__setattr__(self, "_coefs", np.array([[getattr(m, k) for k in COEFS] for m in self.rows])
+                           if poly else None)
 
     @property
     def rows(self) -> tuple:
-        """Every polynomial model inside, nested maxima flattened (the time is their maximum)."""
+        """Every polynomial model inside, nested maxima flattened (the time is their maximum); a stage
+        piecewise in L has no fixed rows (`regimes.regime_rows` gives them per prefix interval)."""
+        if any(not isinstance(m, (CostModel, PipelineCost)) for m in self.stages):
+            raise TypeError("a piecewise stage has no fixed polynomial rows; use regimes.regime_rows")
         return tuple(r for m in self.stages for r in (m.rows if isinstance(m, PipelineCost) else (m,)))
 
     def time(self, L, x):
         L, x = np.asarray(L, float), np.asarray(x, float)
+        if self._coefs is None:
+            return self.stage_times(L, x).max(axis=0)
         if len(self.stages) <= 2 and all(isinstance(m, CostModel) for m in self.stages):
             out = self.stages[0].time(L, x)
             return out if len(self.stages) == 1 else np.maximum(out, self.stages[1].time(L, x))
@@ -138,7 +149,7 @@ class PipelineCost:
     def stage_times(self, L, x) -> np.ndarray:
         """Every stage's time, stacked on a leading axis (a nested stage at its own maximum)."""
         L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
-        if len(self._coefs) == len(self.stages):  # flat: one matrix product
+        if self._coefs is not None and len(self._coefs) == len(self.stages):  # flat: one matrix product
             return _rows_at(self._coefs, L, x)
         return np.stack([np.broadcast_to(np.asarray(m.time(L, x), float), L.shape) for m in self.stages])
 
@@ -154,7 +165,10 @@ class PipelineCost:
 
 
 def model_from_dict(d: dict, where: str = "cost model"):
-    """A CostModel ({'coeffs': ...}) or a maximum of models ({'stages': [...]}, e.g. a roofline stage)."""
+    """A CostModel ({'coeffs': ...}), a maximum of models ({'stages': [...]}, e.g. a roofline stage) or
+    a model piecewise in L ({'bounds': [...], 'regimes': [...]}, core/regimes.py)."""
+    if isinstance(d, dict) and "regimes" in d:
+        return piecewise_from_dict(d, where, model_from_dict)
     if isinstance(d, dict) and "stages" in d and "coeffs" not in d:
         if not isinstance(d["stages"], list) or not d["stages"]:
             raise ValueError(f"{where}: 'stages' must be a non-empty list of cost models")
@@ -166,6 +180,8 @@ def add_constant(cost, ms: float):
     """The same model with `ms` more per chunk (every row): a per-chunk overhead folded into c0."""
     if isinstance(cost, PipelineCost):
         return PipelineCost(tuple(add_constant(m, ms) for m in cost.stages))
+    if isinstance(cost, PiecewiseCost):  # every regime
+        return add_constant_piecewise(cost, ms, add_constant)
     return CostModel(**{**cost.coeffs, "c0": cost.c0 + ms}, meta=cost.meta, fit=cost.fit)
 
 
@@ -257,6 +273,24 @@ def fit_cost_model(L: Sequence[float], x: Sequence[float], ms: Sequence[float], 
     return CostModel(**model.coeffs, meta=model.meta, fit=fit)
 
 
+def fit_piecewise(L, x, ms, bounds, *, names=(), name: str = "profile", **kw) -> PiecewiseCost:
+    """One `fit_cost_model` per regime on the samples whose prefix lies in it. A regime with no sample
+    is an error that names it: a plan must never price a chunk in a regime nothing measured."""
+    L, x, ms = (np.asarray(v, float) for v in (L, x, ms))
+    bounds = tuple(int(b) for b in bounds)
+    idx = np.searchsorted(np.asarray(bounds, float), L, side="right")
+    edges = (0,) + bounds + (math.inf,)
+    models = []
+    for i in range(len(bounds) + 1):
+        sel = idx == i
+        label = f"{name} regime {names[i] if names else i} (prefix in [{edges[i]}, {edges[i + 1]}))"
+        if not sel.any():
+            raise ValueError(f"{label}: no sample; calibrate both sides of every kernel switch "
+                             f"(bounds {list(bounds)})")
+        models.append(fit_cost_model(L[sel], x[sel], ms[sel], name=label, **kw))
+    return PiecewiseCost(bounds, tuple(models), tuple(names), dict(kw.get("meta") or {}))
+
+
 # -- profile JSON ------------------------------------------------------------------------
 def _parse_samples(raw: Iterable, where: str) -> list[dict]:
     out = []
@@ -318,11 +352,15 @@ def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
     for s in doc["samples"]:
         by_stage.setdefault(s["stage"], []).append(s)
     models = []
+    bounds = tuple((doc.get("meta") or {}).get("regime_bounds") or ())  # kernel switches: one fit per regime
     for st in sorted(by_stage):
         ss = by_stage[st]
-        models.append(fit_cost_model([s["L"] for s in ss], [s["x"] for s in ss], [s["ms"] for s in ss],
-                                     form=form, meta={**doc.get("meta", {}), "stage": st},
-                                     name=f"{where} stage {st}"))
+        args = ([s["L"] for s in ss], [s["x"] for s in ss], [s["ms"] for s in ss])
+        kw = dict(form=form, meta={**doc.get("meta", {}), "stage": st}, name=f"{where} stage {st}")
+        if bounds:
+            models.append(fit_piecewise(*args, bounds, names=tuple(doc["meta"].get("regime_names") or ()), **kw))
+        else:
+            models.append(fit_cost_model(*args, **kw))
     if any(s.get("scope") == "all" for s in doc["samples"]):
         return _per_stage_of_pipeline(models, doc.get("meta", {}), where)
     return models[0] if len(models) == 1 else PipelineCost(tuple(models))
@@ -372,5 +410,5 @@ def parse_coeffs(text: str) -> CostModel:
     raise ValueError(f"--coeffs {text!r}: give 3 values (upstream a,b,c) or 6 (c0,g,b,d,e,f)")
 
 
-__all__ = ["CostModel", "PipelineCost", "model_from_dict", "add_constant", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
+__all__ = ["CostModel", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
            "save_profile", "parse_coeffs", "COEFS", "META_KEYS", "asdict"]

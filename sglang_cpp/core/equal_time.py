@@ -14,6 +14,7 @@ from scipy.optimize import brentq  # imported with the module: never a first-pla
 
 from .costmodel import CostModel, PipelineCost
 from .plan import ChunkPlan
+from .regimes import RegimeRows, is_piecewise, regime_rows
 from .planner_base import (PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, makespan,
                            ttft)
 
@@ -39,6 +40,8 @@ def _as_coefs(rows: list[tuple]):
 
 def _x_of(coefs, L: float, T: float) -> float:
     """Largest x with t(L, x) <= T on every stage (inlined closed-form root: this is the hot loop)."""
+    if isinstance(coefs, RegimeRows):  # piecewise in L: the rows of the regime this chunk starts in
+        coefs = coefs.at(L)
     if isinstance(coefs, np.ndarray):
         c0, g, b, d, e, f = coefs.T
         qc = c0 + g * L + d * L * L - T
@@ -57,9 +60,28 @@ def _x_of(coefs, L: float, T: float) -> float:
     return best
 
 
+class _RegimeCols(tuple):
+    """`_cols` of a piecewise pipeline: (bounds, columns per interval)."""
+
+
+def _cols(coefs, nd: int):
+    """Coefficient columns shaped (rows, 1 x nd) to broadcast against L and T; per prefix interval when
+    the model is piecewise in L."""
+    if isinstance(coefs, RegimeRows):
+        return _RegimeCols((coefs.bounds, [_cols(t, nd) for t in coefs.table]))
+    return tuple(col.reshape((-1,) + (1,) * nd) for col in np.array(coefs, float).reshape(-1, 6).T)
+
+
 def _roots(cols, L, T):
     """Largest x with t(L, x) <= T for each row (coefficient columns `cols`, broadcast against L and T);
     0 where even x = 0 exceeds T. The vectorised form of `_x_of`, for the grid searches."""
+    if isinstance(cols, _RegimeCols):  # each prefix in its own regime
+        bounds, per = cols
+        r = [_roots(c, L, T) for c in per]
+        out = r[0]
+        for b, rb in zip(bounds, r[1:]):
+            out = np.where(np.asarray(L) >= b, rb, out)
+        return out
     c0, g, b, d, e, f = cols
     qc = c0 + g * L + d * L * L - T
     qb = b + e * L
@@ -95,10 +117,10 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
     t_max = float(np.max(_times(cost, L0 + R, R, 0.0)))  # R, not hi: the same grid under every ceiling
     trap = getattr(np, "trapezoid", None) or np.trapz
 
-    c0, g, b, d, e, f = (col[:, None, None] for col in np.array(rows, float).T)  # (stages, 1, 1) each
+    cols = _cols(rows, 2)  # (stages, 1, 1) each
 
     def on(T):  # J, n, x and the binding stage over the (T, L) grid, every stage at once
-        r = _roots((c0, g, b, d, e, f), L, T[None])
+        r = _roots(cols, L, T[None])
         arg = np.argmin(r, axis=0)  # the first stage with the smallest chunk binds
         x = np.clip(r.min(axis=0), lo, hi)
         tt = _times(cost, L[None, :], x, 0.0)
@@ -119,7 +141,8 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
         TK = float(np.exp(np.interp(math.log(K), x_for.ln, x_for.lt)))
         return on(np.array([[TK]]))[2][0]
 
-    return float(n[i]), float(T[i, 0]), L, x[i], sorted(set(np.unique(arg).tolist())), (t_min, t_max), x_for
+    binding = range(rows.table.shape[1]) if isinstance(rows, RegimeRows) else sorted(set(np.unique(arg).tolist()))
+    return float(n[i]), float(T[i, 0]), L, x[i], binding, (t_min, t_max), x_for
 
 
 def _equal_count_chunks(Lg: np.ndarray, xg: np.ndarray, L0: int, R: int, K: int, cfg: PlanConfig) -> list[int] | None:
@@ -176,12 +199,12 @@ def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: fl
     interpolated at each K. A short plan tries up to MAX_K_TRIED counts; a root search per count walked
     the chunks ~10 times each, this and one secant step (`_equal_time_chunks`) walk them twice."""
     T = np.geomspace(max(t_lo, 1e-12), max(t_hi, t_lo * 1.0001, 1e-12), 96)
-    c0, g, b, d, e, f = (col[:, None] for col in np.array(coefs, float).reshape(-1, 6).T)
+    cols = _cols(coefs, 1)
     L, end, n, live = np.full(T.shape, float(L0)), float(L0 + R), np.full(T.shape, np.inf), np.ones(T.shape, bool)
     cap = max(Ks) + 1
     with np.errstate(divide="ignore", invalid="ignore"):
         for k in range(cap + 1):
-            x = np.clip(_roots((c0, g, b, d, e, f), L, T).min(axis=0), lo, hi)
+            x = np.clip(_roots(cols, L, T).min(axis=0), lo, hi)
             done = live & (L + x >= end)
             n[done] = k + (end - L[done]) / x[done]
             live &= ~done
@@ -202,15 +225,15 @@ def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: fl
 
 
 def _threshold_walks(cost, coefs, L0: int, R: int, cfg: PlanConfig, T_hi: float, k_cap: int,
-                     n: int = 64) -> list[tuple[float, list[int]]]:
+                     n: int = 64, span: tuple = (0.7, 1.0)) -> list[tuple[float, list[int]]]:
     """The exact DP's own shape, for thresholds just under T_hi: for each of `n` targets M, the greedy
     walk of the largest aligned chunks whose time stays <= M (the last chunk takes the rest), scored on
     sum + (P-1) max. Equal-time boundaries rounded to the nearest aligned point can put one chunk a unit
     above the target, which the (P-1) max term then multiplies; rounding down under a threshold never
     does. One numpy pass per chunk for all targets together; a walk not done within `k_cap` chunks is dropped."""
     lo, hi, al, P, o = cfg.lo, cfg.hi, cfg.align, cfg.pp_size, cfg.overhead_ms
-    M = T_hi * np.linspace(0.7, 1.0, n)
-    cols = tuple(col[:, None] for col in np.array(coefs, float).reshape(-1, 6).T)
+    M = T_hi * np.linspace(*span, n)
+    cols = _cols(coefs, 1)
     L, live = np.full(n, float(L0)), np.ones(n, bool)
     chunks = np.zeros((k_cap, n), np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -278,9 +301,12 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
         return make_plan([R], prompt_len, prefix_len, staged, cfg, "plan:equal-time")
     if cfg.hi > R:  # no chunk can exceed the prompt: a higher memory ceiling must not change the search
         cfg = replace(cfg, max_chunk=-(-R // cfg.align) * cfg.align)
-    rows = _pacing_rows(cost, prefix_len, R, R)
-    if len(rows) < len(getattr(cost, "rows", ())):  # search on the stages that can pace
-        cost = PipelineCost(tuple(CostModel(*r) for r in rows)) if len(rows) > 1 else CostModel(*rows[0])
+    if is_piecewise(cost):  # every stage's rows per prefix interval: the pacing stage may change at a switch
+        rows = regime_rows(cost)
+    else:
+        rows = _pacing_rows(cost, prefix_len, R, R)
+        if len(rows) < len(getattr(cost, "rows", ())):  # search on the stages that can pace
+            cost = PipelineCost(tuple(CostModel(*r) for r in rows)) if len(rows) > 1 else CostModel(*rows[0])
     k_min = max(1, -(-R // cfg.hi))
     if k_min > MAX_PLAN_CHUNKS:
         raise ValueError(f"{R} tokens need at least {k_min} chunks of at most {cfg.hi} tokens (--max-chunk "
@@ -301,7 +327,7 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
         return seen[K][0]
 
     n_est, t_est, Lg, xg, binding, t_range, x_for = _estimate(cost, rows, prefix_len, R, cfg)
-    coefs = _as_coefs([rows[i] for i in binding])
+    coefs = rows if isinstance(rows, RegimeRows) else _as_coefs([rows[i] for i in binding])
     k0 = min(k_max, max(k_min, int(round(n_est))))
     targets = {} if k0 > 48 else _targets(coefs, prefix_len, R, cfg.lo, cfg.hi,
                                           range(max(k_min, k0 - MAX_K_TRIED), k0 + MAX_K_TRIED + 1), *t_range)
@@ -342,6 +368,9 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
     if j0 < math.inf and len(ch0) <= REFINE_MAX_CHUNKS:  # thresholds under the best plan's slowest chunk
         t0 = _times(cost, prefix_len + np.concatenate([[0], np.cumsum(ch0)[:-1]]), ch0, 0.0)
         cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2)
+        if isinstance(coefs, RegimeRows):  # a switch makes TTFT(K) bumpy: the best count may lie far off
+            cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2,
+                                      n=128, span=(0.5, 2.0))
     sizes = fixed_candidates(cfg, R)
     fixed = sorted((ttft(fx, prefix_len, cost, P, o), fx) for fx in (fixed_split(R, c) for c in sizes))
     cands += fixed  # a grid from the bounds alone: never predicted worse than fixed chunks of the grid

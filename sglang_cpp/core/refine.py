@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costmodel import COEFS, CostModel, PipelineCost, fit_cost_model
+from .costmodel import COEFS, CostModel, PiecewiseCost, PipelineCost, fit_cost_model, fit_piecewise
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,22 @@ def _median_rel_err(model, pts, overhead_ms: float = 0.0) -> float:
         return math.inf
     L, x, y = (np.array(v, dtype=float) for v in zip(*pts))
     return float(np.median(np.abs((model.time(L, x) - overhead_ms) / y - 1.0)))
+
+
+def _with_c0(model, ms: float, meta: dict | None = None, keep: float = 0.0):
+    """`model` with ms more per chunk in c0 (less `keep`, floored at 0), in every regime; a coefficient
+    that is negative or not finite raises ValueError (CostModel checks each)."""
+    if isinstance(model, PiecewiseCost):
+        return PiecewiseCost(model.bounds, tuple(_with_c0(r, ms, None, keep) for r in model.models), model.names,
+                             dict(model.meta if meta is None else meta))
+    co = {k: getattr(model, k) for k in COEFS}
+    co["c0"] = max(co["c0"] - keep, 0.0) + ms
+    return CostModel(**co, meta=dict(model.meta if meta is None else meta), fit=model.fit)
+
+
+def _swap_overhead(model, old: float, new: float):
+    """The per-chunk overhead `old` in c0 replaced by `new` (every regime)."""
+    return _with_c0(model, new, dict(model.meta, overhead="serving"), keep=old)
 
 
 @dataclass
@@ -126,10 +142,7 @@ class Refiner:
         old = st.overhead_ms
         if abs(new - old) <= max(self.cfg.overhead_band * old, self.cfg.overhead_floor_ms):
             return None
-        m = self.models[s]
-        co = {k: getattr(m, k) for k in COEFS}
-        co["c0"] = max(co["c0"] - old, 0.0) + new
-        self.models[s] = CostModel(**co, meta=dict(m.meta, overhead="serving"), fit=m.fit)
+        self.models[s] = _swap_overhead(self.models[s], old, new)
         st.overhead_ms = new
         return (f"stage {s}: per-chunk overhead {old:.2f} -> {new:.2f} ms (the median of the last {len(st.steps)} "
                 "serving steps' cost beyond forward and waits)")
@@ -147,18 +160,22 @@ class Refiner:
                 continue
             st.new = 0
             pts = st.base + list(st.fitted)
+            m = self.models[s]
             try:
-                fwd = fit_cost_model(*zip(*pts), holdout=0.0, name=f"online refit of stage {s}")
+                if isinstance(m, PiecewiseCost):  # every regime on its own samples, as the calibration fits it
+                    fwd = fit_piecewise(*zip(*pts), m.bounds, names=m.names, holdout=0.0,
+                                        name=f"online refit of stage {s}")
+                else:
+                    fwd = fit_cost_model(*zip(*pts), holdout=0.0, name=f"online refit of stage {s}")
             except ValueError as exc:
                 notes.append(f"stage {s}: refit skipped ({exc})")
                 continue
-            co = {k: getattr(fwd, k) for k in COEFS}
-            co["c0"] += st.overhead_ms
-            if not all(math.isfinite(v) and v >= 0 for v in co.values()):
-                notes.append(f"stage {s}: refit rejected, a coefficient is negative or not finite ({co}); the "
+            try:
+                new = _with_c0(fwd, st.overhead_ms, dict(m.meta, refit=self.version + 1))
+            except ValueError as exc:
+                notes.append(f"stage {s}: refit rejected, a coefficient is negative or not finite ({exc}); the "
                              "old model is kept")
                 continue
-            new = CostModel(**co, meta=dict(self.models[s].meta, refit=self.version + 1), fit=fwd.fit)
             held = [(L, x, ms) for L, x, ms in st.held]
             old_err = _median_rel_err(self.models[s], held, st.overhead_ms)
             new_err = _median_rel_err(new, held, st.overhead_ms)

@@ -20,34 +20,64 @@ import numpy as np
 
 from .. import envs
 from .deadline import note_error, tick
+from .switches import calibrated_switches
 
 logger = logging.getLogger("sglang_cpp")
 
 
-def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0) -> list[tuple]:
+def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0,
+                     switches: tuple = ()) -> list[tuple]:
     """(L, x) samples for a target of max_len tokens: L in {0, M/8, M/4, M/2, 3M/4, 7M/8}, and at
     every L three chunk sizes from the planner's smallest (min_chunk, at least one alignment unit) to its
     largest (max_chunk; 0: no cap) that still fit under max_len, the middle one their geometric mean.
 
     Why independent: along one request's chunk walk (the old design) every long-prefix sample had the same
     chunk size, so the prefix terms g L, d L^2 and e L x could not be told apart exactly where a plan for a
-    long prompt needs them, and small chunks late in a prompt were extrapolated."""
+    long prompt needs them, and small chunks late in a prompt were extrapolated.
+
+    `switches`: prefixes where the attention kernel changes method (plugin/switches.py). Every regime
+    between two of them gets at least three prefixes of its own, its first and last aligned prefix
+    included, so each regime's fit (core/regimes.py) is sampled on both sides of every switch."""
     a = max(1, int(align))
     M = int(max_len) // a * a
     lo = max(a, -(-int(min_chunk) // a) * a)
     cap = int(max_chunk) // a * a if max_chunk and max_chunk >= a else M
     Ls = {0, 3 * M // 4 // a * a, 7 * M // 8 // a * a} | {(M >> k) // a * a for k in range(1, 4)}
+    Ls |= regime_prefixes(switches, M - lo, a)
     points = []
     for L in sorted(Ls):
         hi = min(cap, M - L) // a * a
         if hi < lo:
             continue
         mid = int(round(math.sqrt(lo * hi) / a)) * a
-        points += [(L, x) for x in sorted({lo, min(max(mid, lo), hi), hi})]
+        xs = {lo, min(max(mid, lo), hi), hi}
+        if L == 0 and 1 in switches:  # a regime of fresh prefills alone: its 1-D fit needs 5 samples
+            xs |= {int(round(v / a)) * a for v in np.geomspace(lo, hi, 5)}
+        points += [(L, x) for x in sorted(xs)]
     return points
 
 
-def level_grids(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0) -> list[tuple]:
+def regime_prefixes(switches: tuple, top: int, a: int) -> set:
+    """Aligned prefixes below `top`: for each regime [s_i, s_i+1) that starts below it, its first aligned
+    prefix, its last and their midpoint (a regime that is only L = 0 has just 0)."""
+    out: set = set()
+    if not switches:
+        return out
+    edges = [0, *sorted(int(s) for s in switches), None]
+    for start, end in zip(edges, edges[1:]):
+        if start == 0 and end == 1:
+            out.add(0)
+            continue
+        first = -(-start // a) * a
+        last = min(top, (end - 1) if end else top) // a * a
+        if first > last:
+            continue
+        out |= {first, last, (first + last) // 2 // a * a}
+    return out
+
+
+def level_grids(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0,
+                switches: tuple = ()) -> list[tuple]:
     """[(level, its new samples)] for targets 4x apart up to max_len, shortest first: each level's own
     grid minus the samples an earlier level took, so a budget that stops early still has a complete grid
     for the length it reached, and nothing is measured twice. Every level's top chunk is max_chunk; the
@@ -55,13 +85,13 @@ def level_grids(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: in
     seen: set = set()
     out = []
     for level in calibration_levels(max_len):
-        out.append((level, new_points(level, seen, align, max_chunk, min_chunk)))
+        out.append((level, new_points(level, seen, align, max_chunk, min_chunk, switches)))
     return out
 
 
-def new_points(level: int, seen: set, align: int, top: int, min_chunk: int) -> list[tuple]:
+def new_points(level: int, seen: set, align: int, top: int, min_chunk: int, switches: tuple = ()) -> list[tuple]:
     """The level's grid under top chunk `top`, less what `seen` holds (which it then holds too)."""
-    pts = [p for p in calibration_grid(level, align, top, min_chunk) if p not in seen]
+    pts = [p for p in calibration_grid(level, align, top, min_chunk, switches) if p not in seen]
     seen.update(pts)
     return pts
 
@@ -412,11 +442,13 @@ def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
 
 def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0,
                          max_chunk: int = 0, align: int = 64, min_chunk: int = 0,
-                         prefix: str = "random", plan_cfg=None, tp_rank: int = 0) -> tuple[list[dict], int]:
+                         prefix: str = "random", plan_cfg=None, tp_rank: int = 0,
+                         switches: tuple = ()) -> tuple[list[dict], int]:
     """Every rank measures its own stage on the grids of lengths 4x apart up to max_len; after each
     level all ranks all-gather their samples and times, and stop together once the next level would
     overrun `budget_s` (0: no budget). No forward is longer than max_chunk. With plan_cfg, each level after
     the first samples chunks up to `top_chunk` of the model fitted so far (world rank 0's, sent to all).
+    `switches`: kernel switches in L (plugin/switches.py), sampled on both sides.
     repeats 0: default_repeats. Returns the stage-tagged samples and the length actually reached."""
     from .consensus import all_gather, from_rank0
 
@@ -431,10 +463,10 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
     top = max_chunk
     logger.info("[sglang-cpp] calibrating t(L, x) on every stage: at most %d samples (%s prefixes) in %d levels up to "
                 "%d tokens (%s), budget %s; cached for the next start",
-                sum(len(g) for _, g in level_grids(max_len, align, max_chunk, min_chunk)), prefix, len(levels), max_len,
+                sum(len(g) for _, g in level_grids(max_len, align, max_chunk, min_chunk, switches)), prefix, len(levels), max_len,
                 ", ".join(map(str, levels)), f"{budget_s:.0f}s" if budget_s else "none")
     for i, level in enumerate(levels):
-        points = new_points(level, seen, align, top, min_chunk)
+        points = new_points(level, seen, align, top, min_chunk, switches)
         t_level = time.time()
         try:
             inject_fault(sched, pp_rank, tp_rank)
@@ -471,19 +503,21 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
                            level, max_len, budget_s)
             break
         if plan_cfg is not None and i + 1 < len(levels):
-            top = from_rank0(lambda: _next_top(samples, levels[i + 1], plan_cfg, max_chunk))
+            bounds = calibrated_switches(switches, (), level, align, min_chunk, quiet=True)[0]
+            top = from_rank0(lambda: _next_top(samples, levels[i + 1], plan_cfg, max_chunk, bounds))
     logger.info("[sglang-cpp] calibrated %d samples on %d stage(s) up to %d tokens in %.1fs",
                 len(samples), len({s["stage"] for s in samples}), level, time.time() - t0)
     _empty_cache(str(sched.device))
     return samples, level
 
 
-def _next_top(samples: list, length: int, plan_cfg, max_chunk: int) -> int:
-    """World rank 0: top_chunk on the samples so far; a fit that fails keeps the cap (and says so)."""
+def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tuple = ()) -> int:
+    """World rank 0: top_chunk on the samples so far (fitted per regime of `bounds`); a fit that fails
+    keeps the cap (and says so)."""
     from ..core.costmodel import cost_from_profile
 
     try:
-        cost = cost_from_profile({"samples": samples}, "calibration so far")
+        cost = cost_from_profile({"samples": samples, "meta": {"regime_bounds": list(bounds)}}, "calibration so far")
     except ValueError as exc:
         logger.warning("[sglang-cpp] calibration: no fit after a level (%s); the next level samples chunks up to "
                        "the cap %d", exc, max_chunk)

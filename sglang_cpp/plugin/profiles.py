@@ -15,6 +15,7 @@ from .. import envs
 from .cache_key import timing_args
 from ..machine import cpu_model
 from ..core.costmodel import PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
+from .switches import calibrated_switches
 from ..files import device_file_name
 from ..core.upstream import UpstreamPredictor
 
@@ -60,12 +61,22 @@ def server_meta(sched, cfg) -> dict:
             "calib_design": CALIB_DESIGN, "calib_prefix": envs.CALIB_PREFIX.get(),
             "layer_partition": os.environ.get("SGLANG_PP_LAYER_PARTITION", ""),
             "sglang_version": sglang.__version__, "torch_version": torch.__version__,
-            "server_args": timing_args(sa)}
+            "server_args": timing_args(sa), **_switch_meta(sched)}
+
+
+def _switch_meta(sched) -> dict:
+    """The kernel switches in L (plugin/switches.py), only where there are some (MLA): a key field that a
+    model without switches leaves out, so its calibration cache key is what it was."""
+    from .switches import server_switches
+
+    bounds, names = server_switches(sched)
+    return {"kernel_switches": list(bounds), "regime_names": list(names)} if bounds else {}
 
 
 KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_size", "device_name",
               "attention_backend", "kv_cache_dtype", "quantization", "moe_runner_backend", "fast_extend",
-              "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version", "server_args")
+              "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version", "server_args",
+              "kernel_switches")
 CALIB_DESIGN = "grid-2"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
 
 
@@ -86,7 +97,8 @@ def calibration_target(requested: int, context_len: int, max_context: int, kv_to
 def cache_path(meta: dict, max_len: int) -> Path:
     """Per-device file, named the way SGLang's fused-MoE tuners name theirs, plus a digest of every
     field that changes forward time (KEY_FIELDS), so a stale calibration is never reused silently."""
-    digest = hashlib.sha1(json.dumps({k: meta.get(k) for k in KEY_FIELDS}, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha1(json.dumps({k: meta.get(k) for k in KEY_FIELDS if k in meta or k != "kernel_switches"},
+                                     sort_keys=True).encode()).hexdigest()
     name = device_file_name(meta["model"], meta["pp"], meta["tp"], meta["device_name"], meta["dtype"],
                             layers=meta["layer_partition"] or "default", key=digest[:12], maxlen=max_len)
     return Path(envs.CACHE_DIR.get()) / "calibration" / name
@@ -206,9 +218,14 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     max_len, budget_s = src["max_len"], src["budget_s"]
     logger.info("[sglang-cpp] calibration target %d tokens, bounded by %s", max_len, src["bound"])
     pc = cfg.plan_config()
+    switches = tuple(meta.get("kernel_switches") or ())
     samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
                                             max_chunk=pc.max_chunk, align=pc.align, min_chunk=pc.min_chunk,
-                                            prefix=src["prefix"], plan_cfg=pc, tp_rank=tp_rank)
+                                            prefix=src["prefix"], plan_cfg=pc, tp_rank=tp_rank,
+                                            switches=switches)
+    if switches:  # one fit per regime that the calibration sampled on both sides
+        bounds, names = calibrated_switches(switches, tuple(meta["regime_names"]), reached, pc.align, pc.min_chunk)
+        meta.update(regime_bounds=list(bounds), regime_names=list(names))
     cost = model_from_dict(from_rank0(lambda: cost_from_profile({"samples": samples, "meta": meta},
                                                                  "startup calibration").to_dict()),
                            "startup calibration")

@@ -54,6 +54,10 @@ TARGETS = {
 # Every other SGLang internal the plugin calls (tests/test_layout.py keeps this list equal to the
 # plugin's imports): with TARGETS, the whole surface an SGLang upgrade can break, all in this folder.
 INTERNALS = (
+    "sglang.srt.configs.model_config.AttentionArch",  # plugin/switches.py: MLA's kernel switches in L
+    "sglang.srt.environ.envs",
+    "sglang.srt.runtime_context.attention_backends",
+    "sglang.srt.runtime_context.get_schedule",
     "sglang.srt.distributed.parallel_state.GroupCoordinator",
     "sglang.srt.distributed.parallel_state.TensorMetadata",
     "sglang.srt.distributed.parallel_state.get_pp_group",

@@ -1,0 +1,80 @@
+"""Kernel switches in the prefix L: where a stage's attention changes method, read from SGLang 0.5.23.
+
+Why: one polynomial across a switch fits neither side (issue 26), so the calibration samples both sides
+and the cost model is piecewise in L (core/regimes.py). SGLang's DeepSeek MLA picks its prefill method
+per batch in `deepseek_common/attention_backend_handler.py`:
+
+- L = 0: plain MHA on every backend (no prefix to read).
+- triton, and every backend without a handler of its own (torch_native on CPU): absorbed MLA once L > 0.
+- flashinfer / fa3 / flashmla / fa4 / intel_xpu (`_handle_attention_backend`): absorbed MLA for
+  0 < L < SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD (8192), then MHA over the prefix rebuilt from its latent
+  cache: in one shot while the batch's tokens fit SGLANG_MAX_KV_CHUNK_CAPACITY (128K), in KV chunks past
+  it. `--disable-chunked-prefix-cache` keeps absorbed MLA for every L > 0.
+- trtllm_mla: chunked-KV MHA for every extend (no switch) unless the chunked prefix cache is disabled.
+- aiter: MHA, in KV chunks past the capacity.
+A chunk is priced by the prefix it starts at; the capacity switch really depends on L + x, which this
+places at L (a chunk that crosses it is priced one regime early).
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("sglang_cpp")
+
+_THRESHOLD_BACKENDS = ("flashinfer", "fa3", "flashmla", "fa4", "intel_xpu")
+_OWN_HANDLERS = _THRESHOLD_BACKENDS + ("trtllm_mla", "aiter", "ascend", "dsa", "nsa", "triton")
+
+
+def mla_switches(backend: str, threshold: int, capacity: int, chunked_prefix_cache: bool = True) -> tuple:
+    """(bounds, regime names) of an MLA model's prefill on `backend`, as SGLang 0.5.23 dispatches it."""
+    name = (backend or "").split(":")[0]
+    if name in _THRESHOLD_BACKENDS and chunked_prefix_cache:
+        if 1 < threshold < capacity:
+            return (1, threshold, capacity), ("mha", "mla-absorbed", "mha-one-shot", "mha-chunked-kv")
+        return (1, capacity), ("mha", "mla-absorbed", "mha-chunked-kv")
+    if name == "trtllm_mla":
+        return ((), ()) if chunked_prefix_cache else ((1,), ("mha", "mla-absorbed"))
+    if name == "aiter":
+        return (capacity,), ("mha-one-shot", "mha-chunked-kv")
+    if name in ("ascend", "dsa", "nsa"):  # decided inside the backend: no switch this table knows
+        return (), ()
+    return (1,), ("mha", "mla-absorbed")  # triton, and backends without a handler (its fallback)
+
+
+def calibrated_switches(bounds: tuple, names: tuple, max_len: int, align: int, min_chunk: int = 0,
+                        quiet: bool = False) -> tuple:
+    """The switches a calibration up to max_len samples on both sides: a regime needs three aligned
+    prefixes of its own below max_len less the smallest chunk (calibrate.regime_prefixes), so a switch
+    closer to the target is dropped (the regime past it is priced by the one below, and the log says so)."""
+    lo = max(align, -(-int(min_chunk) // align) * align)
+    keep = [i for i, b in enumerate(bounds) if b == 1 or -(-b // align) * align + 2 * align + lo <= max_len]
+    if len(keep) < len(bounds) and not quiet:
+        dropped = [bounds[i] for i in range(len(bounds)) if i not in keep]
+        logger.warning("[sglang-cpp] kernel switches at prefixes %s lie past the calibration target %d: "
+                       "prompts past them are priced by the regime below; raise SGLANG_CPP_CALIB_MAX_LEN to "
+                       "calibrate them", dropped, max_len)
+    kept_names = tuple(names[i] for i in [0] + [i + 1 for i in keep]) if names else ()
+    return tuple(bounds[i] for i in keep), kept_names
+
+
+def server_switches(sched) -> tuple:
+    """(bounds, names) for this server's model and prefill attention backend; () for non-MLA models."""
+    from sglang.srt.configs.model_config import AttentionArch
+
+    if getattr(sched.model_config, "attention_arch", None) != AttentionArch.MLA:
+        return (), ()
+    from sglang.srt.environ import envs as sgl_envs
+    from sglang.srt.runtime_context import attention_backends, get_schedule
+
+    # the runner stamps the pair it resolved; the config's pair otherwise (runtime_context.attention_backends)
+    runner = getattr(getattr(sched, "tp_worker", None), "model_runner", None)
+    backend = str(getattr(runner, "prefill_attention_backend_str", None) or attention_backends()[0] or "")
+    out = mla_switches(backend, int(sgl_envs.SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD.get()),
+                       int(sgl_envs.SGLANG_MAX_KV_CHUNK_CAPACITY.get()),
+                       not bool(get_schedule().disable_chunked_prefix_cache))  # after the model runner's gate
+    logger.info("[sglang-cpp] MLA prefill on %s switches attention method at prefixes %s (%s): the cost model "
+                "is fitted per regime", backend or "the default backend", list(out[0]), ", ".join(out[1]))
+    return out
+
+
+__all__ = ["mla_switches", "calibrated_switches", "server_switches"]

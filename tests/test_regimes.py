@@ -1,0 +1,200 @@
+"""A cost model piecewise in the prefix L (core/regimes.py), and the kernel switches it is cut at
+(plugin/switches.py): the fit, the planner, the simulator, online refinement and the calibration grid."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sglang_cpp.core.costmodel import (CostModel, PiecewiseCost, PipelineCost, add_constant, cost_from_profile,
+                                       fit_piecewise, model_from_dict)
+from sglang_cpp.core.planner import plan_chunks
+from sglang_cpp.core.planner_base import ttft
+from sglang_cpp.core.regimes import regime_rows
+
+# DeepSeek-like on flashinfer: fresh chunks as MHA, absorbed MLA below 8192 (a dearer attention, no
+# rebuild), MHA above it (a cheaper attention, but the prefix's latents re-projected: a g*L term)
+FRESH = CostModel.fa(a=2e-6, b=0.02, c0=3.0)
+ABSORBED = CostModel.fa(a=6e-6, b=0.03, c0=3.0)
+REBUILD = CostModel.fa(a=2e-6, b=0.02, c0=3.0, g=0.004)
+DSV = PiecewiseCost((1, 8192), (FRESH, ABSORBED, REBUILD), ("mha", "mla-absorbed", "mha-one-shot"))
+
+
+def test_a_chunk_is_priced_in_the_regime_of_the_prefix_it_starts_at():
+    L = np.array([0, 1, 4096, 8191, 8192, 20000])
+    x = np.full(6, 1024)
+    want = [FRESH.time(0, 1024), ABSORBED.time(1, 1024), ABSORBED.time(4096, 1024), ABSORBED.time(8191, 1024),
+            REBUILD.time(8192, 1024), REBUILD.time(20000, 1024)]
+    assert DSV.time(L, x) == pytest.approx(want)
+    assert DSV.time(8192, 1024) == pytest.approx(REBUILD.time(8192, 1024))  # scalars stay scalars
+    assert list(DSV.regime(L)) == [0, 1, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("bounds,models,match", [((8192, 1), (FRESH, ABSORBED, REBUILD), "strictly increasing"),
+                                                 ((0,), (FRESH, ABSORBED), "strictly increasing"),
+                                                 ((1, 8192), (FRESH, ABSORBED), "need 3 regime models")])
+def test_bad_regimes_are_refused_with_the_reason(bounds, models, match):
+    with pytest.raises(ValueError, match=match):
+        PiecewiseCost(bounds, models)
+
+
+def test_it_round_trips_through_json_inside_a_pipeline_and_takes_an_overhead_in_every_regime():
+    pipe = PipelineCost((DSV, add_constant(DSV, 1.5)))
+    back = model_from_dict(pipe.to_dict())
+    L, x = np.array([0, 100, 9000, 30000]), np.array([512, 512, 2048, 64])
+    assert back.time(L, x) == pytest.approx(pipe.time(L, x))
+    assert back.stage_times(L, x)[1] == pytest.approx(DSV.time(L, x) + 1.5)
+    assert back.stages[0].names == DSV.names and back.stages[0].bounds == (1, 8192)
+    with pytest.raises(TypeError, match="regime_rows"):
+        pipe.rows  # noqa: B018  (a piecewise stage has no fixed rows: the planner must not use them)
+
+
+def _samples(model, Ls, xs, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    pts = [(L, x) for L in Ls for x in xs]
+    ms = [float(model.time(L, x)) * (1 + noise * rng.standard_normal()) for L, x in pts]
+    return [p[0] for p in pts], [p[1] for p in pts], ms
+
+
+def test_one_fit_per_regime_recovers_each_side_where_one_polynomial_cannot():
+    Ls = [0, 64, 2048, 4096, 8128, 8192, 12288, 16384, 24576, 28672]
+    L, x, ms = _samples(DSV, Ls, [64, 256, 512, 2048, 4096], noise=0.01)
+    pw = fit_piecewise(L, x, ms, (1, 8192))
+    one = cost_from_profile({"samples": [{"L": a, "x": b, "ms": c, "stage": 0} for a, b, c in zip(L, x, ms)]})
+    grid = [(a, b) for a in (0, 1024, 6144, 8192, 16000, 30000) for b in (256, 1024, 3072)]
+    err = lambda m: np.median([abs(m.time(a, b) / DSV.time(a, b) - 1) for a, b in grid])  # noqa: E731
+    assert err(pw) < 0.02 and err(one) > 0.05
+    with pytest.raises(ValueError, match=r"regime 2 \(prefix in \[8192, inf\)\): no sample"):
+        fit_piecewise(*_samples(DSV, [0, 64, 2048, 4096], [64, 256, 512, 1024, 2048]), (1, 8192))
+
+
+def test_a_profile_with_regime_bounds_is_fitted_per_regime_per_stage():
+    L, x, ms = _samples(DSV, [0, 64, 2048, 4096, 8192, 12288, 16384], [64, 256, 512, 1024, 2048])
+    doc = {"meta": {"regime_bounds": [1, 8192], "regime_names": ["mha", "mla-absorbed", "mha-one-shot"]},
+           "samples": [{"L": a, "x": b, "ms": c * (1 + s), "stage": s} for s in (0, 1) for a, b, c in zip(L, x, ms)]}
+    cost = cost_from_profile(doc)
+    assert isinstance(cost, PipelineCost) and all(isinstance(m, PiecewiseCost) for m in cost.stages)
+    assert cost.stages[1].names[2] == "mha-one-shot"
+    assert cost.stages[1].time(12288, 512) == pytest.approx(2 * DSV.time(12288, 512), rel=0.01)
+
+
+def test_the_equal_time_plan_on_regimes_is_within_1pct_of_the_exact_dp():
+    """Seeded random three-regime stages (fresh MHA, absorbed MLA, MHA with a prefix rebuild), the
+    switch at 2K-8K, PP 2-8, prompts up to 12K behind random cached prefixes, overheads up to 5 ms: the search that inlines polynomial rows picks each chunk's regime right."""
+    rng = np.random.default_rng(26)
+    worst = 0.0
+    for _ in range(10):
+        fresh, absorbed, mha = (float(v) for v in rng.uniform(1e-6, 3e-5, 3))
+        thr = int(rng.choice([2048, 4096, 8192]))
+        stage = PiecewiseCost((1, thr), (CostModel.fa(a=fresh, b=0.05, c0=3.0),
+                                         CostModel.fa(a=absorbed, b=rng.uniform(0.03, 0.3), c0=rng.uniform(1, 20)),
+                                         CostModel.fa(a=mha, b=rng.uniform(0.03, 0.3), c0=rng.uniform(1, 20),
+                                                      g=float(rng.uniform(0, 0.01)))))
+        cost, o = stage, float(rng.uniform(0, 5))  # equal stages: the DP's objective is the makespan
+        P, n, prefix = int(rng.integers(2, 9)), int(rng.integers(2048, 12288)), int(rng.choice([0, rng.integers(0, 8192)]))
+        kw = dict(max_chunk=2048, align=64, prefix_len=prefix, overhead_ms=o)
+        et = plan_chunks(prefix + n, cost, P, **kw)
+        dp = plan_chunks(prefix + n, cost, P, method="dp", **kw)
+        assert sum(et.chunks) == n
+        worst = max(worst, ttft(list(et.chunks), prefix, cost, P, o) / ttft(list(dp.chunks), prefix, cost, P, o))
+        starts = prefix + np.concatenate([[0], np.cumsum(et.chunks)[:-1]])  # the plan's times: each in its regime
+        assert list(et.pred_ms) == pytest.approx(list(cost.time(starts, np.array(et.chunks))))
+    assert 1.0 <= worst <= 1.01
+
+
+def test_the_planner_sees_the_switch():
+    """Past the switch every chunk re-pays the prefix rebuild (g L): the plan on the regimes cuts fewer,
+    larger chunks there than the plan on the absorbed regime alone, and is predicted faster on the real cost."""
+    plain = PiecewiseCost((1,), (FRESH, ABSORBED))
+    cost = PiecewiseCost((1, 8192), (FRESH, ABSORBED, CostModel.fa(a=2e-6, b=0.02, c0=3.0, g=0.05)))
+    n = 65536
+    ours = plan_chunks(n, cost, 4, max_chunk=16384)
+    blind = plan_chunks(n, plain, 4, max_chunk=16384)
+    tail = lambda p: [c for c, s in zip(p.chunks, np.cumsum((0,) + p.chunks[:-1])) if s >= 8192]  # noqa: E731
+    assert len(tail(ours)) < len(tail(blind))
+    assert ttft(list(ours.chunks), 0, cost, 4) < 0.97 * ttft(list(blind.chunks), 0, cost, 4)
+
+
+def test_regime_rows_hold_each_interval_padded_to_one_row_count():
+    pipe = PipelineCost((DSV, ABSORBED))
+    rr = regime_rows(pipe)
+    assert rr.bounds == (1, 8192) and rr.table.shape == (3, 2, 6)
+    assert list(rr.at(0)[0]) == [FRESH.c0, FRESH.g, FRESH.b, FRESH.d, FRESH.e, FRESH.f]
+    assert list(rr.at(9000)[0]) == [REBUILD.c0, REBUILD.g, REBUILD.b, REBUILD.d, REBUILD.e, REBUILD.f]
+    assert list(rr.at(9000)[1]) == [ABSORBED.c0, ABSORBED.g, ABSORBED.b, ABSORBED.d, ABSORBED.e, ABSORBED.f]
+
+
+def test_the_simulator_prices_each_chunk_in_its_regime():
+    from sglang_cpp.whatif.simulator import simulate
+
+    chunks = [4096, 4096, 8192, 8192]
+    r = simulate(chunks, [DSV, DSV], pp_size=2)
+    t = [DSV.time(L, x) for L, x in zip((0, 4096, 8192, 16384), chunks)]
+    # two equal stages, free P2P: sum + (P-1) max
+    assert r.ttft_ms == pytest.approx(sum(t) + max(t))
+
+
+def test_online_refinement_refits_every_regime_and_keeps_the_switches():
+    from sglang_cpp.core.refine import Refiner
+
+    calib = PiecewiseCost(DSV.bounds, (FRESH, ABSORBED, FRESH), DSV.names)  # no rebuild measured above the switch
+    L, x, ms = _samples(calib, [0, 64, 2048, 4096, 8192, 12288, 16384], [64, 256, 512, 1024, 2048])
+    r = Refiner(calib, [{"L": a, "x": b, "ms": c} for a, b, c in zip(L, x, ms)])
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # serving shows the rebuild that the calibration missed above the switch
+        a, b = int(rng.integers(8192, 30000)), int(rng.integers(256, 4096))
+        r.add(0, a, b, float(DSV.time(a, b)))
+    notes = r.refit()
+    assert r.version == 1 and notes[0].startswith("stage 0: refit accepted"), notes
+    new = r.model
+    assert isinstance(new, PiecewiseCost) and new.bounds == DSV.bounds and new.names == DSV.names
+    err = lambda m: abs(m.time(20000, 1024) / DSV.time(20000, 1024) - 1)  # noqa: E731
+    assert err(new) < 0.5 * err(calib)  # the calibration's samples stay in the fit: halfway there, not all
+    assert new.time(4096, 1024) == pytest.approx(ABSORBED.time(4096, 1024), rel=1e-6)  # below: untouched
+
+
+# -- the switches SGLang 0.5.23 makes, and the calibration that samples both sides ---------------------
+@pytest.mark.parametrize("backend,cpc,bounds", [
+    ("flashinfer", True, (1, 8192, 131072)), ("fa3", True, (1, 8192, 131072)), ("fa3", False, (1,)),
+    ("triton", True, (1,)), ("torch_native", True, (1,)), ("trtllm_mla", True, ()), ("trtllm_mla", False, (1,)),
+    ("aiter", True, (131072,)), ("dsa", True, ())])
+def test_mla_switches_follow_sglangs_dispatch(backend, cpc, bounds):
+    from sglang_cpp.plugin.switches import mla_switches
+
+    b, names = mla_switches(backend, 8192, 131072, cpc)
+    assert b == bounds and len(names) == (len(b) + 1 if b else 0)
+
+
+def test_a_switch_past_the_calibration_target_is_dropped_loudly(caplog):
+    from sglang_cpp.plugin.switches import calibrated_switches
+
+    names = ("mha", "mla-absorbed", "mha-one-shot", "mha-chunked-kv")
+    with caplog.at_level("WARNING", logger="sglang_cpp"):
+        b, n = calibrated_switches((1, 8192, 131072), names, 32768, 64)
+    assert b == (1, 8192) and n == names[:3]
+    assert "131072" in caplog.text and "SGLANG_CPP_CALIB_MAX_LEN" in caplog.text
+    assert calibrated_switches((1, 8192), names[:3], 8192 + 64 * 2, 64)[0] == (1,)  # two units past: too few
+
+
+@pytest.mark.parametrize("M,switches", [(32768, (1, 8192)), (16384, (1,)), (1024, (1,)), (131072, (1, 8192, 65536))])
+def test_the_grid_samples_every_regime_enough_to_fit_it(M, switches):
+    from sglang_cpp.plugin.calibrate import calibration_grid
+
+    pts = calibration_grid(M, 64, 16384, 0, switches)
+    assert all(L + x <= M and L % 64 == 0 and x % 64 == 0 for L, x in pts)
+    edges = (0,) + switches + (M + 1,)
+    for lo, hi in zip(edges, edges[1:]):
+        inside = [(L, x) for L, x in pts if lo <= L < hi]
+        if hi == 1:  # fresh prefills alone: a 1-D fit, 5 samples of distinct sizes
+            assert len({x for _, x in inside}) >= 5
+        else:
+            assert len({L for L, _ in inside}) >= 3 and len({x for _, x in inside}) >= 2
+    # and the fit on the grid works in every regime
+    fit_piecewise(*zip(*[(L, x, float(DSV.time(L, x))) for L, x in pts]), switches)
+
+
+def test_no_switch_leaves_the_grid_as_it_was():
+    from sglang_cpp.plugin.calibrate import calibration_grid
+
+    assert calibration_grid(32768, 64, 16384, 0, ()) == calibration_grid(32768, 64, 16384, 0)
+    Ls = sorted({L for L, _ in calibration_grid(32768, 64, 16384)})
+    assert Ls == [0, 4096, 8192, 16384, 24576, 28672]
