@@ -242,3 +242,44 @@ def test_dp_attention_online_refits_reach_every_dp_rank_and_switch_both_stages_a
     cut = {r: max(i for i, (k, _) in enumerate(st) if k == "plan") + 1 for r, st in streams.items()}
     for a, b in ((0, 2), (1, 3)):
         assert streams[a][:cut[a]] == streams[b][:cut[b]], (a, b, streams)
+
+
+@pytest.fixture(scope="module")
+def mla(tiny_mla, tmp_path_factory):
+    """PP=2 on a tiny DeepSeek-V2: SGLang's MLA runs a fresh chunk as MHA and a chunk over a prefix as absorbed
+    MLA (torch_native takes the triton handler's dispatch), so the cost model has a switch at L = 1."""
+    d = tmp_path_factory.mktemp("mla")
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
+           "SGLANG_CPP_CACHE_DIR": str(d / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "2048",
+           "SGLANG_CPP_MAX_CHUNK": "512"}  # a multi-chunk plan whatever the (noisy, tiny) calibration says
+    spec = ServerSpec(tiny_mla, pp_size=2, chunk_size=512, dynamic=True, env=env, extra_args=SMALL_POOL)
+    with launched(spec, 600) as srv:
+        outs = [generate(srv.base_url, input_ids=random_ids(1800, s), max_new_tokens=4) for s in (1, 2)]
+        log = srv.log()
+    return {"dir": d, "outs": outs, "log": log, "calib": sorted((d / "cache" / "calibration").glob("*.json"))}
+
+
+def test_mla_calibration_samples_and_fits_each_side_of_the_kernel_switch(mla):
+    """Issue 26: the plugin reads the switch from SGLang's dispatch, the grid samples both regimes (fresh
+    prefills at 5+ sizes, 3+ prefixes above), and every stage's model is piecewise, one fit per regime."""
+    from sglang_cpp.core.costmodel import PiecewiseCost, model_from_dict
+
+    assert "switches attention method at prefixes [1] (mha, mla-absorbed)" in mla["log"]
+    doc = load_profile(mla["calib"][0])
+    assert doc["meta"]["kernel_switches"] == [1] and doc["meta"]["regime_bounds"] == [1]
+    for stage in (0, 1):
+        pts = [(s["L"], s["x"]) for s in doc["samples"] if s["stage"] == stage]
+        assert len({x for L, x in pts if L == 0}) >= 5 and len({L for L, _ in pts if L > 0}) >= 3
+        model = model_from_dict(doc["stages"][stage])
+        assert isinstance(model, PiecewiseCost) and model.bounds == (1,) and model.names == ("mha", "mla-absorbed")
+        assert model.models[0].fit["n"] == sum(1 for L, _ in pts if L == 0)  # regime 0: the fresh prefills alone
+
+
+def test_mla_both_stages_plan_every_request_alike_on_the_piecewise_model(mla):
+    dec = [[(e["rid"], e["prefix"], e["chunk"]) for e in read_events(mla["dir"] / f"dec_{r}.jsonl", "decision")]
+           for r in (0, 1)]
+    assert dec[0] == dec[1] and len({rid for rid, _, _ in dec[0]}) == 2
+    for rid in {rid for rid, _, _ in dec[0]}:
+        chunks = [c for r, _, c in dec[0] if r == rid]  # one decision per chunk
+        assert sum(chunks) == 1800 and len(chunks) >= 4 and max(chunks) <= 512
+    assert all(len(o.output_ids) == 4 for o in mla["outs"])

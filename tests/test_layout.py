@@ -77,11 +77,57 @@ def test_every_sglang_internal_the_plugin_uses_is_listed_in_one_place():
 
     used = set()
     for f in (ROOT / "sglang_cpp" / "plugin").glob("*.py"):
-        for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang."):
-                used |= {f"{node.module}.{a.name}" for a in node.names}
+        used |= sglang_uses(f.read_text())
     assert used == set(INTERNALS)
     assert all(t.startswith("sglang.srt.") for t in TARGETS)
     from sglang_cpp.plugin import hooks
 
     assert all(callable(getattr(hooks, fn)) for fn, _ in TARGETS.values())  # each hook named in hooks.py
+
+
+def sglang_uses(source: str) -> set:
+    """Every SGLang symbol a module reaches: `from sglang... import X`, `import sglang...` and
+    `sys.modules["sglang..."]` (a lookup that needs no import statement)."""
+    import ast
+
+    used = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang."):
+            used |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            used |= {a.name for a in node.names if a.name == "sglang" or a.name.startswith("sglang.")}
+        elif (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+              and isinstance(node.slice.value, str) and node.slice.value.startswith("sglang")
+              and ast.unparse(node.value) == "sys.modules"):
+            used.add(node.slice.value)
+    return used
+
+
+def test_the_internals_scan_sees_every_way_of_reaching_sglang():
+    src = ("import sglang\nimport sglang.srt.a as a\nimport sys\nm = sys.modules['sglang.srt.b']\n"
+           "from sglang.srt.c import D\nimport os\nx = os.environ['sglang.srt.not_a_module']\n")
+    assert sglang_uses(src) == {"sglang", "sglang.srt.a", "sglang.srt.b", "sglang.srt.c.D"}
+
+
+def test_every_listed_internal_exists_in_the_pinned_sglang():
+    """INTERNALS names real symbols of SGLang 0.5.23: after an upgrade a renamed one fails here, not in a
+    server's first calibration."""
+    import importlib
+
+    from sglang_cpp.plugin import INTERNALS
+
+    missing = []
+    for name in INTERNALS:
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):  # the longest importable module prefix, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+                break
+            except ImportError:
+                continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            missing.append(name)
+    assert not missing, missing

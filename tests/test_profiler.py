@@ -127,13 +127,14 @@ def test_hf_layers_beyond_model_rejected(tmp_path, capsys):
 
 
 @needs_tiny
-def test_crop_reuse_matches_fresh_prefill():
-    """The reused (cropped) prefix cache must give the same next-chunk output as a fresh prefill."""
+def test_crop_reuse_matches_fresh_prefill(tiny):
+    """The reused (cropped) prefix cache must give the same next-chunk output as a fresh prefill (the `tiny`
+    fixture builds the model, so this test runs alone or first too)."""
     import torch
 
     from sglang_cpp.profiler.hf import _crop_to, _new_cache, load_model
 
-    model, _ = load_model(ProfileConfig(model=str(TINY), device="cpu"), "cpu")
+    model, _ = load_model(ProfileConfig(model=tiny, device="cpu"), "cpu")
     g = torch.Generator().manual_seed(0)
     prefix, a, b = (torch.randint(0, 49152, (1, n), generator=g) for n in (96, 32, 32))
     with torch.inference_mode():

@@ -158,7 +158,7 @@ def test_online_refinement_refits_every_regime_and_keeps_the_switches():
     ("triton", True, (1,)), ("torch_native", True, (1,)), ("trtllm_mla", True, ()), ("trtllm_mla", False, (1,)),
     ("aiter", True, (131072,)), ("dsa", True, ())])
 def test_mla_switches_follow_sglangs_dispatch(backend, cpc, bounds):
-    from sglang_cpp.plugin.switches import mla_switches
+    from sglang_cpp.core.regimes import mla_switches
 
     b, names = mla_switches(backend, 8192, 131072, cpc)
     assert b == bounds and len(names) == (len(b) + 1 if b else 0)
@@ -198,3 +198,41 @@ def test_no_switch_leaves_the_grid_as_it_was():
     assert calibration_grid(32768, 64, 16384, 0, ()) == calibration_grid(32768, 64, 16384, 0)
     Ls = sorted({L for L, _ in calibration_grid(32768, 64, 16384)})
     assert Ls == [0, 4096, 8192, 16384, 24576, 28672]
+
+
+# -- the analytic model: MLA's regimes at blog scale ----------------------------------------------------
+def test_analytic_mla_stages_switch_where_sglang_does_by_hand_formula():
+    """DeepSeek-V3 on fa3: absorbed MLA below 8192 (no prefix rebuild; attention over the latent,
+    n_q (2 kv_lora + d_rope) FLOPs per unit of x(2L + x) instead of n_q (d_qk + d_v)), MHA over the rebuilt
+    prefix from 8192 on (what the model priced everywhere before), MHA on a fresh chunk."""
+    from sglang_cpp.whatif.analytic import DEVICES, MODELS
+    from sglang_cpp.whatif.analytic_fit import stage_models
+
+    ds, h20 = MODELS["deepseek-v3"], DEVICES["H20"]
+    plain = stage_models(ds, h20, 8, 4, roofline=False)
+    fa3 = stage_models(ds, h20, 8, 4, roofline=False, attention_backend="fa3")
+    for old, new in zip(plain, fa3):
+        assert isinstance(new, PiecewiseCost) and new.bounds == (1, 8192, 131072)
+        fresh, absorbed, one_shot, chunked = new.models
+        assert one_shot.coeffs == old.coeffs and chunked.coeffs == old.coeffs and fresh.coeffs == old.coeffs
+        assert absorbed.g == 0 and old.g > 0 and absorbed.b == old.b
+        assert absorbed.f / old.f == pytest.approx((2 * 512 + 64) / (192 + 128))
+    assert stage_models(ds, h20, 8, 4, attention_backend="triton")[0].bounds == (1,)
+    qwen = stage_models(MODELS["qwen3-235b-a22b"], h20, 4, 8, attention_backend="fa3")
+    assert not any(isinstance(m, PiecewiseCost) for m in qwen)  # no MLA: no switch
+
+
+def test_the_plan_on_mla_regimes_is_no_worse_than_the_plan_blind_to_them():
+    """Priced on the regimes (roofline stages, PP4 x TP8 on H20, 128K), the plan made on them is at least as
+    fast as the plan made on the MHA-everywhere model: the switch is information the planner uses."""
+    from sglang_cpp.whatif.analytic import DEVICES, MODELS
+    from sglang_cpp.whatif.analytic_fit import stage_models
+
+    ds, h20 = MODELS["deepseek-v3"], DEVICES["H20"]
+    true = PipelineCost(tuple(stage_models(ds, h20, 8, 4, attention_backend="fa3")))
+    blind = PipelineCost(tuple(stage_models(ds, h20, 8, 4)))
+    kw = dict(max_chunk=16384, overhead_ms=2.0)
+    ours, theirs = plan_chunks(131072, true, 4, **kw), plan_chunks(131072, blind, 4, **kw)
+    assert sum(ours.chunks) == sum(theirs.chunks) == 131072
+    cost = lambda p: ttft(list(p.chunks), 0, true, 4, 2.0)  # noqa: E731
+    assert cost(ours) <= cost(theirs) * (1 + 1e-9)

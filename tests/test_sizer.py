@@ -198,6 +198,20 @@ def test_a_bad_layer_partition_is_named_with_a_value_that_works(monkeypatch):
     assert calls == []
     monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "1,3")
     assert get_pp_indices(original, 4, 1, 2) == (0, 2) and calls == [(4, 1, 2)]
+    # the value the message offers really works: taken from the message, it passes through to SGLang
+    import re
+
+    from sglang_cpp.core.partition import parse_partition
+
+    for bad, layers, pp in (("1,1", 4, 2), ("9,9,9", 7, 3), ("x", 30, 4), ("", 61, 8)):
+        with pytest.raises(ValueError) as exc:
+            parse_partition(bad, layers, pp)
+        hint = re.search(r"e\.g\. SGLANG_PP_LAYER_PARTITION=([0-9,]+)", str(exc.value)).group(1).rstrip(",")
+        assert sum(parse_partition(hint, layers, pp)) == layers, (bad, hint)
+        monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", hint)
+        calls.clear()
+        get_pp_indices(original, layers, 0, pp)
+        assert calls == [(layers, 0, pp)]
 
 
 # -- SGLANG_CPP_BATCH_POLICY (plugin/batch.py) ---------------------------------------------------------

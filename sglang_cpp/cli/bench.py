@@ -44,7 +44,7 @@ def simulate_ttft(args) -> list[dict]:
     src = SimpleNamespace(profile=args.simulate, analytic=args.analytic if not args.simulate else None,
                           coeffs=args.coeffs if not (args.simulate or args.analytic) else None,
                           device=args.device, tp=args.tp, dtype=None, efficiency=args.efficiency,
-                          layers_per_stage=None, pp_size=P)
+                          layers_per_stage=None, pp_size=P, attention_backend=args.attention_backend)
     stages, hidden = cli_costs(src)
     args.cpu_overhead_ms = chunk_overhead_ms(src, args.cpu_overhead_ms)
     cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
@@ -142,6 +142,7 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--efficiency", type=float, default=None,
                    help="fraction of peak reached (--analytic; e.g. what `tune analytic` fitted)")
     g.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    g.add_argument("--attention-backend", default=None, help="SGLang's prefill attention backend (--analytic): an MLA model's stages are then piecewise in L where SGLang switches method on it (e.g. fa3: 8192); default: no switch")
     g.add_argument("--max-prefill-tokens", type=int, default=16384)
     g.add_argument("--p2p-latency-ms", type=float, default=0.0)
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)

@@ -56,7 +56,8 @@ def cli_costs(args) -> tuple[list, int]:
         parts = [0]
     if parts is not None and (len(parts) != P or any(n < 1 for n in parts)):
         raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
-    models = stage_models(model, dev, args.tp, P, parts, dtype=getattr(args, "dtype", None))
+    models = stage_models(model, dev, args.tp, P, parts, dtype=getattr(args, "dtype", None),
+                          attention_backend=getattr(args, "attention_backend", None))
     return models, model.hidden_size
 
 

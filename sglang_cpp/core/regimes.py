@@ -11,6 +11,7 @@ loops, the polynomial rows of the regime the prefix lies in (`regime_rows`).
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,15 +115,8 @@ class RegimeRows:
                                                for t in self.table))
 
     def at(self, L: float):
-        """The coefficient rows in force at the scalar prefix L."""
-        lo, hi = 0, len(self.bounds)
-        while lo < hi:  # bisect_right on a short tuple: the hot loop's regime lookup
-            mid = (lo + hi) // 2
-            if L < self.bounds[mid]:
-                hi = mid
-            else:
-                lo = mid + 1
-        return self._per[lo]
+        """The coefficient rows in force at the scalar prefix L (the hot loop's regime lookup)."""
+        return self._per[bisect_right(self.bounds, L)]
 
 
 def regime_rows(cost) -> RegimeRows:
@@ -148,5 +142,29 @@ def piecewise_from_dict(d: dict, where: str, parse) -> PiecewiseCost:
         raise ValueError(f"{where}: a piecewise model needs 'bounds' and 'regimes' ({exc!r})") from None
 
 
-__all__ = ["PiecewiseCost", "RegimeRows", "regime_rows", "is_piecewise", "all_bounds", "piecewise_from_dict",
+MLA_THRESHOLD = 8192  # SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD's default in SGLang 0.5.23
+MLA_CAPACITY = 128 * 1024  # SGLANG_MAX_KV_CHUNK_CAPACITY's default
+_THRESHOLD_BACKENDS = ("flashinfer", "fa3", "flashmla", "fa4", "intel_xpu")
+
+
+def mla_switches(backend: str, threshold: int = MLA_THRESHOLD, capacity: int = MLA_CAPACITY,
+                 chunked_prefix_cache: bool = True) -> tuple:
+    """(bounds, regime names) of an MLA model's prefill on `backend`, as SGLang 0.5.23 dispatches it
+    (`deepseek_common/attention_backend_handler.py`; plugin/switches.py reads the settings from a server,
+    the analytic model takes them as given)."""
+    name = (backend or "").split(":")[0]
+    if name in _THRESHOLD_BACKENDS and chunked_prefix_cache:
+        if 1 < threshold < capacity:
+            return (1, threshold, capacity), ("mha", "mla-absorbed", "mha-one-shot", "mha-chunked-kv")
+        return (1, capacity), ("mha", "mla-absorbed", "mha-chunked-kv")
+    if name == "trtllm_mla":
+        return ((), ()) if chunked_prefix_cache else ((1,), ("mha", "mla-absorbed"))
+    if name == "aiter":
+        return (capacity,), ("mha-one-shot", "mha-chunked-kv")
+    if name in ("ascend", "dsa", "nsa"):  # decided inside the backend: no switch this table knows
+        return (), ()
+    return (1,), ("mha", "mla-absorbed")  # triton, and backends without a handler (its fallback)
+
+
+__all__ = ["mla_switches", "MLA_THRESHOLD", "MLA_CAPACITY", "PiecewiseCost", "RegimeRows", "regime_rows", "is_piecewise", "all_bounds", "piecewise_from_dict",
            "add_constant_piecewise"]

@@ -400,6 +400,8 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
         log.write(rec.pop("event"), **rec)
     if done:  # a prompt ran its last chunk: its lines are on disk before its first token reaches the client
         log.flush()
+        if online is not None:
+            online.prompt_done()
     return out
 
 

@@ -7,6 +7,9 @@ How the pieces travel, with no collective that one rank could skip:
   world rank 0 polls for them once per scheduler step.
 - the fit: world rank 0 only (sglang_cpp.core.refine.Refiner), on a background thread, so the scheduler never
   waits for it; a refit is accepted only if it predicts held-back forwards better than the model in force.
+  It starts at most once per prompt that finished on world rank 0: a plan is made once per request, so a
+  refit in the middle of a prompt changes nothing sooner, and its thread would hold the GIL against the
+  scheduler's own loop for every chunk (issue 25: 2-3 ms of plugin time per step on PP0 while it did).
 - the switch: world rank 0 puts the accepted coefficients (a ModelUpdate) into the request list it pulls
   from the tokenizer. That list reaches every TP rank and every later stage in the same scheduler
   iteration it would anyway, and each rank applies the update before it processes the requests that came
@@ -55,6 +58,7 @@ class Online:
         self._thread: threading.Thread | None = None
         self._pending: ModelUpdate | None = None
         self._lock = threading.Lock()
+        self._due = False  # a prompt finished since the last fit started: the next may start
         if rank == 0:
             from ..core.refine import Refiner
 
@@ -73,6 +77,10 @@ class Online:
         """One serving step's cost beyond its forward and its waits (steps.py), the per-chunk overhead."""
         if self.is_leader:
             self.outbox.append((self.pp_rank, None, None, float(loop_ms)))
+
+    def prompt_done(self) -> None:
+        """A prompt ran its last chunk on this rank (world rank 0: the next refit may start)."""
+        self._due = True
 
     def pump(self) -> None:
         """Once per scheduler step: leaders ship their samples, world rank 0 takes them in and refits."""
@@ -136,11 +144,12 @@ class Online:
                 self.log.write("drift", stage=stage, L=L, x=x, ms=ms)
 
     def _maybe_fit(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        if not self._due or self._thread is not None and self._thread.is_alive():
             return
         if not any(st.new >= self.refiner.cfg.min_new and st.held or st.new_steps >= self.refiner.cfg.min_new
                    for st in self.refiner.stages):
             return
+        self._due = False
         self._thread = threading.Thread(target=self._fit, name="sglang-cpp-refit", daemon=True)
         self._thread.start()
 

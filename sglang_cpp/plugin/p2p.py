@@ -256,7 +256,14 @@ def _recv_tensor_dict_coordinator(self, src: Optional[int] = None, all_gather_gr
     meta = self.recv_object(src=src)
     posted = post_tensor_dict_recvs(meta, self.ranks[src], self.device_group, self.cpu_group,
                                     ag_size, ag_rank, meta_types=_sglang_meta_types())
-    return receive(posted, None if all_gather_group is None else all_gather_group.all_gather)
+    out = receive(posted, None if all_gather_group is None else all_gather_group.all_gather)
+    if STATS["messages"] in _REPORT_AT:  # the path is observable: a log line at 16, 256, 4096 messages
+        logger.info("[sglang-cpp] async PP recv: %d messages, %d tensors, %d proxy waits deferred to the forward, "
+                    "%.3f s waited", STATS["messages"], STATS["tensors"], STATS["deferred"], STATS["wait_s"])
+    return out
+
+
+_REPORT_AT = frozenset({16, 256, 4096})
 
 
 def Scheduler__pp_launch_batch(original, self, *args, **kwargs):

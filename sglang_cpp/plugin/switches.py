@@ -19,26 +19,9 @@ from __future__ import annotations
 
 import logging
 
+from ..core.regimes import mla_switches
+
 logger = logging.getLogger("sglang_cpp")
-
-_THRESHOLD_BACKENDS = ("flashinfer", "fa3", "flashmla", "fa4", "intel_xpu")
-_OWN_HANDLERS = _THRESHOLD_BACKENDS + ("trtllm_mla", "aiter", "ascend", "dsa", "nsa", "triton")
-
-
-def mla_switches(backend: str, threshold: int, capacity: int, chunked_prefix_cache: bool = True) -> tuple:
-    """(bounds, regime names) of an MLA model's prefill on `backend`, as SGLang 0.5.23 dispatches it."""
-    name = (backend or "").split(":")[0]
-    if name in _THRESHOLD_BACKENDS and chunked_prefix_cache:
-        if 1 < threshold < capacity:
-            return (1, threshold, capacity), ("mha", "mla-absorbed", "mha-one-shot", "mha-chunked-kv")
-        return (1, capacity), ("mha", "mla-absorbed", "mha-chunked-kv")
-    if name == "trtllm_mla":
-        return ((), ()) if chunked_prefix_cache else ((1,), ("mha", "mla-absorbed"))
-    if name == "aiter":
-        return (capacity,), ("mha-one-shot", "mha-chunked-kv")
-    if name in ("ascend", "dsa", "nsa"):  # decided inside the backend: no switch this table knows
-        return (), ()
-    return (1,), ("mha", "mla-absorbed")  # triton, and backends without a handler (its fallback)
 
 
 def calibrated_switches(bounds: tuple, names: tuple, max_len: int, align: int, min_chunk: int = 0,
@@ -77,4 +60,4 @@ def server_switches(sched) -> tuple:
     return out
 
 
-__all__ = ["mla_switches", "calibrated_switches", "server_switches"]
+__all__ = ["calibrated_switches", "server_switches"]

@@ -54,6 +54,8 @@ TARGETS = {
 # Every other SGLang internal the plugin calls (tests/test_layout.py keeps this list equal to the
 # plugin's imports): with TARGETS, the whole surface an SGLang upgrade can break, all in this folder.
 INTERNALS = (
+    "sglang",  # sglang.__version__: the calibration cache key and the unapplied-hooks error
+    "sglang.srt.mem_cache.pool_host.mha",  # cpu_compat: the module whose host-pool methods call the KV copy ops
     "sglang.srt.configs.model_config.AttentionArch",  # plugin/switches.py: MLA's kernel switches in L
     "sglang.srt.environ.envs",
     "sglang.srt.runtime_context.attention_backends",

@@ -7,6 +7,8 @@ cached prefix of L tokens costs
     linear      2 * x * N_act                       (attention projections, dense FFN or router + top_k experts + shared)
     attention   n_q * (d_qk + d_v) * x * (2L + x)   (QK^T and PV, causal; = 2*2*n_q*d_h*x*(L + x/2) for GQA)
     MLA rebuild 2 * L * kv_lora * n_q * (d_nope + d_v)   (prefix latents re-projected by kv_b each chunk)
+    absorbed MLA   n_q * (2 kv_lora + d_rope) * x * (2L + x)   (QK^T and PV over the latent: no rebuild,
+                   a dearer attention; SGLang's method over a short prefix, `stage_models(attention_backend=)`)
 
 so a stage's time is exactly c0 + g*L + b*x + a*x*(2L + x): the FA form of `CostModel`.
 Sources: /work/shared/reference/anchors.md section 2.1 (FLOPs) and 2.2 (peaks and the TTFT bound).
@@ -221,17 +223,20 @@ def _dtype(model: ModelSpec, dtype: str | None) -> str:
 
 
 def _layer_coefs(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str | None, attn_dtype: str,
-                 mla_prefix_rebuild: bool) -> np.ndarray:
-    """(num_layers, 3) array of per-layer (g, b, a) in ms: t = g*L + b*x + a*x*(2L+x)."""
+                 mla_prefix_rebuild: bool, mla_absorbed: bool = False) -> np.ndarray:
+    """(num_layers, 3) array of per-layer (g, b, a) in ms: t = g*L + b*x + a*x*(2L+x). mla_absorbed: MLA's
+    absorbed kernel (attention over the latent, no prefix rebuild)."""
     if not isinstance(tp, (int, np.integer)) or tp < 1:
         raise ValueError(f"tp={tp!r} must be an integer >= 1")
     lin = device.peak_tflops(_dtype(model, dtype)) * 1e12 * device.efficiency * tp / 1e3  # FLOP per ms
     att_eff = device.attn_efficiency if device.attn_efficiency is not None else device.efficiency
     att = device.peak_tflops(attn_dtype) * 1e12 * att_eff * tp / 1e3
     out = np.empty((model.num_layers, 3))
-    g = 2.0 * model.kv_b_params / lin if mla_prefix_rebuild else 0.0
+    absorbed = mla_absorbed and model.is_mla
+    g = 2.0 * model.kv_b_params / lin if mla_prefix_rebuild and not absorbed else 0.0
+    coef = model.num_heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) if absorbed else model.attn_coef
     for i in range(model.num_layers):
-        out[i] = (g, 2.0 * model.layer_params(i) / lin, model.attn_coef / att)
+        out[i] = (g, 2.0 * model.layer_params(i) / lin, coef / att)
     return out
 
 
@@ -257,7 +262,7 @@ def per_layer_costs(model: ModelSpec, device: DeviceSpec, L, x, *, tp: int = 1, 
 def analytic_cost_model(model: ModelSpec, device: DeviceSpec, layers: int | None = None, tp: int = 1,
                         dtype: str | None = None, include_embedding: bool = False, include_lm_head: bool = False,
                         overhead_ms: float = 0.0, *, first_layer: int = 0, attn_dtype: str = "bf16",
-                        mla_prefix_rebuild: bool = True) -> CostModel:
+                        mla_prefix_rebuild: bool = True, mla_absorbed: bool = False) -> CostModel:
     """CostModel (ms) of a stage holding `layers` layers from `first_layer` (None: the whole model).
 
     dtype: GEMM dtype (default: fp8 for fp8 checkpoints, else bf16); attention runs at attn_dtype,
@@ -268,7 +273,8 @@ def analytic_cost_model(model: ModelSpec, device: DeviceSpec, layers: int | None
                          f"{model.num_layers} layers")
     if not (math.isfinite(overhead_ms) and overhead_ms >= 0):
         raise ValueError(f"overhead_ms={overhead_ms!r} must be a finite number >= 0")
-    g, b, a = _layer_coefs(model, device, tp, dtype, attn_dtype, mla_prefix_rebuild)[first_layer:first_layer + n].sum(0)
+    g, b, a = _layer_coefs(model, device, tp, dtype, attn_dtype, mla_prefix_rebuild,
+                           mla_absorbed)[first_layer:first_layer + n].sum(0)
     c0 = overhead_ms + (lm_head_ms(model, device, tp) if include_lm_head else 0.0)
     if include_embedding:
         b += float(embedding_ms(model, device, 1.0))

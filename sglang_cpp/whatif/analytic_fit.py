@@ -115,21 +115,31 @@ class Ratio:
 
 
 def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=None, dtype: str | None = None,
-                 roofline: bool = True):
+                 roofline: bool = True, attention_backend: str | None = None):
     """Per-stage analytic cost models: SGLang's default layer split (or `parts`), the embedding on the
     first stage and the last token's LM head on the last; each the roofline maximum of its FLOP and byte
-    times (`roofline.py`), or FLOPs alone with roofline=False."""
+    times (`roofline.py`), or FLOPs alone with roofline=False. With `attention_backend`, an MLA model's
+    stages are piecewise in L at the prefixes where SGLang switches its prefill method on that backend
+    (core/regimes.mla_switches): MHA on a fresh chunk, absorbed MLA over a short prefix, MHA over the
+    rebuilt prefix past the threshold."""
+    from ..core.regimes import PiecewiseCost, mla_switches
     from .roofline import roofline_stage
 
     parts = list(parts) if parts is not None else default_partition(model.num_layers, pp)
     if len(parts) != pp or any(n < 1 for n in parts) or sum(parts) > model.num_layers:
         raise ValueError(f"--layers-per-stage {parts}: give {pp} counts >= 1 summing to at most the model's "
                          f"{model.num_layers} layers")
+    bounds, names = mla_switches(attention_backend) if attention_backend and model.is_mla else ((), ())
     out, first = [], 0
     for s, n in enumerate(parts):
         build = roofline_stage if roofline else analytic_cost_model
-        out.append(build(model, device, layers=n, first_layer=first, tp=tp, dtype=dtype,
-                         include_embedding=s == 0, include_lm_head=s == pp - 1))
+        kw = dict(layers=n, first_layer=first, tp=tp, dtype=dtype, include_embedding=s == 0,
+                  include_lm_head=s == pp - 1)
+        if bounds:
+            out.append(PiecewiseCost(bounds, tuple(build(model, device, **kw, mla_absorbed=r == "mla-absorbed")
+                                                   for r in names), names))
+        else:
+            out.append(build(model, device, **kw))
         first += n
     return out
 
