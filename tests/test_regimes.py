@@ -165,7 +165,7 @@ def test_mla_switches_follow_sglangs_dispatch(backend, cpc, bounds):
 
 
 def test_a_switch_past_the_calibration_target_is_dropped_loudly(caplog):
-    from sglang_cpp.plugin.switches import calibrated_switches
+    from sglang_cpp.plugin.calibrate import calibrated_switches
 
     names = ("mha", "mla-absorbed", "mha-one-shot", "mha-chunked-kv")
     with caplog.at_level("WARNING", logger="sglang_cpp"):
@@ -223,8 +223,8 @@ def test_analytic_mla_stages_switch_where_sglang_does_by_hand_formula():
 
 
 def test_the_plan_on_mla_regimes_is_no_worse_than_the_plan_blind_to_them():
-    """Priced on the regimes (roofline stages, PP4 x TP8 on H20, 128K), the plan made on them is at least as
-    fast as the plan made on the MHA-everywhere model: the switch is information the planner uses."""
+    """Priced on the regimes (roofline stages, PP4 x TP8 on H20, 64K), the plan made on them beats the plan made
+    on the MHA-everywhere model by more than 3%: the switch is information the planner uses."""
     from sglang_cpp.whatif.analytic import DEVICES, MODELS
     from sglang_cpp.whatif.analytic_fit import stage_models
 
@@ -232,7 +232,7 @@ def test_the_plan_on_mla_regimes_is_no_worse_than_the_plan_blind_to_them():
     true = PipelineCost(tuple(stage_models(ds, h20, 8, 4, attention_backend="fa3")))
     blind = PipelineCost(tuple(stage_models(ds, h20, 8, 4)))
     kw = dict(max_chunk=16384, overhead_ms=2.0)
-    ours, theirs = plan_chunks(131072, true, 4, **kw), plan_chunks(131072, blind, 4, **kw)
-    assert sum(ours.chunks) == sum(theirs.chunks) == 131072
+    ours, theirs = plan_chunks(65536, true, 4, **kw), plan_chunks(65536, blind, 4, **kw)
+    assert sum(ours.chunks) == sum(theirs.chunks) == 65536
     cost = lambda p: ttft(list(p.chunks), 0, true, 4, 2.0)  # noqa: E731
-    assert cost(ours) <= cost(theirs) * (1 + 1e-9)
+    assert cost(ours) < 0.97 * cost(theirs)  # a planner blind to the regimes cuts the blind plan (0.94x here)

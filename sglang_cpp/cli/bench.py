@@ -14,7 +14,7 @@ from ..bench import serve as serve_bench
 from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
                           write_jsonl)
 from ..core.policy import POLICIES, chunks_for
-from .common import add_experiment_args, run_experiment
+from .common import add_attention_backend, add_experiment_args, run_experiment
 
 
 def parse_policies(text: str) -> list[tuple[str, int | None]]:
@@ -142,7 +142,7 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--efficiency", type=float, default=None,
                    help="fraction of peak reached (--analytic; e.g. what `tune analytic` fitted)")
     g.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
-    g.add_argument("--attention-backend", default=None, help="SGLang's prefill attention backend (--analytic): an MLA model's stages are then piecewise in L where SGLang switches method on it (e.g. fa3: 8192); default: no switch")
+    add_attention_backend(g.add_argument)
     g.add_argument("--max-prefill-tokens", type=int, default=16384)
     g.add_argument("--p2p-latency-ms", type=float, default=0.0)
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)

@@ -26,6 +26,13 @@ def chunk_overhead_ms(args, given: float | None) -> float:
     return 0.0
 
 
+def add_attention_backend(add) -> None:
+    """--attention-backend for the analytic cost source (`simulate`, `simulate-serve`, `bench ttft`)."""
+    add("--attention-backend", default=None,
+        help="SGLang's prefill attention backend (--analytic): an MLA model's stages are then piecewise in L "
+             "where SGLang switches method on it (e.g. fa3: 8192); default: no switch")
+
+
 def cli_costs(args) -> tuple[list, int]:
     """(per-stage cost models, hidden size) for the chosen cost source: args.profile, args.coeffs or
     args.analytic (with device, tp, pp_size and, where the command has them, efficiency, dtype and

@@ -8,7 +8,7 @@ import math
 
 from ..args import alias, parse_len
 from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
-from .common import chunk_overhead_ms, cli_costs
+from .common import add_attention_backend, chunk_overhead_ms, cli_costs
 
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
     a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
     a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
-    a("--attention-backend", default=None, help="SGLang's prefill attention backend (--analytic): an MLA model's stages are then piecewise in L where SGLang switches method on it (e.g. fa3: 8192); default: no switch")
+    add_attention_backend(a)
     a("--layers-per-stage", default=None, help="N or N0,N1,... (--analytic; default an even split)")
     a("--p2p-latency-ms", type=float, default=0.0)
     a("--p2p-bandwidth-gbps", type=float, default=math.inf, help="GB/s (default: free)")

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ..args import alias, parse_len
+from .common import add_attention_backend
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -19,7 +20,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a("--device", default="H100", help="device preset for --analytic")
     a("--tp-size", dest="tp", type=int, default=1)
     a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
-    a("--attention-backend", default=None, help="SGLang's prefill attention backend (--analytic): an MLA model's stages are then piecewise in L where SGLang switches method on it (e.g. fa3: 8192); default: no switch")
+    add_attention_backend(a)
     a("--pp-size", type=int, required=True)
     w = p.add_argument_group("workload: a trace, or Poisson arrivals")
     w.add_argument("--workload", help="JSON lines / CSV with arrival_ms, input_len, output_len")

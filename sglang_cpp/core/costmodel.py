@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .regimes import PiecewiseCost, add_constant_piecewise, piecewise_from_dict
+from .regimes import PiecewiseCost, add_constant_piecewise, piecewise_from_dict, regime_index
 
 COEFS = ("c0", "g", "b", "d", "e", "f")
 PROFILE_FORMAT = "sglang-cpp-profile"
@@ -273,12 +273,15 @@ def fit_cost_model(L: Sequence[float], x: Sequence[float], ms: Sequence[float], 
     return CostModel(**model.coeffs, meta=model.meta, fit=fit)
 
 
-def fit_piecewise(L, x, ms, bounds, *, names=(), name: str = "profile", **kw) -> PiecewiseCost:
-    """One `fit_cost_model` per regime on the samples whose prefix lies in it. A regime with no sample
-    is an error that names it: a plan must never price a chunk in a regime nothing measured."""
+def fit_piecewise(L, x, ms, bounds=(), *, names=(), name: str = "profile", **kw):
+    """One `fit_cost_model` per regime on the samples whose prefix lies in it (no bounds: one fit, a
+    CostModel). A regime with no sample is an error that names it: a plan must never price a chunk in a
+    regime nothing measured."""
+    if not bounds:
+        return fit_cost_model(L, x, ms, name=name, **kw)
     L, x, ms = (np.asarray(v, float) for v in (L, x, ms))
     bounds = tuple(int(b) for b in bounds)
-    idx = np.searchsorted(np.asarray(bounds, float), L, side="right")
+    idx = regime_index(bounds, L)
     edges = (0,) + bounds + (math.inf,)
     models = []
     for i in range(len(bounds) + 1):
@@ -355,12 +358,9 @@ def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
     bounds = tuple((doc.get("meta") or {}).get("regime_bounds") or ())  # kernel switches: one fit per regime
     for st in sorted(by_stage):
         ss = by_stage[st]
-        args = ([s["L"] for s in ss], [s["x"] for s in ss], [s["ms"] for s in ss])
-        kw = dict(form=form, meta={**doc.get("meta", {}), "stage": st}, name=f"{where} stage {st}")
-        if bounds:
-            models.append(fit_piecewise(*args, bounds, names=tuple(doc["meta"].get("regime_names") or ()), **kw))
-        else:
-            models.append(fit_cost_model(*args, **kw))
+        models.append(fit_piecewise([s["L"] for s in ss], [s["x"] for s in ss], [s["ms"] for s in ss], bounds,
+                                    names=tuple((doc.get("meta") or {}).get("regime_names") or ()), form=form,
+                                    meta={**doc.get("meta", {}), "stage": st}, name=f"{where} stage {st}"))
     if any(s.get("scope") == "all" for s in doc["samples"]):
         return _per_stage_of_pipeline(models, doc.get("meta", {}), where)
     return models[0] if len(models) == 1 else PipelineCost(tuple(models))

@@ -14,9 +14,9 @@ from scipy.optimize import brentq  # imported with the module: never a first-pla
 
 from .costmodel import CostModel, PipelineCost
 from .plan import ChunkPlan
-from .regimes import RegimeRows, is_piecewise, regime_rows
 from .planner_base import (PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, makespan,
                            ttft)
+from .regimes import RegimeRows, is_piecewise, regime_rows
 
 
 def _pacing_rows(cost, L0: int, R: int, hi: int) -> list[tuple]:

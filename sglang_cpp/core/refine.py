@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costmodel import COEFS, CostModel, PiecewiseCost, PipelineCost, fit_cost_model, fit_piecewise
+from .costmodel import COEFS, CostModel, PiecewiseCost, PipelineCost, fit_piecewise
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,6 @@ def _with_c0(model, ms: float, meta: dict | None = None, keep: float = 0.0):
     co = {k: getattr(model, k) for k in COEFS}
     co["c0"] = max(co["c0"] - keep, 0.0) + ms
     return CostModel(**co, meta=dict(model.meta if meta is None else meta), fit=model.fit)
-
-
-def _swap_overhead(model, old: float, new: float):
-    """The per-chunk overhead `old` in c0 replaced by `new` (every regime)."""
-    return _with_c0(model, new, dict(model.meta, overhead="serving"), keep=old)
 
 
 @dataclass
@@ -142,7 +137,8 @@ class Refiner:
         old = st.overhead_ms
         if abs(new - old) <= max(self.cfg.overhead_band * old, self.cfg.overhead_floor_ms):
             return None
-        self.models[s] = _swap_overhead(self.models[s], old, new)
+        m = self.models[s]  # the overhead `old` in c0 replaced by `new`, in every regime
+        self.models[s] = _with_c0(m, new, dict(m.meta, overhead="serving"), keep=old)
         st.overhead_ms = new
         return (f"stage {s}: per-chunk overhead {old:.2f} -> {new:.2f} ms (the median of the last {len(st.steps)} "
                 "serving steps' cost beyond forward and waits)")
@@ -161,12 +157,9 @@ class Refiner:
             st.new = 0
             pts = st.base + list(st.fitted)
             m = self.models[s]
-            try:
-                if isinstance(m, PiecewiseCost):  # every regime on its own samples, as the calibration fits it
-                    fwd = fit_piecewise(*zip(*pts), m.bounds, names=m.names, holdout=0.0,
-                                        name=f"online refit of stage {s}")
-                else:
-                    fwd = fit_cost_model(*zip(*pts), holdout=0.0, name=f"online refit of stage {s}")
+            try:  # a piecewise stage: every regime on its own samples, as the calibration fits it
+                fwd = fit_piecewise(*zip(*pts), getattr(m, "bounds", ()), names=getattr(m, "names", ()),
+                                    holdout=0.0, name=f"online refit of stage {s}")
             except ValueError as exc:
                 notes.append(f"stage {s}: refit skipped ({exc})")
                 continue

@@ -19,6 +19,11 @@ import numpy as np
 COEFS = ("c0", "g", "b", "d", "e", "f")  # costmodel's order; this module sits below it and imports none of it
 
 
+def regime_index(bounds, L):
+    """Index of the regime each prefix lies in: i for bounds[i-1] <= L < bounds[i] (numpy broadcasting)."""
+    return np.searchsorted(np.asarray(bounds, float), np.asarray(L, float), side="right")
+
+
 @dataclass(frozen=True)
 class PiecewiseCost:
     """t(L, x) = models[i].time(L, x) for bounds[i-1] <= L < bounds[i] (bounds strictly increasing, > 0).
@@ -42,8 +47,7 @@ class PiecewiseCost:
         object.__setattr__(self, "bounds", b)
 
     def regime(self, L):
-        """Index of the regime each prefix lies in (numpy broadcasting)."""
-        return np.searchsorted(np.asarray(self.bounds, float), np.asarray(L, float), side="right")
+        return regime_index(self.bounds, L)
 
     def time(self, L, x):
         L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
@@ -166,5 +170,5 @@ def mla_switches(backend: str, threshold: int = MLA_THRESHOLD, capacity: int = M
     return (1,), ("mha", "mla-absorbed")  # triton, and backends without a handler (its fallback)
 
 
-__all__ = ["mla_switches", "MLA_THRESHOLD", "MLA_CAPACITY", "PiecewiseCost", "RegimeRows", "regime_rows", "is_piecewise", "all_bounds", "piecewise_from_dict",
+__all__ = ["regime_index", "mla_switches", "MLA_THRESHOLD", "MLA_CAPACITY", "PiecewiseCost", "RegimeRows", "regime_rows", "is_piecewise", "all_bounds", "piecewise_from_dict",
            "add_constant_piecewise"]

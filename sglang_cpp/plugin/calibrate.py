@@ -20,7 +20,6 @@ import numpy as np
 
 from .. import envs
 from .deadline import note_error, tick
-from .switches import calibrated_switches
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -74,6 +73,25 @@ def regime_prefixes(switches: tuple, top: int, a: int) -> set:
             continue
         out |= {first, last, (first + last) // 2 // a * a}
     return out
+
+
+def calibrated_switches(bounds: tuple, names: tuple, max_len: int, align: int, min_chunk: int = 0,
+                        quiet: bool = False) -> tuple:
+    """The switches a calibration up to max_len samples on both sides: those whose regime above gets three
+    prefixes of its own from `regime_prefixes`. A switch closer to the target is dropped (the regime past it
+    is priced by the one below, and the log says so)."""
+    a = max(1, int(align))
+    M = int(max_len) // a * a
+    top = M - max(a, -(-int(min_chunk) // a) * a)  # calibration_grid's: no prefix without room for a chunk
+    keep = [i for i, b in enumerate(bounds)
+            if b == 1 or len({p for p in regime_prefixes((b,), top, a) if p >= b}) >= 3]
+    if len(keep) < len(bounds) and not quiet:
+        dropped = [bounds[i] for i in range(len(bounds)) if i not in keep]
+        logger.warning("[sglang-cpp] kernel switches at prefixes %s lie past the calibration target %d: "
+                       "prompts past them are priced by the regime below; raise SGLANG_CPP_CALIB_MAX_LEN to "
+                       "calibrate them", dropped, max_len)
+    kept_names = tuple(names[i] for i in [0] + [i + 1 for i in keep]) if names else ()
+    return tuple(bounds[i] for i in keep), kept_names
 
 
 def level_grids(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0,

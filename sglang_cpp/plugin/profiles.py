@@ -15,7 +15,7 @@ from .. import envs
 from .cache_key import timing_args
 from ..machine import cpu_model
 from ..core.costmodel import PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
-from .switches import calibrated_switches
+from .switches import server_switches
 from ..files import device_file_name
 from ..core.upstream import UpstreamPredictor
 
@@ -67,8 +67,6 @@ def server_meta(sched, cfg) -> dict:
 def _switch_meta(sched) -> dict:
     """The kernel switches in L (plugin/switches.py), only where there are some (MLA): a key field that a
     model without switches leaves out, so its calibration cache key is what it was."""
-    from .switches import server_switches
-
     bounds, names = server_switches(sched)
     return {"kernel_switches": list(bounds), "regime_names": list(names)} if bounds else {}
 
@@ -196,7 +194,7 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     profile file or cache), fits it, and every rank receives the coefficients: no rank fits alone, so
     BLAS or scipy differences between nodes cannot give two stages different plans. A calibration runs
     on all ranks together, rank 0 fits the gathered samples and saves them."""
-    from .calibrate import calibrate_all_stages
+    from .calibrate import calibrate_all_stages, calibrated_switches
     from .consensus import from_rank0, world_rank
 
     meta = server_meta(sched, cfg)

@@ -24,22 +24,6 @@ from ..core.regimes import mla_switches
 logger = logging.getLogger("sglang_cpp")
 
 
-def calibrated_switches(bounds: tuple, names: tuple, max_len: int, align: int, min_chunk: int = 0,
-                        quiet: bool = False) -> tuple:
-    """The switches a calibration up to max_len samples on both sides: a regime needs three aligned
-    prefixes of its own below max_len less the smallest chunk (calibrate.regime_prefixes), so a switch
-    closer to the target is dropped (the regime past it is priced by the one below, and the log says so)."""
-    lo = max(align, -(-int(min_chunk) // align) * align)
-    keep = [i for i, b in enumerate(bounds) if b == 1 or -(-b // align) * align + 2 * align + lo <= max_len]
-    if len(keep) < len(bounds) and not quiet:
-        dropped = [bounds[i] for i in range(len(bounds)) if i not in keep]
-        logger.warning("[sglang-cpp] kernel switches at prefixes %s lie past the calibration target %d: "
-                       "prompts past them are priced by the regime below; raise SGLANG_CPP_CALIB_MAX_LEN to "
-                       "calibrate them", dropped, max_len)
-    kept_names = tuple(names[i] for i in [0] + [i + 1 for i in keep]) if names else ()
-    return tuple(bounds[i] for i in keep), kept_names
-
-
 def server_switches(sched) -> tuple:
     """(bounds, names) for this server's model and prefill attention backend; () for non-MLA models."""
     from sglang.srt.configs.model_config import AttentionArch
@@ -60,4 +44,4 @@ def server_switches(sched) -> tuple:
     return out
 
 
-__all__ = ["calibrated_switches", "server_switches"]
+__all__ = ["server_switches"]

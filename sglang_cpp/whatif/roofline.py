@@ -57,12 +57,12 @@ def weight_bytes(model: ModelSpec, first_layer: int, layers: int, tp: int, x_ref
 def roofline_stage(model: ModelSpec, device: DeviceSpec, layers: int | None = None, tp: int = 1,
                    dtype: str | None = None, *, first_layer: int = 0, include_embedding: bool = False,
                    include_lm_head: bool = False, attn_dtype: str = "bf16",
-                   x_ref: float = MIN_CHUNK_TOKENS, **attention) -> PipelineCost:
+                   x_ref: float = MIN_CHUNK_TOKENS, mla_absorbed: bool = False) -> PipelineCost:
     """One stage's time as the maximum of its four roofline rows (ms). Experts are charged at the
     expected count of an x_ref-token chunk, so chunks above x_ref (all but a short last one) are
     charged at most 1.6% too much on Qwen3-235B, never too little."""
     comp = analytic_cost_model(model, device, layers, tp, dtype, include_embedding, include_lm_head,
-                               first_layer=first_layer, attn_dtype=attn_dtype, **attention)  # MLA's method
+                               first_layer=first_layer, attn_dtype=attn_dtype, mla_absorbed=mla_absorbed)
     n = int(comp.meta["layers"])
     per_ms = device.mem_bw_gbps * 1e9 * device.mem_efficiency / 1e3  # bytes per ms
     kv = kv_bytes_per_token(model, tp, 1 if attn_dtype == "fp8" else 2)
