@@ -49,6 +49,11 @@ def gaps(path: Path, rid: str) -> list[float]:
     return list((starts[1:] - ends[:-1]) * 1e3)
 
 
+def _c0(stage: dict) -> float:
+    """A stage's isolated-forward c0 (regimes share it: a CPU server's model is piecewise in the chunk size)."""
+    return float(stage["coeffs"]["c0"]) if "coeffs" in stage else _c0(stage["regimes"][0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input-len", type=int, default=6000)
@@ -69,7 +74,7 @@ def main() -> int:
         log = srv.log()
     served = reported_calibration(log)
     calib = [p for p in Path(env["SGLANG_CPP_CACHE_DIR"], "calibration").glob("*.json")]
-    c0 = [s["coeffs"]["c0"] for s in load_profile(calib[0])["stages"]] if calib else []
+    c0 = [_c0(s) for s in load_profile(calib[0])["stages"]] if calib else []
     probe = events(work / "dec_0.jsonl", "overhead")[0]
     cost = load_cost(served)
     out = ["# The per-chunk overhead on the real CPU PP=2 server (issue 25 part 1)", "",

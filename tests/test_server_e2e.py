@@ -70,6 +70,14 @@ def test_calibration_saved_per_device(plan_run):
     doc = json.loads(plan_run["calib"][0].read_text())
     assert {s["stage"] for s in doc["samples"]} == {0, 1} and len(doc["stages"]) == 2
     assert "[sglang-cpp] calibrated" in plan_run["log"]
+    # the CPU flash kernel's query-block switches: sampled on both sides, one L*x coefficient per regime
+    assert doc["meta"]["chunk_switches"] == [192, 768] and "widens its query block" in plan_run["log"]
+    for st in (0, 1):
+        xs = {s["x"] for s in doc["samples"] if s["stage"] == st and s["L"] > 0}
+        assert {min(xs) < 192, any(192 <= x < 768 for x in xs), max(xs) >= 768} == {True}
+        assert doc["stages"][st]["axis"] == "x" and doc["stages"][st]["bounds"] == [192, 768]
+        es = [r["coeffs"]["e"] for r in doc["stages"][st]["regimes"]]
+        assert len({tuple(sorted(set(r["coeffs"]) - {"e"})) for r in doc["stages"][st]["regimes"]}) == 1 and len(es) == 3
 
 
 def test_long_prompt_follows_cli_plan_on_both_stages(plan_run):
@@ -125,10 +133,17 @@ def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_
     saved = json.loads(open(reported_calibration(plan_run["log"])).read())["stages"]
     for r in (0, 1):
         served = read_events(d / f"dec_{r}.jsonl", "startup")[0]["cost"]["stages"]
-        assert [m["coeffs"] for m in served] == [m["coeffs"] for m in saved]
-        for st in (0, 1):
-            assert served[st]["coeffs"]["c0"] == pytest.approx(calib[st]["coeffs"]["c0"] + o[st], abs=1e-3)
-            assert served[st]["coeffs"]["b"] == calib[st]["coeffs"]["b"]
+        assert [_rows(m) for m in served] == [_rows(m) for m in saved]
+        for st in (0, 1):  # every regime of the stage
+            assert len(_rows(served[st])) == len(_rows(calib[st])) >= 1
+            for got, cal in zip(_rows(served[st]), _rows(calib[st])):
+                assert got["c0"] == pytest.approx(cal["c0"] + o[st], abs=1e-3)
+                assert got["b"] == cal["b"]
+
+
+def _rows(model: dict) -> list:
+    """A stage model's coefficient rows, regime by regime (a CPU server's is piecewise in the chunk size)."""
+    return [model["coeffs"]] if "coeffs" in model else [r for g in model["regimes"] for r in _rows(g)]
     assert "per-chunk overhead measured in the pipeline" in plan_run["log"]
 
 

@@ -185,23 +185,48 @@ def add_constant(cost, ms: float):
     return CostModel(**{**cost.coeffs, "c0": cost.c0 + ms}, meta=cost.meta, fit=cost.fit)
 
 
-def _design(L: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:
+def _design(L: np.ndarray, x: np.ndarray, form: str, xi: np.ndarray | None = None, nx: int = 1) -> np.ndarray:
+    """Monomials in kilo-tokens. With chunk-size regimes (`xi`, regime of each sample, `nx` of them) the
+    L*x column splits into one per regime: the regimes share every other coefficient."""
     Ls, xs = L / _SCALE, x / _SCALE
     if form == "full":
-        return np.column_stack([np.ones_like(Ls), Ls, xs, Ls * Ls, Ls * xs, xs * xs])
+        lx = [Ls * xs] if xi is None else [Ls * xs * (xi == j) for j in range(nx)]
+        return np.column_stack([np.ones_like(Ls), Ls, xs, Ls * Ls, *lx, xs * xs])
     if form == "fa":
         return np.column_stack([np.ones_like(Ls), Ls, xs, xs * (2 * Ls + xs)])
     raise ValueError(f"unknown cost-model form {form!r}; use 'full' or 'fa'")
 
 
-def _to_model(p: np.ndarray, form: str, **kw) -> CostModel:
+def _to_model(p: np.ndarray, form: str, bounds: tuple = (), **kw):
+    """The fitted model; with chunk-size `bounds`, a PiecewiseCost in x whose regimes differ in e alone."""
     s = _SCALE
     p = [float(v) for v in p]
     if form == "full":
-        c0, g, b, d, e, f = p
-        return CostModel(c0=c0, g=g / s, b=b / s, d=d / s**2, e=e / s**2, f=f / s**2, **kw)
+        c0, g, b, d, *es, f = p
+        models = [CostModel(c0=c0, g=g / s, b=b / s, d=d / s**2, e=e / s**2, f=f / s**2, **kw) for e in es]
+        return models[0] if not bounds else PiecewiseCost(bounds, tuple(models), meta=dict(kw.get("meta") or {}),
+                                                          axis="x")
     c0, g, b, a = p
     return CostModel.fa(a=a / s**2, b=b / s, c0=c0, g=g / s, **kw)
+
+
+def _occupied_bounds(bounds: tuple, L: np.ndarray, x: np.ndarray) -> tuple:
+    """The chunk-size switches the samples can fit: the first switch of every regime holding a sample over a
+    prefix (only those see the L*x term), after the first such regime. A regime nothing sampled is priced
+    by the one below it (or above, for the lowest); the fit records which switches it kept."""
+    occ = sorted(set(regime_index(bounds, x[L > 0]).tolist()))
+    return tuple(int(bounds[j - 1]) for j in occ[1:])
+
+
+def _check_separable(name: str, xb: tuple, L: np.ndarray, x: np.ndarray) -> None:
+    """One chunk size per regime gives each regime's L slope g + e_j x_j and nothing more: the shared g and
+    the e_j are then not separable, and a solver would pick any split. Refuse, naming the fix."""
+    sizes = np.unique(x[L > 0])
+    if len(sizes) < len(xb) + 2:
+        raise ValueError(f"{name}: chunk-size switches {list(xb)} need at least {len(xb) + 2} distinct chunk sizes "
+                         f"over a prefix to separate each regime's L*x term from the shared L term; the samples hold "
+                         f"{len(sizes)} ({[int(v) for v in sizes]}). Sample two sizes in one regime "
+                         "(the calibration grid does).")
 
 
 def _solve(A: np.ndarray, y: np.ndarray, loss: str, free: np.ndarray, f_scale: float = 0.02) -> np.ndarray:
@@ -229,11 +254,15 @@ def _stats(model: CostModel, L, x, y) -> dict:
 
 def fit_cost_model(L: Sequence[float], x: Sequence[float], ms: Sequence[float], *, form: str = "full",
                    loss: str = "soft_l1", holdout: float = 0.2, seed: int = 0,
-                   meta: dict | None = None, name: str = "profile") -> CostModel:
+                   meta: dict | None = None, name: str = "profile", x_bounds: Sequence[int] = ()):
     """Robust non-negative least squares fit; reports R^2, median and held-out relative error.
 
     Samples with L == 0 everywhere (upstream-style fresh prefills) cannot identify the prefix terms,
     so they are fitted in the FA form with g = 0, which is exactly upstream's assumption.
+
+    `x_bounds`: chunk sizes where the attention kernel switches (core/regimes.py). The result is then a
+    PiecewiseCost in x whose regimes have their own L*x coefficient (how often the kernel streams the
+    prefix per query) and share the rest: one more coefficient per switch, not six.
     """
     L = np.asarray(L, dtype=float)
     x = np.asarray(x, dtype=float)
@@ -248,7 +277,11 @@ def fit_cost_model(L: Sequence[float], x: Sequence[float], ms: Sequence[float], 
     one_d = bool(np.all(L == 0))
     if one_d:
         form = "fa"
-    nparam = 4 if form == "fa" else 6
+    xb = _occupied_bounds(tuple(int(b) for b in x_bounds), L, x) if form == "full" else ()
+    if xb:
+        _check_separable(name, xb, L, x)
+    xi = regime_index(xb, x) if xb else None
+    nparam = 4 if form == "fa" else 6 + len(xb)
     free = np.ones(nparam, dtype=bool)
     if one_d:
         free[1] = False  # g unidentifiable without prefixes
@@ -257,19 +290,22 @@ def fit_cost_model(L: Sequence[float], x: Sequence[float], ms: Sequence[float], 
         raise ValueError(f"{name}: cannot fit a {form} cost model from {len(y)} samples with "
                          f"{len(np.unique(L))} distinct prefixes and {len(np.unique(x))} distinct chunk "
                          f"sizes; need >= {need} samples, >= 3 prefixes and >= 2 chunk sizes. Profile a wider grid.")
-    A = _design(L, x, form)
+    A = _design(L, x, form, xi, len(xb) + 1)
     extra = {"meta": dict(meta or {})}
-    fit = {"form": form, "loss": loss, "n": int(len(y)), "one_d": one_d}
+    fit = {"form": form, "loss": loss, "n": int(len(y)), "one_d": one_d,
+           **({"chunk_switches": list(xb)} if x_bounds else {})}
     rng = np.random.default_rng(seed)
     n_hold = int(round(holdout * len(y))) if len(y) - int(round(holdout * len(y))) >= need else 0
     if n_hold:
         idx = rng.permutation(len(y))
         te, tr = idx[:n_hold], idx[n_hold:]
-        m_tr = _to_model(_solve(A[tr], y[tr], loss, free), form)
+        m_tr = _to_model(_solve(A[tr], y[tr], loss, free), form, xb)
         fit["holdout"] = {"n": n_hold, **_stats(m_tr, L[te], x[te], y[te])}
     p = _solve(A, y, loss, free)
-    model = _to_model(p, form, **extra)
+    model = _to_model(p, form, xb, **extra)
     fit.update(_stats(model, L, x, y))
+    if xb:
+        return model.with_models(CostModel(**m.coeffs, meta=m.meta, fit=fit) for m in model.models)
     return CostModel(**model.coeffs, meta=model.meta, fit=fit)
 
 
@@ -355,12 +391,14 @@ def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
     for s in doc["samples"]:
         by_stage.setdefault(s["stage"], []).append(s)
     models = []
-    bounds = tuple((doc.get("meta") or {}).get("regime_bounds") or ())  # kernel switches: one fit per regime
+    meta = doc.get("meta") or {}
+    bounds = tuple(meta.get("regime_bounds") or ())  # kernel switches in L: one fit per regime
+    x_bounds = tuple(meta.get("chunk_switches") or ())  # ... in x: one L*x coefficient per regime
     for st in sorted(by_stage):
         ss = by_stage[st]
         models.append(fit_piecewise([s["L"] for s in ss], [s["x"] for s in ss], [s["ms"] for s in ss], bounds,
-                                    names=tuple((doc.get("meta") or {}).get("regime_names") or ()), form=form,
-                                    meta={**doc.get("meta", {}), "stage": st}, name=f"{where} stage {st}"))
+                                    names=tuple(meta.get("regime_names") or ()), form=form, x_bounds=x_bounds,
+                                    meta={**meta, "stage": st}, name=f"{where} stage {st}"))
     if any(s.get("scope") == "all" for s in doc["samples"]):
         return _per_stage_of_pipeline(models, doc.get("meta", {}), where)
     return models[0] if len(models) == 1 else PipelineCost(tuple(models))

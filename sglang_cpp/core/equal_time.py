@@ -16,7 +16,9 @@ from .costmodel import CostModel, PipelineCost
 from .plan import ChunkPlan
 from .planner_base import (PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, makespan,
                            ttft)
-from .regimes import RegimeRows, is_piecewise, regime_rows
+from .regimes import RegimeRows, XRegimeRows, largest_x, is_piecewise, regime_rows
+
+_REGIMES = (RegimeRows, XRegimeRows)  # a piecewise model's rows: searched regime by regime
 
 
 def _pacing_rows(cost, L0: int, R: int, hi: int) -> list[tuple]:
@@ -40,6 +42,8 @@ def _as_coefs(rows: list[tuple]):
 
 def _x_of(coefs, L: float, T: float) -> float:
     """Largest x with t(L, x) <= T on every stage (inlined closed-form root: this is the hot loop)."""
+    if isinstance(coefs, XRegimeRows):  # piecewise in x: the largest chunk over the chunk-size regimes
+        return largest_x([_x_of(p, L, T) for p in coefs.parts], coefs.bounds)
     if isinstance(coefs, RegimeRows):  # piecewise in L: the rows of the regime this chunk starts in
         coefs = coefs.at(L)
     if isinstance(coefs, np.ndarray):
@@ -64,9 +68,15 @@ class _RegimeCols(tuple):
     """`_cols` of a piecewise pipeline: (bounds, columns per interval)."""
 
 
+class _XCols(tuple):
+    """`_cols` of a pipeline piecewise in x: (bounds, `_cols` per chunk-size interval)."""
+
+
 def _cols(coefs, nd: int):
     """Coefficient columns shaped (rows, 1 x nd) to broadcast against L and T; per prefix interval when
-    the model is piecewise in L."""
+    the model is piecewise in L, per chunk-size interval when it is piecewise in x."""
+    if isinstance(coefs, XRegimeRows):
+        return _XCols((coefs.bounds, [_cols(p, nd) for p in coefs.parts]))
     if isinstance(coefs, RegimeRows):
         return _RegimeCols((coefs.bounds, [_cols(t, nd) for t in coefs.table]))
     return tuple(col.reshape((-1,) + (1,) * nd) for col in np.array(coefs, float).reshape(-1, 6).T)
@@ -74,7 +84,11 @@ def _cols(coefs, nd: int):
 
 def _roots(cols, L, T):
     """Largest x with t(L, x) <= T for each row (coefficient columns `cols`, broadcast against L and T);
-    0 where even x = 0 exceeds T. The vectorised form of `_x_of`, for the grid searches."""
+    0 where even x = 0 exceeds T. The vectorised form of `_x_of`, for the grid searches; piecewise in x,
+    one row: the largest chunk over the chunk-size regimes, every stage within T."""
+    if isinstance(cols, _XCols):
+        bounds, per = cols
+        return largest_x([_roots(c, L, T).min(axis=0) for c in per], bounds)[None]
     if isinstance(cols, _RegimeCols):  # each prefix in its own regime
         bounds, per = cols
         r = [_roots(c, L, T) for c in per]
@@ -141,7 +155,7 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
         TK = float(np.exp(np.interp(math.log(K), x_for.ln, x_for.lt)))
         return on(np.array([[TK]]))[2][0]
 
-    binding = range(rows.table.shape[1]) if isinstance(rows, RegimeRows) else sorted(set(np.unique(arg).tolist()))
+    binding = () if isinstance(rows, _REGIMES) else sorted(set(np.unique(arg).tolist()))
     return float(n[i]), float(T[i, 0]), L, x[i], binding, (t_min, t_max), x_for
 
 
@@ -301,7 +315,7 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
         return make_plan([R], prompt_len, prefix_len, staged, cfg, "plan:equal-time")
     if cfg.hi > R:  # no chunk can exceed the prompt: a higher memory ceiling must not change the search
         cfg = replace(cfg, max_chunk=-(-R // cfg.align) * cfg.align)
-    if is_piecewise(cost):  # every stage's rows per prefix interval: the pacing stage may change at a switch
+    if is_piecewise(cost):  # every stage's rows per regime: the pacing stage may change at a switch
         rows = regime_rows(cost)
     else:
         rows = _pacing_rows(cost, prefix_len, R, R)
@@ -327,7 +341,7 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
         return seen[K][0]
 
     n_est, t_est, Lg, xg, binding, t_range, x_for = _estimate(cost, rows, prefix_len, R, cfg)
-    coefs = rows if isinstance(rows, RegimeRows) else _as_coefs([rows[i] for i in binding])
+    coefs = rows if isinstance(rows, _REGIMES) else _as_coefs([rows[i] for i in binding])
     k0 = min(k_max, max(k_min, int(round(n_est))))
     targets = {} if k0 > 48 else _targets(coefs, prefix_len, R, cfg.lo, cfg.hi,
                                           range(max(k_min, k0 - MAX_K_TRIED), k0 + MAX_K_TRIED + 1), *t_range)
@@ -368,9 +382,13 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
     if j0 < math.inf and len(ch0) <= REFINE_MAX_CHUNKS:  # thresholds under the best plan's slowest chunk
         t0 = _times(cost, prefix_len + np.concatenate([[0], np.cumsum(ch0)[:-1]]), ch0, 0.0)
         cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2)
-        if isinstance(coefs, RegimeRows):  # a switch makes TTFT(K) bumpy: the best count may lie far off
+        if isinstance(coefs, _REGIMES):  # a switch makes TTFT(K) bumpy: the best count may lie far off
             cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2,
                                       n=128, span=(0.5, 2.0))
+        if isinstance(coefs, XRegimeRows):  # a chunk-size switch can put the best plan on the far side of it
+            t_hi = float(np.max(_times(cost, prefix_len + R - min(cfg.hi, R), min(cfg.hi, R), 0.0)))
+            cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, t_hi, 2 * len(ch0) + 2, n=128,
+                                      span=(float(t0.max()) / t_hi, 1.0))
     sizes = fixed_candidates(cfg, R)
     fixed = sorted((ttft(fx, prefix_len, cost, P, o), fx) for fx in (fixed_split(R, c) for c in sizes))
     cands += fixed  # a grid from the bounds alone: never predicted worse than fixed chunks of the grid

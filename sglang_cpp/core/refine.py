@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .costmodel import COEFS, CostModel, PiecewiseCost, PipelineCost, fit_piecewise
+from .regimes import x_bounds_of
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,8 @@ def _with_c0(model, ms: float, meta: dict | None = None, keep: float = 0.0):
     """`model` with ms more per chunk in c0 (less `keep`, floored at 0), in every regime; a coefficient
     that is negative or not finite raises ValueError (CostModel checks each)."""
     if isinstance(model, PiecewiseCost):
-        return PiecewiseCost(model.bounds, tuple(_with_c0(r, ms, None, keep) for r in model.models), model.names,
-                             dict(model.meta if meta is None else meta))
+        return replace(model.with_models(_with_c0(r, ms, None, keep) for r in model.models),
+                       meta=dict(model.meta if meta is None else meta))
     co = {k: getattr(model, k) for k in COEFS}
     co["c0"] = max(co["c0"] - keep, 0.0) + ms
     return CostModel(**co, meta=dict(model.meta if meta is None else meta), fit=model.fit)
@@ -158,7 +159,8 @@ class Refiner:
             pts = st.base + list(st.fitted)
             m = self.models[s]
             try:  # a piecewise stage: every regime on its own samples, as the calibration fits it
-                fwd = fit_piecewise(*zip(*pts), getattr(m, "bounds", ()), names=getattr(m, "names", ()),
+                lb = m.bounds if isinstance(m, PiecewiseCost) and m.axis == "L" else ()
+                fwd = fit_piecewise(*zip(*pts), lb, names=m.names if lb else (), x_bounds=x_bounds_of(m),
                                     holdout=0.0, name=f"online refit of stage {s}")
             except ValueError as exc:
                 notes.append(f"stage {s}: refit skipped ({exc})")

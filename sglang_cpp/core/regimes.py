@@ -1,4 +1,4 @@
-"""A cost model piecewise in the prefix L: one set of coefficients per attention regime.
+"""A cost model piecewise in the prefix L or in the chunk size x: one set of coefficients per kernel regime.
 
 Why: a kernel can switch method at a prefix length. DeepSeek's MLA in SGLang 0.5.23 runs a fresh chunk
 (L = 0) as plain MHA, a short prefix with the absorbed MLA kernel and, on flashinfer / fa3 / flashmla,
@@ -7,6 +7,14 @@ latent cache (`deepseek_common/attention_backend_handler.py`). One polynomial ac
 neither side. Here a chunk is priced in the regime of the prefix it starts at, and every regime is
 fitted on its own samples; the planner and the simulator only ever call `time`, or, in the planner's hot
 loops, the polynomial rows of the regime the prefix lies in (`regime_rows`).
+
+A kernel can also switch with the chunk size: PyTorch's CPU flash attention (the testbed's) streams the
+prefix keys once per query block of 32 rows below 192 queries, 64 below 768 and 256 from 768 on, so a
+query costs 1.25-1.7x more in a short chunk (`results/flash_split.md`). A model piecewise in x
+(`axis="x"`) prices a chunk in the regime of its own size; its regimes share every coefficient but the
+L*x one (`costmodel.fit_cost_model`), which is where the switch acts. Such a t(L, x) is not monotone in x
+(a chunk just below a switch can cost more than one at it), so "the largest chunk within a time" looks in
+every x regime (`XRegimeRows`).
 """
 from __future__ import annotations
 
@@ -24,15 +32,22 @@ def regime_index(bounds, L):
     return np.searchsorted(np.asarray(bounds, float), np.asarray(L, float), side="right")
 
 
+AXES = ("L", "x")
+CPU_FLASH_SWITCHES = (192, 768)  # query lengths where PyTorch's CPU flash kernel widens its query block
+
+
 @dataclass(frozen=True)
 class PiecewiseCost:
-    """t(L, x) = models[i].time(L, x) for bounds[i-1] <= L < bounds[i] (bounds strictly increasing, > 0).
-    A model is a CostModel or a PipelineCost (a roofline stage); a stage of a PipelineCost may be one."""
+    """t(L, x) = models[i].time(L, x) for bounds[i-1] <= v < bounds[i], v the prefix L (axis "L") or the
+    chunk size x (axis "x"); bounds strictly increasing, > 0. A model is a CostModel or a PipelineCost (a
+    roofline stage); a stage of a PipelineCost may be one. A model piecewise in L may hold models piecewise
+    in x (the calibration fits x's switches inside each prefix regime), not the reverse."""
 
     bounds: tuple
     models: tuple
     names: tuple = ()
     meta: dict = field(default_factory=dict, compare=False)
+    axis: str = "L"
 
     def __post_init__(self):
         b = tuple(int(v) for v in self.bounds)
@@ -44,23 +59,36 @@ class PiecewiseCost:
                              f"got {len(self.models)}")
         if self.names and len(self.names) != len(self.models):
             raise ValueError(f"piecewise cost model: {len(self.names)} names for {len(self.models)} regimes")
+        if self.axis not in AXES:
+            raise ValueError(f"piecewise cost model: axis {self.axis!r} must be one of {AXES}")
+        if self.axis == "x" and any(isinstance(m, PiecewiseCost) for m in self.models):
+            raise ValueError("piecewise cost model: a model piecewise in x holds no piecewise models (nest x "
+                             "inside L)")
         object.__setattr__(self, "bounds", b)
 
-    def regime(self, L):
-        return regime_index(self.bounds, L)
+    def regime(self, v):
+        """Regime index of a prefix (axis L) or a chunk size (axis x)."""
+        return regime_index(self.bounds, v)
 
     def time(self, L, x):
         L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
+        v = L if self.axis == "L" else x
         out = np.asarray(self.models[0].time(L, x), float)
         for b, m in zip(self.bounds, self.models[1:]):
-            out = np.where(L >= b, m.time(L, x), out)
+            out = np.where(v >= b, m.time(L, x), out)
         return out if out.ndim else float(out)
 
-    def model_at(self, L: float):
-        return self.models[int(self.regime(L))]
+    def model_at(self, v: float):
+        return self.models[int(self.regime(v))]
 
     def max_chunk_for(self, L: float, T: float) -> float:
-        return self.model_at(L).max_chunk_for(L, T)
+        if self.axis == "L":
+            return self.model_at(L).max_chunk_for(L, T)
+        return largest_x([m.max_chunk_for(L, T) for m in self.models], self.bounds)
+
+    def with_models(self, models) -> "PiecewiseCost":
+        """The same switches (bounds, names, meta, axis) over other regime models."""
+        return PiecewiseCost(self.bounds, tuple(models), self.names, self.meta, self.axis)
 
     @property
     def fit(self) -> dict:
@@ -68,16 +96,30 @@ class PiecewiseCost:
 
     def to_dict(self) -> dict:
         return {"bounds": list(self.bounds), "names": list(self.names), "meta": dict(self.meta),
+                **({"axis": self.axis} if self.axis != "L" else {}),
                 "regimes": [m.to_dict() for m in self.models]}
 
     def __str__(self) -> str:
         edges = (0,) + self.bounds + (math.inf,)
         names = self.names or tuple(f"regime {i}" for i in range(len(self.models)))
-        return "; ".join(f"{n} [{lo}, {hi}): {m}" for n, lo, hi, m in zip(names, edges, edges[1:], self.models))
+        what = "prefix" if self.axis == "L" else "chunk"
+        return "; ".join(f"{n} ({what} in [{lo}, {hi})): {m}"
+                         for n, lo, hi, m in zip(names, edges, edges[1:], self.models))
+
+
+def largest_x(roots, bounds):
+    """The largest chunk within a time over x regimes: regime j's root counts where it reaches the regime
+    (its time at the regime's first size is within the time), capped just below the next switch; 0 where
+    none does. `roots` per regime, numpy-broadcast."""
+    edges = (0,) + tuple(bounds) + (math.inf,)
+    out = 0.0
+    for r, lo, hi in zip(roots, edges, edges[1:]):
+        out = np.maximum(out, np.where(np.asarray(r) >= lo, np.minimum(r, hi - 1e-6), 0.0))
+    return out if np.ndim(out) else float(out)
 
 
 def is_piecewise(cost) -> bool:
-    """True when any stage's time is piecewise in L (the planner then searches regime by regime). A
+    """True when any stage's time is piecewise in L or x (the planner then searches regime by regime). A
     PipelineCost is anything with `stages` (duck-typed: costmodel imports this module, not the reverse)."""
     if isinstance(cost, PiecewiseCost):
         return True
@@ -89,20 +131,29 @@ def _flat_rows(model) -> list[tuple]:
     return [tuple(getattr(r, k) for k in COEFS) for r in rows]
 
 
-def _at(model, L: float):
-    """The polynomial model (or maximum of models) a stage uses at prefix L."""
+def _at(model, v: float, axis: str = "L"):
+    """The model (or maximum of models) a stage uses at prefix v (axis L) or at chunk size v (axis x);
+    switches on the other axis stay (`regime_rows` resolves x first, then L, down to polynomials)."""
     if isinstance(model, PiecewiseCost):
-        return _at(model.model_at(L), L)
+        if model.axis == axis:
+            return _at(model.model_at(v), v, axis)
+        return model.with_models(_at(m, v, axis) for m in model.models)
     if hasattr(model, "stages"):
-        return type(model)(tuple(_at(m, L) for m in model.stages))
+        return type(model)(tuple(_at(m, v, axis) for m in model.stages))
     return model
 
 
-def all_bounds(cost) -> tuple:
+def all_bounds(cost, axis: str = "L") -> tuple:
+    """Every switch on `axis` anywhere in the model (all stages, all regimes)."""
     if isinstance(cost, PiecewiseCost):
-        inner = {b for m in cost.models for b in all_bounds(m)}
-        return tuple(sorted(set(cost.bounds) | inner))
-    return tuple(sorted({b for m in getattr(cost, "stages", ()) for b in all_bounds(m)}))
+        inner = {b for m in cost.models for b in all_bounds(m, axis)}
+        return tuple(sorted((set(cost.bounds) if cost.axis == axis else set()) | inner))
+    return tuple(sorted({b for m in getattr(cost, "stages", ()) for b in all_bounds(m, axis)}))
+
+
+def x_bounds_of(model) -> tuple:
+    """The chunk-size switches a stage model was fitted with (what an online refit must fit again)."""
+    return all_bounds(model, "x")
 
 
 @dataclass(frozen=True)
@@ -123,7 +174,21 @@ class RegimeRows:
         return self._per[bisect_right(self.bounds, L)]
 
 
-def regime_rows(cost) -> RegimeRows:
+@dataclass(frozen=True)
+class XRegimeRows:
+    """The planner's view of a pipeline piecewise in x: for every chunk-size interval [bounds[j-1],
+    bounds[j]) the RegimeRows of the model restricted to it. The largest chunk within a time is the
+    largest over the intervals (`largest_x`)."""
+
+    bounds: tuple
+    parts: tuple
+
+
+def regime_rows(cost):
+    """RegimeRows of a model piecewise in L; XRegimeRows of one piecewise in x (RegimeRows per x interval)."""
+    xb = all_bounds(cost, "x")
+    if xb:
+        return XRegimeRows(xb, tuple(regime_rows(_at(cost, float(e), "x")) for e in (0,) + xb))
     bounds = all_bounds(cost)
     edges = (0,) + bounds
     per = [_flat_rows(_at(cost, float(e))) for e in edges]
@@ -134,14 +199,14 @@ def regime_rows(cost) -> RegimeRows:
 
 def add_constant_piecewise(cost: PiecewiseCost, ms: float, add) -> PiecewiseCost:
     """The same regimes with `ms` more per chunk (`add` is costmodel.add_constant, applied per regime)."""
-    return PiecewiseCost(cost.bounds, tuple(add(m, ms) for m in cost.models), cost.names, cost.meta)
+    return cost.with_models(add(m, ms) for m in cost.models)
 
 
 def piecewise_from_dict(d: dict, where: str, parse) -> PiecewiseCost:
     try:
         regimes = [parse(r, f"{where} regime {i}") for i, r in enumerate(d["regimes"])]
         return PiecewiseCost(tuple(d["bounds"]), tuple(regimes), tuple(d.get("names") or ()),
-                             dict(d.get("meta") or {}))
+                             dict(d.get("meta") or {}), str(d.get("axis", "L")))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{where}: a piecewise model needs 'bounds' and 'regimes' ({exc!r})") from None
 
@@ -170,5 +235,6 @@ def mla_switches(backend: str, threshold: int = MLA_THRESHOLD, capacity: int = M
     return (1,), ("mha", "mla-absorbed")  # triton, and backends without a handler (its fallback)
 
 
-__all__ = ["regime_index", "mla_switches", "MLA_THRESHOLD", "MLA_CAPACITY", "PiecewiseCost", "RegimeRows", "regime_rows", "is_piecewise", "all_bounds", "piecewise_from_dict",
+__all__ = ["regime_index", "mla_switches", "MLA_THRESHOLD", "MLA_CAPACITY", "CPU_FLASH_SWITCHES", "PiecewiseCost",
+           "RegimeRows", "XRegimeRows", "regime_rows", "largest_x", "is_piecewise", "all_bounds", "x_bounds_of", "piecewise_from_dict",
            "add_constant_piecewise"]

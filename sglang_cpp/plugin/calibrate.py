@@ -25,7 +25,7 @@ logger = logging.getLogger("sglang_cpp")
 
 
 def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0,
-                     switches: tuple = ()) -> list[tuple]:
+                     switches: tuple = (), chunk_switches: tuple = ()) -> list[tuple]:
     """(L, x) samples for a target of max_len tokens: L in {0, M/8, M/4, M/2, 3M/4, 7M/8}, and at
     every L three chunk sizes from the planner's smallest (min_chunk, at least one alignment unit) to its
     largest (max_chunk; 0: no cap) that still fit under max_len, the middle one their geometric mean.
@@ -36,7 +36,11 @@ def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chun
 
     `switches`: prefixes where the attention kernel changes method (plugin/switches.py). Every regime
     between two of them gets at least three prefixes of its own, its first and last aligned prefix
-    included, so each regime's fit (core/regimes.py) is sampled on both sides of every switch."""
+    included, so each regime's fit (core/regimes.py) is sampled on both sides of every switch.
+
+    `chunk_switches`: chunk sizes where the kernel changes blocking. At every prefix, each chunk-size
+    regime between the smallest and the largest chunk gets a sample (the geometric middle of its part),
+    and the regime of the largest two, so each regime's L*x coefficient is measured, not extrapolated."""
     a = max(1, int(align))
     M = int(max_len) // a * a
     lo = max(a, -(-int(min_chunk) // a) * a)
@@ -50,10 +54,29 @@ def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chun
             continue
         mid = int(round(math.sqrt(lo * hi) / a)) * a
         xs = {lo, min(max(mid, lo), hi), hi}
+        xs |= chunk_regime_sizes(chunk_switches, lo, hi, a, xs)
         if L == 0 and 1 in switches:  # a regime of fresh prefills alone: its 1-D fit needs 5 samples
             xs |= {int(round(v / a)) * a for v in np.geomspace(lo, hi, 5)}
         points += [(L, x) for x in sorted(xs)]
     return points
+
+
+def chunk_regime_sizes(chunk_switches: tuple, lo: int, hi: int, a: int, have: set) -> set:
+    """An aligned chunk size in every chunk-size regime that [lo, hi] reaches and `have` misses, and a
+    second one in the regime of the largest chunk. Why two: with one size per regime, each regime's L
+    slope g + e_j x_j is all the data says, and the shared g and every e_j cannot be told apart."""
+    out: set = set()
+    edges = [0, *sorted(int(s) for s in chunk_switches), None]
+    for start, end in zip(edges, edges[1:]):
+        first = max(lo, -(-start // a) * a)
+        last = min(hi, (end - 1) // a * a if end else hi)
+        if first > last:
+            continue
+        mid = min(max(int(round(math.sqrt(first * last) / a)) * a, first), last)
+        inside = {v for v in have | out if first <= v <= last}
+        if not inside or (last == hi and len(inside) < 2 and mid not in inside):
+            out.add(mid)
+    return out
 
 
 def regime_prefixes(switches: tuple, top: int, a: int) -> set:
@@ -95,7 +118,7 @@ def calibrated_switches(bounds: tuple, names: tuple, max_len: int, align: int, m
 
 
 def level_grids(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: int = 0,
-                switches: tuple = ()) -> list[tuple]:
+                switches: tuple = (), chunk_switches: tuple = ()) -> list[tuple]:
     """[(level, its new samples)] for targets 4x apart up to max_len, shortest first: each level's own
     grid minus the samples an earlier level took, so a budget that stops early still has a complete grid
     for the length it reached, and nothing is measured twice. Every level's top chunk is max_chunk; the
@@ -103,13 +126,14 @@ def level_grids(max_len: int, align: int = 64, max_chunk: int = 0, min_chunk: in
     seen: set = set()
     out = []
     for level in calibration_levels(max_len):
-        out.append((level, new_points(level, seen, align, max_chunk, min_chunk, switches)))
+        out.append((level, new_points(level, seen, align, max_chunk, min_chunk, switches, chunk_switches)))
     return out
 
 
-def new_points(level: int, seen: set, align: int, top: int, min_chunk: int, switches: tuple = ()) -> list[tuple]:
+def new_points(level: int, seen: set, align: int, top: int, min_chunk: int, switches: tuple = (),
+               chunk_switches: tuple = ()) -> list[tuple]:
     """The level's grid under top chunk `top`, less what `seen` holds (which it then holds too)."""
-    pts = [p for p in calibration_grid(level, align, top, min_chunk, switches) if p not in seen]
+    pts = [p for p in calibration_grid(level, align, top, min_chunk, switches, chunk_switches) if p not in seen]
     seen.update(pts)
     return pts
 
@@ -461,12 +485,12 @@ def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
 def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0,
                          max_chunk: int = 0, align: int = 64, min_chunk: int = 0,
                          prefix: str = "random", plan_cfg=None, tp_rank: int = 0,
-                         switches: tuple = ()) -> tuple[list[dict], int]:
+                         switches: tuple = (), chunk_switches: tuple = ()) -> tuple[list[dict], int]:
     """Every rank measures its own stage on the grids of lengths 4x apart up to max_len; after each
     level all ranks all-gather their samples and times, and stop together once the next level would
     overrun `budget_s` (0: no budget). No forward is longer than max_chunk. With plan_cfg, each level after
     the first samples chunks up to `top_chunk` of the model fitted so far (world rank 0's, sent to all).
-    `switches`: kernel switches in L (plugin/switches.py), sampled on both sides.
+    `switches`, `chunk_switches`: kernel switches in L and in x (plugin/switches.py), sampled on both sides.
     repeats 0: default_repeats. Returns the stage-tagged samples and the length actually reached."""
     from .consensus import all_gather, from_rank0
 
@@ -481,10 +505,11 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
     top = max_chunk
     logger.info("[sglang-cpp] calibrating t(L, x) on every stage: at most %d samples (%s prefixes) in %d levels up to "
                 "%d tokens (%s), budget %s; cached for the next start",
-                sum(len(g) for _, g in level_grids(max_len, align, max_chunk, min_chunk, switches)), prefix, len(levels), max_len,
+                sum(len(g) for _, g in level_grids(max_len, align, max_chunk, min_chunk, switches, chunk_switches)),
+                prefix, len(levels), max_len,
                 ", ".join(map(str, levels)), f"{budget_s:.0f}s" if budget_s else "none")
     for i, level in enumerate(levels):
-        points = new_points(level, seen, align, top, min_chunk, switches)
+        points = new_points(level, seen, align, top, min_chunk, switches, chunk_switches)
         t_level = time.time()
         try:
             inject_fault(sched, pp_rank, tp_rank)
@@ -522,20 +547,23 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
             break
         if plan_cfg is not None and i + 1 < len(levels):
             bounds = calibrated_switches(switches, (), level, align, min_chunk, quiet=True)[0]
-            top = from_rank0(lambda: _next_top(samples, levels[i + 1], plan_cfg, max_chunk, bounds))
+            top = from_rank0(lambda: _next_top(samples, levels[i + 1], plan_cfg, max_chunk, bounds, chunk_switches))
     logger.info("[sglang-cpp] calibrated %d samples on %d stage(s) up to %d tokens in %.1fs",
                 len(samples), len({s["stage"] for s in samples}), level, time.time() - t0)
     _empty_cache(str(sched.device))
     return samples, level
 
 
-def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tuple = ()) -> int:
-    """World rank 0: top_chunk on the samples so far (fitted per regime of `bounds`); a fit that fails
-    keeps the cap (and says so)."""
+def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tuple = (),
+              chunk_switches: tuple = ()) -> int:
+    """World rank 0: top_chunk on the samples so far (fitted per regime of `bounds` and `chunk_switches`);
+    a fit that fails keeps the cap (and says so)."""
     from ..core.costmodel import cost_from_profile
 
     try:
-        cost = cost_from_profile({"samples": samples, "meta": {"regime_bounds": list(bounds)}}, "calibration so far")
+        cost = cost_from_profile({"samples": samples, "meta": {"regime_bounds": list(bounds),
+                                                               "chunk_switches": list(chunk_switches)}},
+                                 "calibration so far")
     except ValueError as exc:
         logger.warning("[sglang-cpp] calibration: no fit after a level (%s); the next level samples chunks up to "
                        "the cap %d", exc, max_chunk)

@@ -15,7 +15,7 @@ from .. import envs
 from .cache_key import timing_args
 from ..machine import cpu_model
 from ..core.costmodel import PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
-from .switches import server_switches
+from .switches import server_chunk_switches, server_switches
 from ..files import device_file_name
 from ..core.upstream import UpstreamPredictor
 
@@ -65,16 +65,19 @@ def server_meta(sched, cfg) -> dict:
 
 
 def _switch_meta(sched) -> dict:
-    """The kernel switches in L (plugin/switches.py), only where there are some (MLA): a key field that a
-    model without switches leaves out, so its calibration cache key is what it was."""
+    """The kernel switches in L and in x (plugin/switches.py), only where there are some (MLA; the CPU flash
+    kernel): key fields that a model without switches leaves out, so its calibration cache key is what it was."""
     bounds, names = server_switches(sched)
-    return {"kernel_switches": list(bounds), "regime_names": list(names)} if bounds else {}
+    xs = server_chunk_switches(sched)
+    return {**({"kernel_switches": list(bounds), "regime_names": list(names)} if bounds else {}),
+            **({"chunk_switches": list(xs)} if xs else {})}
 
 
 KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_size", "device_name",
               "attention_backend", "kv_cache_dtype", "quantization", "moe_runner_backend", "fast_extend",
               "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version", "server_args",
-              "kernel_switches")
+              "kernel_switches", "chunk_switches")
+SWITCH_FIELDS = ("kernel_switches", "chunk_switches")  # key fields only where present
 CALIB_DESIGN = "grid-2"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
 
 
@@ -95,7 +98,7 @@ def calibration_target(requested: int, context_len: int, max_context: int, kv_to
 def cache_path(meta: dict, max_len: int) -> Path:
     """Per-device file, named the way SGLang's fused-MoE tuners name theirs, plus a digest of every
     field that changes forward time (KEY_FIELDS), so a stale calibration is never reused silently."""
-    digest = hashlib.sha1(json.dumps({k: meta.get(k) for k in KEY_FIELDS if k in meta or k != "kernel_switches"},
+    digest = hashlib.sha1(json.dumps({k: meta.get(k) for k in KEY_FIELDS if k in meta or k not in SWITCH_FIELDS},
                                      sort_keys=True).encode()).hexdigest()
     name = device_file_name(meta["model"], meta["pp"], meta["tp"], meta["device_name"], meta["dtype"],
                             layers=meta["layer_partition"] or "default", key=digest[:12], maxlen=max_len)
@@ -220,7 +223,7 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
                                             max_chunk=pc.max_chunk, align=pc.align, min_chunk=pc.min_chunk,
                                             prefix=src["prefix"], plan_cfg=pc, tp_rank=tp_rank,
-                                            switches=switches)
+                                            switches=switches, chunk_switches=tuple(meta.get("chunk_switches") or ()))
     if switches:  # one fit per regime that the calibration sampled on both sides
         bounds, names = calibrated_switches(switches, tuple(meta["regime_names"]), reached, pc.align, pc.min_chunk)
         meta.update(regime_bounds=list(bounds), regime_names=list(names))

@@ -1,4 +1,5 @@
-"""Kernel switches in the prefix L: where a stage's attention changes method, read from SGLang 0.5.23.
+"""Kernel switches: where a stage's attention changes method with the prefix L (read from SGLang 0.5.23)
+or with the chunk size x (the CPU testbed's flash kernel).
 
 Why: one polynomial across a switch fits neither side (issue 26), so the calibration samples both sides
 and the cost model is piecewise in L (core/regimes.py). SGLang's DeepSeek MLA picks its prefill method
@@ -14,12 +15,18 @@ per batch in `deepseek_common/attention_backend_handler.py`:
 - aiter: MHA, in KV chunks past the capacity.
 A chunk is priced by the prefix it starts at; the capacity switch really depends on L + x, which this
 places at L (a chunk that crosses it is priced one regime early).
+
+In x: on CPU the plugin's extend attention (plugin/attention.py) runs PyTorch's CPU flash kernel with the
+chunk's x queries, and that kernel widens its query block at 192 and 768 queries
+(`aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`), each block streaming every prefix key: a short
+chunk pays 1.25-1.7x per query over a long prefix (`results/flash_split.md`). GPU paths have no switch here.
 """
 from __future__ import annotations
 
 import logging
 
-from ..core.regimes import mla_switches
+from .. import envs
+from ..core.regimes import CPU_FLASH_SWITCHES, mla_switches
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -44,4 +51,17 @@ def server_switches(sched) -> tuple:
     return out
 
 
-__all__ = ["server_switches"]
+def server_chunk_switches(sched) -> tuple:
+    """The chunk sizes where this server's extend attention switches kernel blocking: the CPU flash kernel's
+    (CPU_FLASH_SWITCHES) when the plugin's prefix-aware extend attention runs it; () everywhere else."""
+    from .attention import _FLASH_CPU
+
+    backend = str(getattr(getattr(sched, "server_args", None), "attention_backend", None) or "")
+    if str(sched.device) != "cpu" or backend != "torch_native" or not envs.FAST_EXTEND.get() or _FLASH_CPU is None:
+        return ()
+    logger.info("[sglang-cpp] the CPU flash kernel widens its query block at chunks of %s tokens: the cost model "
+                "fits one prefix-attention coefficient per chunk-size regime", list(CPU_FLASH_SWITCHES))
+    return CPU_FLASH_SWITCHES
+
+
+__all__ = ["server_switches", "server_chunk_switches"]
