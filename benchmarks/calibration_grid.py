@@ -162,7 +162,10 @@ def main() -> int:
                 "forwards, against the model in force when each ran:", "",
                 "| request | after | median error |", "|---:|---|---:|"]
         out += [f"| {i + 1} | {i} earlier request(s) | {e:.1%} |" for i, e in enumerate(pr)]
-        out += ["", "Target (c), at most 5% within 10 requests: " + ("met" if marks.get(10, 1.0) <= 0.05 else "MISSED")
+        # within 10 requests: from some request after at most 10 earlier ones, every request measured stays <= 5%
+        held = next((k for k in range(min(len(pr), 11)) if all(e <= 0.05 for e in pr[k:])), None)
+        out += ["", "Target (c), at most 5% within 10 requests: "
+                + (f"met (request {held + 1} on, after {held} earlier, every one within 5%)" if held is not None else "MISSED")
                 + " (" + ", ".join(f"after {k}: {v:.1%}" for k, v in marks.items()) + ")."]
     if "grid, computed prefixes" in runs:
         cmp = runs["grid, computed prefixes"][0]["calib_samples"]

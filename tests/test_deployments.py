@@ -36,12 +36,12 @@ def deploy(tiny, tmp_path_factory):
         generate(srv.base_url, input_ids=random_ids(ONE, 4), max_new_tokens=1)
         time.sleep(0.5)
         mark = sum(1 for _ in read_events(d / "dec_0.jsonl", "forward"))
-        decode = {}
+        decode, decoding = {}, threading.Event()
         t = threading.Thread(target=lambda: decode.update(r=generate(
-            srv.base_url, input_ids=random_ids(40, 2), max_new_tokens=1,
+            srv.base_url, input_ids=random_ids(40, 2), max_new_tokens=1, on_first=decoding.set,
             extra={"sampling_params": {"max_new_tokens": 150, "temperature": 0, "ignore_eos": True}})))
         t.start()
-        time.sleep(2.0)  # the short request is decoding
+        assert decoding.wait(300), "the short request streamed no first token"  # it is decoding from here on
         mixed = generate(srv.base_url, input_ids=random_ids(3000, 3), max_new_tokens=1)
         t.join(600)
         # `sglang-cpp bench ttft --base-url` against this real server

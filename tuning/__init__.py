@@ -4,6 +4,7 @@ fit        refit t(L, x) per PP stage from a profile or a plugin decision log; r
 chunk      recommend plan-policy settings, upstream's (C, sigma) and the best fixed chunk, and write
            the per-device JSON the plugin loads as SGLANG_CPP_PROFILE
 partition  cost-balanced SGLANG_PP_LAYER_PARTITION from per-layer costs (profile or analytic)
+layout     rank TP x PP (x virtual stages) layouts of N GPUs for long prefill on the analytic model
 sweep      the blog's tuning recipe on a live server (fixed chunks, sigma, plan), measured
 
 Each command reads a frozen dataclass config whose fields map 1:1 to its kebab-case flags.

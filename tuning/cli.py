@@ -1,4 +1,4 @@
-"""`sglang-cpp tune {fit,chunk,partition,sweep}`: dispatch to one small module per subcommand.
+"""`sglang-cpp tune {fit,chunk,partition,analytic,layout,sweep}`: dispatch to one small module per subcommand.
 
 The modules import numpy-level code only; matplotlib, scipy and server launches load when a command
 needs them, so `sglang-cpp --help` stays fast.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import analytic_cmd, chunk_cmd, fit, partition_cmd, sweep
+from . import analytic_cmd, chunk_cmd, fit, layout_cmd, partition_cmd, sweep
 
 COMMANDS = {
     "fit": (fit, "refit t(L, x) per stage from a profile or a decision log; coefficients, R^2, plot"),
@@ -16,6 +16,8 @@ COMMANDS = {
     "partition": (partition_cmd, "cost-balanced SGLANG_PP_LAYER_PARTITION vs SGLang's default split"),
     "analytic": (analytic_cmd, "calibrate the analytic model's efficiency (and per-chunk overhead) on measured "
                                "TTFTs; write its per-device JSON"),
+    "layout": (layout_cmd, "rank the TP x PP (x virtual stages) layouts of N GPUs for long prefill: memory, best "
+                           "chunk policy and partition, TTFT per length, crossovers, the winner's flags"),
     "sweep": (sweep, "measure fixed chunks, upstream sigma values and the plan policy on live servers"),
 }
 

@@ -66,8 +66,9 @@ def flush_cache(base_url: str, timeout: float = 30.0) -> None:
 
 
 def generate(base_url: str, *, input_ids=None, text=None, max_new_tokens: int = 1, stream: bool = True,
-             timeout: float = 3600.0, extra: dict | None = None) -> GenResult:
-    """One request; TTFT = time to the first streamed chunk that carries output."""
+             timeout: float = 3600.0, extra: dict | None = None, on_first=None) -> GenResult:
+    """One request; TTFT = time to the first streamed chunk that carries output. `on_first()` is called
+    then (a caller that must act while the request decodes waits on it, not on a sleep)."""
     body = {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}, "stream": stream}
     if input_ids is not None:
         body["input_ids"] = list(input_ids)
@@ -97,6 +98,8 @@ def generate(base_url: str, *, input_ids=None, text=None, max_new_tokens: int = 
             raise ServerError(f"{base_url}/generate failed midway: {last['error']}")
         if ttft is None:
             ttft = time.perf_counter() - t0
+            if on_first is not None:
+                on_first()
     e2e = time.perf_counter() - t0
     if ttft is None:
         raise ServerError(f"{base_url}/generate streamed no output")

@@ -43,6 +43,11 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=None,
       help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
            "default: the --device preset's with --analytic, else 0)")
+    a("--virtual-stages", type=int, default=1,
+      help="V model slices per rank (interleaved / virtual PP, whatif/virtual_pp.py): each chunk visits every "
+           "rank V times; V > 1 simulates deferred sends with pre-posted receives")
+    a("--visit-overhead-ms", type=float, default=None,
+      help="fixed cost of each visit with --virtual-stages > 1 (default: the per-chunk overhead)")
     a("--trace", metavar="OUT.json", default=None, help="write a Chrome/Perfetto trace")
     a("--json", action="store_true", help="machine-readable output")
     alias(parser, "--input-len", "--prompt-len")
@@ -75,11 +80,19 @@ def run_simulate(args) -> int:
     chunks = chunks_for(args.policy, args.prompt_len, cost, P, C, sigma=args.sigma, max_prefill=args.max_prefill_tokens,
                         overhead_ms=args.cpu_overhead_ms, coeffs=args.coeffs, profile=args.profile,
                         prefix_len=args.prefix_len, method=args.method, max_chunk=args.max_chunk or 0)
-    res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
+    if args.virtual_stages > 1:
+        from ..whatif.virtual_pp import simulate_virtual
+
+        res = simulate_virtual(chunks, costs, P, args.virtual_stages, cfg, visit_overhead_ms=args.visit_overhead_ms,
+                               prefix_len=args.prefix_len)
+    elif args.virtual_stages < 1:
+        raise ValueError(f"--virtual-stages={args.virtual_stages} must be >= 1")
+    else:
+        res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
     trace = str(res.save_trace(args.trace)) if args.trace else None
     if args.json:
         print(json.dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len,
-                          "policy": args.policy, "trace": trace}, indent=1))
+                          "policy": args.policy, "virtual_stages": args.virtual_stages, "trace": trace}, indent=1))
     else:
         print(f"policy {args.policy}: {len(chunks)} chunks {chunks[:8]}{' ...' if len(chunks) > 8 else ''}")
         print(res.summary())

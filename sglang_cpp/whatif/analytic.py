@@ -171,10 +171,16 @@ class DeviceSpec:
     attn_efficiency: float | None = None  # attention kernels; None: same as efficiency
     mem_efficiency: float = 0.8  # fraction of the HBM bandwidth reached by streaming reads (roofline.py)
     chunk_overhead_ms: float = 0.0  # fixed cost per chunk and stage: launch, scheduler, P2P sync
+    mem_gb: float = 0.0  # HBM per device (GB); 0: unknown (`tune layout` then needs --mem-gb)
+    link_gbps: float = 0.0  # all-reduce bus bandwidth inside a node (GB/s, NCCL's busbw); 0: TP traffic free
+    link_latency_ms: float = 0.0  # per all-reduce
 
     def __post_init__(self):
         if not (self.peak_bf16_tflops > 0 and self.mem_bw_gbps > 0 and self.peak_fp8_tflops >= 0):
             raise ValueError(f"DeviceSpec {self.name}: peaks and bandwidth must be > 0 (fp8 peak may be 0)")
+        for k in ("mem_gb", "link_gbps", "link_latency_ms"):
+            if not (getattr(self, k) >= 0 and math.isfinite(getattr(self, k))):
+                raise ValueError(f"DeviceSpec.{k}={getattr(self, k)!r} must be a finite number >= 0")
         if not (self.chunk_overhead_ms >= 0 and math.isfinite(self.chunk_overhead_ms)):
             raise ValueError(f"DeviceSpec.chunk_overhead_ms={self.chunk_overhead_ms!r} must be a finite number >= 0")
         for k in ("efficiency", "attn_efficiency", "mem_efficiency"):
@@ -206,14 +212,17 @@ MODELS = {
 }
 MODELS["qwen3-235b-a22b-fp8"] = replace(MODELS["qwen3-235b-a22b"], weight_bytes=1, name="qwen3-235b-a22b-fp8")
 
-# GPUs: 2 ms per chunk and stage, the inter-stage sync SiPipe measures (1.4-2.6 ms, seeds digest section 7)
+# GPUs: 2 ms per chunk and stage, the inter-stage sync SiPipe measures (1.4-2.6 ms, seeds digest section 7).
+# Links: NCCL all-reduce bus bandwidth inside one node, about half the bidirectional NVLink figure (900 GB/s
+# on H20/H100/H200, 600 on A100); L20 has no NVLink (PCIe Gen4); ~20 us per all-reduce.
 _GPU_CHUNK_MS = 2.0
+_NV = dict(chunk_overhead_ms=_GPU_CHUNK_MS, link_latency_ms=0.02)
 DEVICES = {
-    "H20": DeviceSpec("H20", 148.0, 296.0, 4000.0, chunk_overhead_ms=_GPU_CHUNK_MS),
-    "H100": DeviceSpec("H100", 989.0, 1979.0, 3350.0, chunk_overhead_ms=_GPU_CHUNK_MS),
-    "H200": DeviceSpec("H200", 989.0, 1979.0, 4800.0, chunk_overhead_ms=_GPU_CHUNK_MS),
-    "A100": DeviceSpec("A100", 312.0, 0.0, 2039.0, chunk_overhead_ms=_GPU_CHUNK_MS),
-    "L20": DeviceSpec("L20", 119.5, 239.0, 864.0, chunk_overhead_ms=_GPU_CHUNK_MS),  # TD-Pipe's Table 1
+    "H20": DeviceSpec("H20", 148.0, 296.0, 4000.0, mem_gb=96.0, link_gbps=450.0, **_NV),
+    "H100": DeviceSpec("H100", 989.0, 1979.0, 3350.0, mem_gb=80.0, link_gbps=450.0, **_NV),
+    "H200": DeviceSpec("H200", 989.0, 1979.0, 4800.0, mem_gb=141.0, link_gbps=450.0, **_NV),
+    "A100": DeviceSpec("A100", 312.0, 0.0, 2039.0, mem_gb=80.0, link_gbps=240.0, **_NV),
+    "L20": DeviceSpec("L20", 119.5, 239.0, 864.0, mem_gb=48.0, link_gbps=20.0, **_NV),  # TD-Pipe's Table 1
     "cpu-2core": DeviceSpec("cpu-2core", 0.2, 0.0, 20.0),
 }
 
@@ -252,6 +261,16 @@ def lm_head_ms(model: ModelSpec, device: DeviceSpec, tp: int = 1) -> float:
     return max(flops, read) * 1e3
 
 
+def tp_allreduce_ms(model: ModelSpec, device: DeviceSpec, tp: int) -> tuple[float, float]:
+    """(ms per token, ms per chunk) of one layer's TP traffic: two ring all-reduces of the bf16 hidden states
+    (after attention and after the FFN / MoE), 2 (tp - 1) / tp of the bytes over the link each, plus their
+    latency. Zero at tp = 1 or without a link figure."""
+    if tp <= 1 or device.link_gbps <= 0:
+        return 0.0, 0.0
+    per_token = 2 * 2.0 * (tp - 1) / tp * model.hidden_size * 2 / (device.link_gbps * 1e9) * 1e3
+    return per_token, 2 * device.link_latency_ms
+
+
 def per_layer_costs(model: ModelSpec, device: DeviceSpec, L, x, *, tp: int = 1, dtype: str | None = None,
                     attn_dtype: str = "bf16", mla_prefix_rebuild: bool = True) -> np.ndarray:
     """ms of every layer for one chunk (x tokens over prefix L); dense and MoE layers differ."""
@@ -262,11 +281,14 @@ def per_layer_costs(model: ModelSpec, device: DeviceSpec, L, x, *, tp: int = 1, 
 def analytic_cost_model(model: ModelSpec, device: DeviceSpec, layers: int | None = None, tp: int = 1,
                         dtype: str | None = None, include_embedding: bool = False, include_lm_head: bool = False,
                         overhead_ms: float = 0.0, *, first_layer: int = 0, attn_dtype: str = "bf16",
-                        mla_prefix_rebuild: bool = True, mla_absorbed: bool = False) -> CostModel:
+                        mla_prefix_rebuild: bool = True, mla_absorbed: bool = False,
+                        tp_comm: bool = False) -> CostModel:
     """CostModel (ms) of a stage holding `layers` layers from `first_layer` (None: the whole model).
 
     dtype: GEMM dtype (default: fp8 for fp8 checkpoints, else bf16); attention runs at attn_dtype,
-    bf16 unless the KV cache is fp8 (anchors.md 2.2)."""
+    bf16 unless the KV cache is fp8 (anchors.md 2.2). tp_comm: charge each layer's TP all-reduces
+    (`tp_allreduce_ms`), which a comparison of TP degrees needs; at one TP degree a fitted efficiency
+    absorbs them, so it is off by default."""
     n = model.num_layers - first_layer if layers is None else layers
     if not (isinstance(n, (int, np.integer)) and n >= 1 and 0 <= first_layer and first_layer + n <= model.num_layers):
         raise ValueError(f"layers={layers!r} from first_layer={first_layer} must lie within the model's "
@@ -276,11 +298,14 @@ def analytic_cost_model(model: ModelSpec, device: DeviceSpec, layers: int | None
     g, b, a = _layer_coefs(model, device, tp, dtype, attn_dtype, mla_prefix_rebuild,
                            mla_absorbed)[first_layer:first_layer + n].sum(0)
     c0 = overhead_ms + (lm_head_ms(model, device, tp) if include_lm_head else 0.0)
+    if tp_comm:
+        per_token, per_chunk = tp_allreduce_ms(model, device, tp)
+        b, c0 = b + n * per_token, c0 + n * per_chunk
     if include_embedding:
         b += float(embedding_ms(model, device, 1.0))
     meta = {"model": model.name, "device_name": device.name, "dtype": _dtype(model, dtype), "tp": tp,
             "backend": "analytic", "layers": int(n), "first_layer": int(first_layer),
-            "efficiency": device.efficiency}
+            "efficiency": device.efficiency, **({"tp_comm": True} if tp_comm else {})}
     return CostModel.fa(a=float(a), b=float(b), c0=float(c0), g=float(g), meta=meta)
 
 
@@ -322,4 +347,5 @@ def percent_of_limit(measured_ttft_ms: float, model: ModelSpec, device: DeviceSp
 
 
 __all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "analytic_cost_model", "per_layer_costs", "embedding_ms",
+           "tp_allreduce_ms",
            "lm_head_ms", "prefill_flops", "ideal_ttft_ms", "percent_of_limit"]

@@ -18,7 +18,7 @@ closed form like any other stage. The fixed per-chunk cost (launch, scheduler, P
 from __future__ import annotations
 
 from ..core.costmodel import CostModel, PipelineCost
-from .analytic import DeviceSpec, ModelSpec, analytic_cost_model, embedding_ms
+from .analytic import DeviceSpec, ModelSpec, analytic_cost_model, embedding_ms, tp_allreduce_ms
 
 Q_TILE = 128  # query rows per FlashAttention tile: the prefix KV is read once per tile
 MIN_CHUNK_TOKENS = 64  # SGLang's alignment: no chunk but the last is smaller
@@ -57,7 +57,7 @@ def weight_bytes(model: ModelSpec, first_layer: int, layers: int, tp: int, x_ref
 def roofline_stage(model: ModelSpec, device: DeviceSpec, layers: int | None = None, tp: int = 1,
                    dtype: str | None = None, *, first_layer: int = 0, include_embedding: bool = False,
                    include_lm_head: bool = False, attn_dtype: str = "bf16",
-                   x_ref: float = MIN_CHUNK_TOKENS, mla_absorbed: bool = False) -> PipelineCost:
+                   x_ref: float = MIN_CHUNK_TOKENS, mla_absorbed: bool = False, tp_comm: bool = False) -> PipelineCost:
     """One stage's time as the maximum of its four roofline rows (ms). Experts are charged at the
     expected count of an x_ref-token chunk, so chunks above x_ref (all but a short last one) are
     charged at most 1.6% too much on Qwen3-235B, never too little."""
@@ -74,12 +74,13 @@ def roofline_stage(model: ModelSpec, device: DeviceSpec, layers: int | None = No
     w = weight_bytes(model, first_layer, n, tp, x_ref) / per_ms
     att_c = dict(e=comp.e, f=comp.f)
     att_m = dict(g=n * kv / per_ms, e=n * kv / Q_TILE / per_ms, f=0.0)
-    meta = {**comp.meta, "roofline": True, "mem_efficiency": device.mem_efficiency}
+    meta = {**comp.meta, "roofline": True, "mem_efficiency": device.mem_efficiency, **({"tp_comm": True} if tp_comm else {})}
+    per_token, per_chunk = tp_allreduce_ms(model, device, tp) if tp_comm else (0.0, 0.0)  # serial with both bounds
     rows = []
     for lin, c_lin in ((lin_c, 0.0), (lin_m, w)):
         for att in (att_c, att_m):
-            rows.append(CostModel(c0=base + c_lin, g=lin.get("g", 0.0) + att.get("g", 0.0), b=lin["b"],
-                                  e=att["e"], f=att["f"], meta=meta))
+            rows.append(CostModel(c0=base + c_lin + n * per_chunk, g=lin.get("g", 0.0) + att.get("g", 0.0),
+                                  b=lin["b"] + n * per_token, e=att["e"], f=att["f"], meta=meta))
     return PipelineCost(tuple(rows))
 
 

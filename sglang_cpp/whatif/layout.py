@@ -1,0 +1,163 @@
+"""Parallel layouts of a GPU count for long prefill, ranked on the analytic model (issue 30 item 3).
+
+Why: nobody answers "PP8 x TP4, or PP4 x TP8, for my 1M prompts?" for chunked prefill. SGLang's own
+long-context runs pick the PP depth per length by hand, and NVIDIA's aiconfigurator leaves chunked
+prefill x PP out. Here every layout TP x PP (x V virtual stages) of the GPUs is checked against memory
+(weights plus the KV of the longest prompt, per GPU, under the cost-balanced layer partition), and each
+one that fits gets its best chunk policy, predicted by the pipeline simulator, per length. TP's all-reduces
+are charged on the device's link (`analytic.tp_allreduce_ms`); one GEMM efficiency serves every shape, so
+TP's smaller GEMMs are not penalised. Context parallelism inside a stage is not priced yet.
+
+Pure numpy: the analytic model, the partitioner, the planner and the simulators.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.costmodel import PipelineCost
+from ..core.partition import default_partition, partition_layers
+from ..core.policy import chunks_for
+from .analytic import DeviceSpec, ModelSpec, embedding_ms, lm_head_ms, per_layer_costs
+from .analytic_fit import stage_models
+from .roofline import kv_bytes_per_token
+from .simulator import SimConfig, simulate
+from .virtual_pp import simulate_virtual
+
+PARTITION_CHUNK = 4096  # per-layer costs for the partition: a 4K chunk over an empty prefix (tune partition's)
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    v: int = 1  # virtual stages per rank
+
+    @property
+    def name(self) -> str:
+        return f"TP{self.tp} x PP{self.pp}" + (f" x V{self.v}" if self.v > 1 else "")
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One layout: its partition and memory, why it is infeasible (or ""), and per length the best policy
+    {length: (policy label, chunk size C, TTFT ms)} with every policy's TTFT in `all_ms`."""
+
+    layout: Layout
+    parts: tuple = ()
+    mem_gb: float = 0.0  # the fullest GPU: weights + KV of the longest prompt
+    reason: str = ""
+    best: dict = field(default_factory=dict)
+    all_ms: dict = field(default_factory=dict)
+
+
+def layouts(gpus: int, num_layers: int, max_tp: int = 8, virtual_stages=(1,)) -> list[Layout]:
+    """TP a power of two up to max_tp (one node) dividing the GPU count, PP the rest; V > 1 only with PP > 1
+    and at least one layer per virtual stage."""
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"--gpus={gpus!r} must be an integer >= 1")
+    out = []
+    tp = 1
+    while tp <= min(max_tp, gpus):
+        if gpus % tp == 0 and gpus // tp <= num_layers:
+            pp = gpus // tp
+            out += [Layout(tp, pp, v) for v in virtual_stages if v == 1 or (pp > 1 and pp * v <= num_layers)]
+        tp *= 2
+    return out
+
+
+def _layer_gb(model: ModelSpec, tp: int, tokens: int, kv_bytes: int = 2) -> list[float]:
+    """Per layer, the GB one GPU holds: its weights (every expert; a TP shard) and the KV of `tokens` tokens."""
+    kv = kv_bytes_per_token(model, tp, kv_bytes) * tokens
+    return [(model.layer_params(i, active=False) * model.weight_bytes / tp + kv) / 1e9 for i in range(model.num_layers)]
+
+
+def _table_gb(model: ModelSpec, tp: int) -> float:
+    """The bf16 embedding (first stage) or LM head (last stage), vocab-parallel over TP."""
+    return model.vocab_size * model.hidden_size * 2 / tp / 1e9
+
+
+def stage_memory_gb(model: ModelSpec, parts, tp: int, tokens: int) -> list[float]:
+    """Per stage, the GB one GPU holds: its layers' weights and KV of `tokens` tokens, plus the embedding on
+    the first stage and the LM head on the last."""
+    per, table, out, first = _layer_gb(model, tp, tokens), _table_gb(model, tp), [], 0
+    for s, n in enumerate(parts):
+        out.append(sum(per[first:first + n]) + table * ((s == 0) + (s == len(parts) - 1)))
+        first += n
+    return out
+
+
+def partition_for(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, tokens: int, limit_gb: float) -> tuple:
+    """The cost-balanced layer partition whose every stage fits `limit_gb` with the KV of `tokens` tokens;
+    ValueError (the partitioner's, naming the totals) when none does."""
+    if pp == 1:
+        if stage_memory_gb(model, (model.num_layers,), tp, tokens)[0] > limit_gb:
+            raise ValueError("one stage does not fit")
+        return (model.num_layers,)
+    table = _table_gb(model, tp)
+    return partition_layers(per_layer_costs(model, device, 0, PARTITION_CHUNK, tp=tp), pp,
+                            embed_cost=float(embedding_ms(model, device, PARTITION_CHUNK)),
+                            head_cost=lm_head_ms(model, device, tp), layer_mem=_layer_gb(model, tp, tokens),
+                            mem_limit=limit_gb, embed_mem=table, head_mem=table).parts
+
+
+def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, virtual_stages=(1,),
+                 fixed_chunks=(4096, 8192, 16384, 32768), overhead_ms: float | None = None,
+                 mem_fraction: float = 0.88, max_tp: int = 8) -> list[Ranked]:
+    """Every layout of `gpus` GPUs, feasible ones with their best policy per length; the plan (whose
+    chunks do not depend on C) and fixed chunks of `fixed_chunks` are the policies tried."""
+    if device.mem_gb <= 0:
+        raise ValueError(f"device {device.name} has no memory size: give --mem-gb")
+    if not 0 < mem_fraction <= 1:
+        raise ValueError(f"--mem-fraction={mem_fraction!r} must be in (0, 1]")
+    lengths = sorted(int(v) for v in lengths)
+    if not lengths or lengths[0] < 1:
+        raise ValueError(f"--input-lens {lengths}: give one or more lengths >= 1")
+    o = device.chunk_overhead_ms if overhead_ms is None else float(overhead_ms)
+    limit = device.mem_gb * mem_fraction
+    cap = max(fixed_chunks)
+    out = []
+    for lay in layouts(gpus, model.num_layers, max_tp, virtual_stages):
+        try:
+            parts = partition_for(model, device, lay.tp, lay.pp, lengths[-1], limit)
+        except ValueError:
+            parts = default_partition(model.num_layers, lay.pp)
+            mem = stage_memory_gb(model, parts, lay.tp, lengths[-1])
+            s = max(range(lay.pp), key=lambda i: mem[i])
+            out.append(Ranked(lay, tuple(parts), max(mem), reason=(
+                f"no layer split fits: even split's fullest GPU (stage {s}) needs {mem[s]:.1f} GB for weights and "
+                f"the KV of {lengths[-1]} tokens, over {limit:.1f} GB ({mem_fraction:g} of {device.mem_gb:g} GB)")))
+            continue
+        mem = max(stage_memory_gb(model, parts, lay.tp, lengths[-1]))
+        stages = stage_models(model, device, lay.tp, lay.pp, parts, tp_comm=True)
+        cost = stages[0] if lay.pp == 1 else PipelineCost(tuple(stages))
+        cfg = SimConfig(cpu_overhead_ms=o)
+        best, every = {}, {}
+        for S in lengths:
+            got = {}
+            for pol, C in [("plan", cap)] + [("fixed", C) for C in fixed_chunks]:
+                ch = chunks_for(pol, S, cost, lay.pp, C, max_prefill=cap, overhead_ms=o)
+                res = simulate_virtual(ch, stages, lay.pp, lay.v, cfg) if lay.v > 1 else simulate(ch, stages, lay.pp, cfg)
+                got[(pol, C)] = res.ttft_ms
+            (pol, C), ms = min(got.items(), key=lambda kv: kv[1])
+            best[S] = (pol, C, ms)
+            every[S] = {f"{p}:{c}": v for (p, c), v in got.items()}
+        out.append(Ranked(lay, tuple(parts), mem, best=best, all_ms=every))
+    return out
+
+
+def winners(ranked: list[Ranked]) -> dict:
+    """{length: the feasible Ranked with the lowest TTFT there}."""
+    ok = [r for r in ranked if not r.reason]
+    if not ok:
+        return {}
+    return {S: min(ok, key=lambda r: r.best[S][2]) for S in ok[0].best}
+
+
+def crossovers(win: dict) -> list[tuple]:
+    """[(shorter length, longer length, winner below, winner above)] where the winner changes."""
+    lens = sorted(win)
+    return [(a, b, win[a].layout.name, win[b].layout.name) for a, b in zip(lens, lens[1:])
+            if win[a].layout != win[b].layout]
+
+
+__all__ = ["Layout", "Ranked", "layouts", "stage_memory_gb", "partition_for", "rank_layouts", "winners", "crossovers"]

@@ -1,0 +1,98 @@
+"""`sglang-cpp tune layout` (whatif/layout.py, tuning/layout_cmd.py) and the TP all-reduce term it prices:
+layouts, memory by hand, feasibility with the reason, crossovers, the CLI and its errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_cpp.cli import main as cli_main
+from sglang_cpp.whatif.analytic import DEVICES, MODELS, analytic_cost_model, tp_allreduce_ms
+from sglang_cpp.whatif.layout import Layout, Ranked, crossovers, layouts, rank_layouts, stage_memory_gb
+
+LLAMA8 = MODELS["llama3-8b"]
+
+
+def test_layouts_of_32_gpus_by_hand():
+    got = {(lay.tp, lay.pp, lay.v) for lay in layouts(32, 94, 8, (1, 2, 4))}
+    # TP 1, 2, 4, 8 (a node); PP the rest; V only while PP*V <= 94 layers
+    assert got == {(1, 32, 1), (1, 32, 2), (2, 16, 1), (2, 16, 2), (2, 16, 4), (4, 8, 1), (4, 8, 2), (4, 8, 4),
+                   (8, 4, 1), (8, 4, 2), (8, 4, 4)}
+    assert {(lay.tp, lay.pp) for lay in layouts(6, 32, 8)} == {(1, 6), (2, 3)}  # TP must divide the GPUs
+    with pytest.raises(ValueError, match="--gpus=0"):
+        layouts(0, 32)
+
+
+def test_stage_memory_by_hand():
+    """llama3-8b, TP2, two stages of 16 layers, 1000 tokens of KV: a layer holds 41,943,040 attention and
+    176,160,768 FFN parameters (bf16) and 2 x 4 KV heads x 128 x 2 bytes per token; the 128256 x 4096 bf16
+    embedding sits on stage 0 and the LM head on stage 1, vocab-parallel."""
+    layer = (41_943_040 + 176_160_768) * 2 / 2
+    kv = 2 * 4 * 128 * 2 * 1000
+    table = 128256 * 4096 * 2 / 2
+    want = (16 * (layer + kv) + table) / 1e9
+    assert stage_memory_gb(LLAMA8, (16, 16), 2, 1000) == pytest.approx([want, want])
+    assert stage_memory_gb(LLAMA8, (32,), 1, 0) == pytest.approx([(32 * 2 * layer + 2 * 2 * table) / 1e9])
+
+
+def test_the_tp_all_reduce_term_by_hand():
+    """Two ring all-reduces per layer of x bf16 hidden states: 2 (tp-1)/tp of the bytes each over the link."""
+    h20 = DEVICES["H20"]
+    per_token, per_chunk = tp_allreduce_ms(LLAMA8, h20, 4)
+    assert per_token == pytest.approx(2 * 2 * 3 / 4 * 4096 * 2 / 450e9 * 1e3)
+    assert per_chunk == pytest.approx(2 * 0.02)
+    assert tp_allreduce_ms(LLAMA8, h20, 1) == (0.0, 0.0)
+    plain = analytic_cost_model(LLAMA8, h20, layers=8, tp=4)
+    charged = analytic_cost_model(LLAMA8, h20, layers=8, tp=4, tp_comm=True)
+    assert charged.b - plain.b == pytest.approx(8 * per_token) and charged.c0 - plain.c0 == pytest.approx(8 * per_chunk)
+    assert (charged.e, charged.g) == (plain.e, plain.g)  # attention and the prefix terms are untouched
+
+
+def test_a_layout_that_cannot_hold_the_weights_and_kv_is_listed_with_the_reason():
+    """llama3-70b (about 141 GB of bf16 weights) on 2 H100 (80 GB, 0.88 usable): no split fits."""
+    ranked = rank_layouts(MODELS["llama3-70b"], DEVICES["H100"], 2, [32768], virtual_stages=(1,))
+    assert {r.layout for r in ranked} == {Layout(1, 2), Layout(2, 1)}
+    assert all(r.reason and "70.4 GB (0.88 of 80 GB)" in r.reason for r in ranked), [r.reason for r in ranked]
+    ranked = rank_layouts(MODELS["llama3-70b"], DEVICES["H100"], 8, [32768, 131072], virtual_stages=(1, 2))
+    ok = [r for r in ranked if not r.reason]
+    assert ok and all(max(stage_memory_gb(MODELS["llama3-70b"], r.parts, r.layout.tp, 131072)) <= 0.88 * 80 + 1e-9
+                      for r in ok)
+    assert all(set(r.best) == {32768, 131072} and r.best[131072][2] > r.best[32768][2] for r in ok)
+
+
+def test_crossovers_name_the_lengths_where_the_winner_changes():
+    a, b = Ranked(Layout(8, 4)), Ranked(Layout(4, 8))
+    win = {32768: a, 131072: b, 1048576: b}
+    assert crossovers(win) == [(32768, 131072, "TP8 x PP4", "TP4 x PP8")]
+    assert crossovers({32768: a, 131072: a}) == []
+
+
+def test_the_cli_ranks_writes_json_and_prints_the_winners_flags(tmp_path, capsys):
+    out = tmp_path / "layout.json"
+    rc = cli_main(["tune", "layout", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--gpus", "32",
+                   "--input-lens", "32k,128k", "--virtual-stages", "1,2", "--json", str(out), "--plot",
+                   str(tmp_path / "layout.png")])
+    text = capsys.readouterr().out
+    assert rc == 0 and (tmp_path / "layout.png").stat().st_size > 0
+    doc = json.loads(out.read_text())
+    names = {d["name"] for d in doc["layouts"]}
+    assert {"TP4 x PP8", "TP8 x PP4", "TP4 x PP8 x V2"} <= names
+    for S in ("32768", "131072"):
+        w = doc["winners"][S]
+        assert f"**best**" in text and "python -m sglang.launch_server" in text
+        best = min((d for d in doc["layouts"] if not d["infeasible"]), key=lambda d: d["best"][S]["ttft_ms"])
+        assert best["name"] == w
+        assert min(best["ttft_ms"][S].values()) == best["best"][S]["ttft_ms"]  # its best policy is its minimum
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--analytic", "nope", "--device", "H20", "--gpus", "8"], "--analytic 'nope'"),
+    (["--analytic", "llama3-8b", "--device", "B300", "--gpus", "8"], "--device 'B300'"),
+    (["--analytic", "llama3-70b", "--device", "H100", "--gpus", "1", "--input-lens", "32k"], "--gpus 1: no layout"),
+    (["--analytic", "llama3-8b", "--device", "H100", "--gpus", "8", "--input-lens", "256k", "--context-length", "128k"],
+     "above --context-length"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):
+    assert cli_main(["tune", "layout", *argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err

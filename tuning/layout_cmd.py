@@ -1,0 +1,166 @@
+"""`sglang-cpp tune layout`: rank the parallel layouts of N GPUs for long prefill on the analytic model.
+
+For every TP x PP (x V virtual stages) of --gpus: whether it fits in memory (weights plus the KV of the
+longest prompt per GPU, under the cost-balanced layer partition; the others listed with the reason), its
+best chunk policy (the plan, or a fixed chunk of --fixed-chunks) and predicted TTFT per length, the
+lengths where the winner changes, and the winner's launch flags with SGLANG_PP_LAYER_PARTITION. Virtual
+stages (V > 1) are priced by the simulator (whatif/virtual_pp.py); SGLang 0.5.23 has no flag for them.
+Context parallelism inside a stage is not priced yet.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..args import alias, parse_ints, parse_len, parse_lens
+from ..core.partition import default_partition, format_partition
+from . import config_from_args
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """Every field is a flag of `sglang-cpp tune layout`."""
+
+    analytic: str
+    device: str = "H100"
+    gpus: int = 8
+    input_lens: tuple = (32768, 131072, 1048576)
+    virtual_stages: tuple = (1, 2, 4)
+    fixed_chunks: tuple = (4096, 8192, 16384, 32768)
+    efficiency: float | None = None
+    chunk_overhead_ms: float | None = None
+    mem_gb: float | None = None
+    mem_fraction: float = 0.88
+    max_tp: int = 8
+    context_length: int | None = None
+    json: str | None = None
+    plot: str | None = None
+
+    def __post_init__(self):
+        if self.context_length is not None and max(self.input_lens) > self.context_length:
+            raise ValueError(f"--input-lens {max(self.input_lens)} is above --context-length {self.context_length}: "
+                             "drop the length or raise the context length")
+        if any(v < 1 for v in self.virtual_stages) or any(c < 1 for c in self.fixed_chunks):
+            raise ValueError("--virtual-stages and --fixed-chunks take integers >= 1")
+        if self.max_tp < 1:
+            raise ValueError(f"--max-tp={self.max_tp} must be >= 1")
+
+
+def _k(n: int) -> str:
+    return f"{n // 1048576}M" if n % 1048576 == 0 else f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def launch_flags(cfg: LayoutConfig, r, S: int, num_layers: int) -> str:
+    """The winner's launch line at length S (its best policy there)."""
+    pol, C, _ = r.best[S]
+    lay = r.layout
+    env = "" if tuple(r.parts) == tuple(default_partition(num_layers, lay.pp)) or lay.pp == 1 else \
+        f"SGLANG_PP_LAYER_PARTITION={format_partition(r.parts)} "
+    cmd = f"{env}python -m sglang.launch_server --model-path {shlex.quote(cfg.analytic)} --tp-size {lay.tp} " \
+          f"--pp-size {lay.pp} --chunked-prefill-size {C}" + (" --enable-dynamic-chunking" if pol == "plan" else "")
+    return cmd + ("  # virtual PP: not in SGLang 0.5.23 (#39279)" if lay.v > 1 else "")
+
+
+def render(cfg: LayoutConfig, ranked, win, cross, num_layers: int) -> str:
+    lens = sorted(cfg.input_lens)
+    ok = [r for r in ranked if not r.reason]
+    out = [f"{cfg.analytic} on {cfg.gpus} x {cfg.device}: predicted TTFT (s) of each layout's best chunk policy",
+           "", "| layout | partition | GB per GPU | " + " | ".join(_k(S) for S in lens) + " |",
+           "|---|---|---:|" + "---:|" * len(lens)]
+    for r in sorted(ok, key=lambda r: r.best[lens[-1]][2]):
+        cells = [f"{r.best[S][2] / 1e3:.2f} ({r.best[S][0]}{'' if r.best[S][0] == 'plan' else ' ' + _k(r.best[S][1])})"
+                 + (" **best**" if win[S] is r else "") for S in lens]
+        out.append(f"| {r.layout.name} | {format_partition(r.parts)} | {r.mem_gb:.1f} | " + " | ".join(cells) + " |")
+    bad = [r for r in ranked if r.reason]
+    if bad:
+        out += ["", "Infeasible:"] + [f"- {r.layout.name}: {r.reason}" for r in bad]
+    out += [""] + ([f"Crossover between {_k(a)} and {_k(b)}: {w1} -> {w2}" for a, b, w1, w2 in cross]
+                   or [f"One winner at every length: {win[lens[0]].layout.name}"])
+    out += ["", "Winner's launch line per length:"]
+    out += [f"  {_k(S)}: {launch_flags(cfg, win[S], S, num_layers)}" for S in lens]
+    return "\n".join(out)
+
+
+def to_json(cfg: LayoutConfig, ranked, win, cross) -> dict:
+    return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+            "layouts": [{"tp": r.layout.tp, "pp": r.layout.pp, "virtual_stages": r.layout.v, "name": r.layout.name,
+                         "partition": list(r.parts), "mem_gb": r.mem_gb, "infeasible": r.reason or None,
+                         "best": {str(S): {"policy": p, "chunk": C, "ttft_ms": ms} for S, (p, C, ms) in r.best.items()},
+                         "ttft_ms": {str(S): v for S, v in r.all_ms.items()}} for r in ranked],
+            "winners": {str(S): r.layout.name for S, r in win.items()},
+            "crossovers": [{"from_len": a, "to_len": b, "below": w1, "above": w2} for a, b, w1, w2 in cross]}
+
+
+def plot(path: str, cfg: LayoutConfig, ranked) -> Path:
+    from ..files import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    lens = sorted(cfg.input_lens)
+    for r in ranked:
+        if not r.reason:
+            ax.plot([S / 1024 for S in lens], [r.best[S][2] / 1e3 for S in lens], marker="o", label=r.layout.name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("input length (K tokens)")
+    ax.set_ylabel("TTFT (s), PREDICTED")
+    ax.set_title(f"{cfg.analytic} on {cfg.gpus} x {cfg.device}: best chunk policy per layout", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    return save_figure(fig, path)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    d = LayoutConfig(analytic="")
+    p.add_argument("--analytic", metavar="MODEL", required=True, help="model preset, e.g. qwen3-235b-a22b-fp8")
+    p.add_argument("--device", default=d.device, help="device preset, e.g. H20")
+    p.add_argument("--gpus", type=int, default=d.gpus, help="GPUs for one prefill instance (TP x PP)")
+    p.add_argument("--input-lens", type=parse_lens, default=d.input_lens, help="prompt lengths, e.g. 32k,128k,1m")
+    p.add_argument("--virtual-stages", type=parse_ints, default=d.virtual_stages, help="V values to try (1: plain PP)")
+    p.add_argument("--fixed-chunks", type=parse_ints, default=d.fixed_chunks, help="fixed chunk sizes tried beside the plan")
+    p.add_argument("--efficiency", type=float, default=None, help="fraction of peak (default: the preset's)")
+    p.add_argument("--chunk-overhead-ms", type=float, default=None,
+                   help="per chunk (per visit with V > 1) and stage; default the preset's")
+    p.add_argument("--mem-gb", type=float, default=None, help="HBM per GPU (default: the preset's)")
+    p.add_argument("--mem-fraction", type=float, default=d.mem_fraction,
+                   help="share of HBM for weights and KV (SGLang's --mem-fraction-static)")
+    p.add_argument("--max-tp", type=int, default=d.max_tp, help="largest TP (GPUs per node)")
+    p.add_argument("--context-length", type=parse_len, default=None, help="the model's context (lengths above fail)")
+    p.add_argument("--json", default=None, metavar="OUT.json")
+    p.add_argument("--plot", default=None, metavar="OUT.png")
+    alias(p, "--input-lens", "--input-len")
+
+
+def run(args) -> int:
+    from ..whatif.analytic import DEVICES, MODELS
+    from ..whatif.layout import crossovers, rank_layouts, winners
+
+    cfg = config_from_args(LayoutConfig, args)
+    if cfg.analytic not in MODELS:
+        raise ValueError(f"--analytic {cfg.analytic!r}: choose one of {sorted(MODELS)}")
+    if cfg.device not in DEVICES:
+        raise ValueError(f"--device {cfg.device!r}: choose one of {sorted(DEVICES)}")
+    model, dev = MODELS[cfg.analytic], DEVICES[cfg.device]
+    dev = replace(dev, **{k: v for k, v in (("efficiency", cfg.efficiency), ("mem_gb", cfg.mem_gb)) if v is not None})
+    ranked = rank_layouts(model, dev, cfg.gpus, cfg.input_lens, virtual_stages=cfg.virtual_stages,
+                          fixed_chunks=cfg.fixed_chunks, overhead_ms=cfg.chunk_overhead_ms,
+                          mem_fraction=cfg.mem_fraction, max_tp=cfg.max_tp)
+    win = winners(ranked)
+    if not ranked or not win:
+        why = "; ".join(f"{r.layout.name}: {r.reason}" for r in ranked) or "no TP x PP split of the GPUs"
+        raise ValueError(f"--gpus {cfg.gpus}: no layout of {cfg.analytic} on {cfg.device} fits ({why}); raise --gpus "
+                         "or shorten --input-lens")
+    cross = crossovers(win)
+    print(render(cfg, ranked, win, cross, model.num_layers))
+    if cfg.json:
+        from ..files import save_json
+
+        print(f"wrote {save_json(cfg.json, to_json(cfg, ranked, win, cross))}")
+    if cfg.plot:
+        print(f"wrote {plot(cfg.plot, cfg, ranked)}")
+    return 0
+
+
+__all__ = ["LayoutConfig", "launch_flags", "render", "to_json", "add_args", "run"]
