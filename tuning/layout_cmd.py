@@ -58,7 +58,7 @@ def launch_flags(cfg: LayoutConfig, r, S: int, num_layers: int) -> str:
     lay = r.layout
     env = "" if tuple(r.parts) == tuple(default_partition(num_layers, lay.pp)) or lay.pp == 1 else \
         f"SGLANG_PP_LAYER_PARTITION={format_partition(r.parts)} "
-    cmd = f"{env}python -m sglang.launch_server --model-path {shlex.quote(cfg.analytic)} --tp-size {lay.tp} " \
+    cmd = f"{env}python -m sglang.launch_server --model-path {shlex.quote('<' + cfg.analytic + ' checkpoint>')} --tp-size {lay.tp} " \
           f"--pp-size {lay.pp} --chunked-prefill-size {C}" + (" --enable-dynamic-chunking" if pol == "plan" else "")
     return cmd + ("  # virtual PP: not in SGLang 0.5.23 (#39279)" if lay.v > 1 else "")
 
