@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from sglang_cpp.core.costmodel import PipelineCost
@@ -30,9 +29,8 @@ from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.files import pyplot, save_figure
 from sglang_cpp.machine import provenance_lines
 from sglang_cpp.whatif.analytic import DEVICES, MODELS, percent_of_limit
-from sglang_cpp.whatif.analytic_fit import Measured, fit, predict_ms, stage_models
+from sglang_cpp.whatif.analytic_fit import BLOG_PP1, Measured, fit, predict_ms, stage_models
 
-PP1_POINT = Measured(1, 128 * 1024, 55.5e3)
 TABLE1 = {128 * 1024: 10.54, 256 * 1024: 32.68, 512 * 1024: 114.33, 1024 * 1024: 420.91}
 POLICIES = {"fixed 6K": ("fixed", 6144, 0.8), "fixed 18K": ("fixed", 18432, 0.8),
             "upstream DCK 18K, sigma 0.8": ("quadratic", 18432, 0.8), "sglang-cpp plan (C=18K)": ("plan", 18432, 0.8)}
@@ -47,8 +45,8 @@ def main() -> int:
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     if args.overhead is None:
         args.overhead = h20.chunk_overhead_ms
-    f = fit(q, h20, 4, [PP1_POINT], overhead_ms=args.overhead)
-    dev = replace(h20, efficiency=f.efficiency, attn_efficiency=None)
+    f = fit(q, h20, 4, [BLOG_PP1], overhead_ms=args.overhead)
+    dev = f.on(h20)
     pred = {name: {S: predict_ms(q, dev, 4, Measured(8, S, 1.0, pol, C, sig), args.overhead) / 1e3 for S in TABLE1}
             for name, (pol, C, sig) in POLICIES.items()}
     stages = stage_models(q, dev, 4, 8)

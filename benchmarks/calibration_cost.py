@@ -21,7 +21,7 @@ from sglang_cpp.core.partition import default_partition
 from sglang_cpp.machine import provenance_lines
 from sglang_cpp.plugin.calibrate import calibration_levels, level_grids
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
-from sglang_cpp.whatif.analytic_fit import Measured, fit, stage_models
+from sglang_cpp.whatif.analytic_fit import BLOG_PP1, fit, stage_models
 from sglang_cpp.whatif.roofline import kv_bytes_per_token
 
 FORWARDS_PER_SHAPE = 3  # GPUs: one untimed forward per shape, then the minimum of 2 (default_repeats)
@@ -73,7 +73,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cmd = "python benchmarks/calibration_cost.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
-    eff = fit(q, h20, 4, [Measured(1, 128 * 1024, 55.5e3)]).efficiency
+    eff = fit(q, h20, 4, [BLOG_PP1]).efficiency
     out = ["# Startup calibration time on GPUs (analytic estimate): the random-KV grid against chunk walks", "",
            *provenance_lines(cmd.strip()), f"- commit: {commit}",
            "- host-independent: pure numpy (analytic roofline stage models); SIMULATED, not measured", "",

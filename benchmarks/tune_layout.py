@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from sglang_cpp.machine import provenance_lines
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
-from sglang_cpp.whatif.analytic_fit import Measured, fit
+from sglang_cpp.whatif.analytic_fit import BLOG_PP1, fit
 from sglang_cpp.whatif.layout import crossovers, rank_layouts, winners
 
 LENGTHS = (32768, 131072, 262144, 1048576)
@@ -29,8 +28,8 @@ def main() -> int:
     ap.add_argument("--results", default="results/tune_layout.md")
     args = ap.parse_args()
     h20 = DEVICES["H20"]
-    eff = fit(MODELS["qwen3-235b-a22b-fp8"], h20, 4, [Measured(1, 128 * 1024, 55.5e3)]).efficiency
-    dev = replace(h20, efficiency=eff, attn_efficiency=None)
+    f = fit(MODELS["qwen3-235b-a22b-fp8"], h20, 4, [BLOG_PP1])
+    eff, dev = f.efficiency, f.on(h20)
     cmd = "python benchmarks/tune_layout.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = ["# Parallel layouts of 32 H20 for long prefill, ranked on the analytic model (tune layout)", "",
            *provenance_lines(cmd.strip()), "- host-independent: pure numpy (analytic model, partitioner, planner, simulators)",

@@ -27,14 +27,12 @@ import argparse
 import shlex
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from sglang_cpp.machine import provenance_lines
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
-from sglang_cpp.whatif.analytic_fit import Measured, fit, predict_ms
+from sglang_cpp.whatif.analytic_fit import BLOG_PP1, Measured, fit, predict_ms
 
-PP1_POINT = Measured(1, 128 * 1024, 55.5e3)
 LENS = (128 * 1024, 256 * 1024, 512 * 1024, 1024 * 1024)
 PLAN_CS = (8192, 18432, 32768)
 GRID_C = (4096, 6144, 8192, 12288, 18432)
@@ -46,8 +44,8 @@ OVERHEADS = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0)
 def predictions(overhead: float) -> tuple[float, dict]:
     """(fitted efficiency, {(policy, C, sigma): {S: TTFT s}}) at one per-chunk overhead."""
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
-    f = fit(q, h20, 4, [PP1_POINT], overhead_ms=overhead)
-    dev = replace(h20, efficiency=f.efficiency, attn_efficiency=None)
+    f = fit(q, h20, 4, [BLOG_PP1], overhead_ms=overhead)
+    dev = f.on(h20)
     runs = [("plan", C, 0.8) for C in PLAN_CS] + [("quadratic", C, s) for C in GRID_C for s in GRID_SIGMA]
     runs += [("quadratic", 18432, 0.8), ("fixed", 6144, 0.8)]
     return f.efficiency, {r: {S: predict_ms(q, dev, 4, Measured(8, S, 1.0, *r), overhead) / 1e3 for S in LENS}

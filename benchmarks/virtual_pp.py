@@ -16,18 +16,16 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from sglang_cpp.core.costmodel import PipelineCost
 from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.machine import provenance_lines
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
-from sglang_cpp.whatif.analytic_fit import Measured, fit, stage_models
+from sglang_cpp.whatif.analytic_fit import BLOG_PP1, fit, stage_models
 from sglang_cpp.whatif.simulator import SimConfig
 from sglang_cpp.whatif.virtual_pp import simulate_virtual
 
-PP1_POINT = Measured(1, 128 * 1024, 55.5e3)
 LENGTHS = (128 * 1024, 256 * 1024, 512 * 1024, 1024 * 1024)
 FIXED = (8192, 16384, 32768)
 P, TP = 8, 4
@@ -61,8 +59,8 @@ def main() -> int:
     args = ap.parse_args()
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     o = h20.chunk_overhead_ms if args.o is None else args.o
-    f = fit(q, h20, TP, [PP1_POINT], overhead_ms=o)
-    dev = replace(h20, efficiency=f.efficiency, attn_efficiency=None)
+    f = fit(q, h20, TP, [BLOG_PP1], overhead_ms=o)
+    dev = f.on(h20)
     stages = stage_models(q, dev, TP, P)
     cost = PipelineCost(tuple(stages))
     cmd = "python benchmarks/virtual_pp.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])

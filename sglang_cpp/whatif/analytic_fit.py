@@ -175,6 +175,15 @@ class Fit:
     overhead_ms: float
     rows: tuple  # (point, predicted value: ms for a Measured, the ratio for a Ratio)
 
+    def on(self, device: DeviceSpec) -> DeviceSpec:
+        """`device` at the fitted efficiency (attention kernels follow it, as in the fit)."""
+        return replace(device, efficiency=self.efficiency, attn_efficiency=None)
+
+
+# The design blog's one published PP1 point (shared/seeds/004_26665f2ba558731c.txt): Qwen3-235B-A22B-FP8, TP4 on
+# H20, 128K tokens in ~55.5 s. The benchmarks fit the H20 efficiency on it.
+BLOG_PP1 = Measured(1, 128 * 1024, 55.5e3)
+
 
 def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list, *, overhead_ms: float | None = None,
         fit_overhead: bool = False, max_prefill: int = 16384, dtype: str | None = None) -> Fit:
@@ -210,4 +219,4 @@ def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list, *, overhead
     return Fit(eff, o, tuple((p, predict(model, dev, tp, p, o, max_prefill, dtype)) for p in points))
 
 
-__all__ = ["Measured", "Ratio", "Fit", "fit", "predict", "predict_ms", "stage_models"]
+__all__ = ["Measured", "Ratio", "Fit", "BLOG_PP1", "fit", "predict", "predict_ms", "stage_models"]
