@@ -115,33 +115,47 @@ def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, vi
     o = device.chunk_overhead_ms if overhead_ms is None else float(overhead_ms)
     limit = device.mem_gb * mem_fraction
     cap = max(fixed_chunks)
+    cfg = SimConfig(cpu_overhead_ms=o)
+    split: dict = {}  # (tp, pp) -> what V does not change: the partition, the stage models, every policy's chunks
+
+    def per_split(tp: int, pp: int):
+        if (tp, pp) not in split:
+            try:
+                parts = partition_for(model, device, tp, pp, lengths[-1], limit)
+            except ValueError:
+                parts = default_partition(model.num_layers, pp)
+                mem = stage_memory_gb(model, parts, tp, lengths[-1])
+                s = max(range(pp), key=lambda i: mem[i])
+                split[(tp, pp)] = (tuple(parts), max(mem), None, (
+                    f"no layer split fits: even split's fullest GPU (stage {s}) needs {mem[s]:.1f} GB for weights and "
+                    f"the KV of {lengths[-1]} tokens, over {limit:.1f} GB ({mem_fraction:g} of {device.mem_gb:g} GB)"))
+            else:
+                stages = stage_models(model, device, tp, pp, parts, tp_comm=True)
+                cost = stages[0] if pp == 1 else PipelineCost(tuple(stages))
+                chunks = {(S, pol, C): chunks_for(pol, S, cost, pp, C, max_prefill=cap, overhead_ms=o)
+                          for S in lengths for pol, C in [("plan", cap)] + [("fixed", C) for C in fixed_chunks]}
+                split[(tp, pp)] = (tuple(parts), max(stage_memory_gb(model, parts, tp, lengths[-1])),
+                                   (stages, chunks), "")
+        return split[(tp, pp)]
+
     out = []
     for lay in layouts(gpus, model.num_layers, max_tp, virtual_stages):
-        try:
-            parts = partition_for(model, device, lay.tp, lay.pp, lengths[-1], limit)
-        except ValueError:
-            parts = default_partition(model.num_layers, lay.pp)
-            mem = stage_memory_gb(model, parts, lay.tp, lengths[-1])
-            s = max(range(lay.pp), key=lambda i: mem[i])
-            out.append(Ranked(lay, tuple(parts), max(mem), reason=(
-                f"no layer split fits: even split's fullest GPU (stage {s}) needs {mem[s]:.1f} GB for weights and "
-                f"the KV of {lengths[-1]} tokens, over {limit:.1f} GB ({mem_fraction:g} of {device.mem_gb:g} GB)")))
+        parts, mem, planned, reason = per_split(lay.tp, lay.pp)
+        if reason:
+            out.append(Ranked(lay, parts, mem, reason=reason))
             continue
-        mem = max(stage_memory_gb(model, parts, lay.tp, lengths[-1]))
-        stages = stage_models(model, device, lay.tp, lay.pp, parts, tp_comm=True)
-        cost = stages[0] if lay.pp == 1 else PipelineCost(tuple(stages))
-        cfg = SimConfig(cpu_overhead_ms=o)
+        stages, chunks = planned
         best, every = {}, {}
         for S in lengths:
             got = {}
-            for pol, C in [("plan", cap)] + [("fixed", C) for C in fixed_chunks]:
-                ch = chunks_for(pol, S, cost, lay.pp, C, max_prefill=cap, overhead_ms=o)
-                res = simulate_virtual(ch, stages, lay.pp, lay.v, cfg) if lay.v > 1 else simulate(ch, stages, lay.pp, cfg)
-                got[(pol, C)] = res.ttft_ms
+            for (S_, pol, C), ch in chunks.items():
+                if S_ == S:
+                    res = simulate_virtual(ch, stages, lay.pp, lay.v, cfg) if lay.v > 1 else simulate(ch, stages, lay.pp, cfg)
+                    got[(pol, C)] = res.ttft_ms
             (pol, C), ms = min(got.items(), key=lambda kv: kv[1])
             best[S] = (pol, C, ms)
             every[S] = {f"{p}:{c}": v for (p, c), v in got.items()}
-        out.append(Ranked(lay, tuple(parts), mem, best=best, all_ms=every))
+        out.append(Ranked(lay, parts, mem, best=best, all_ms=every))
     return out
 
 
