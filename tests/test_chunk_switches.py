@@ -182,3 +182,13 @@ def test_the_grid_measures_every_chunk_regime_at_every_prefix(M, cap, lo):
             if max(start, lo_) <= min(end - 1, hi):  # the regime lies within this prefix's chunk range
                 assert any(start <= x < end for x in xs), (L, xs, start)
     assert set(calibration_grid(M, 64, cap, lo)) <= set(pts)  # the plain grid is kept, regimes added
+
+
+def test_the_largest_regime_takes_its_first_size_as_its_second_sample():
+    """Issue 26: the largest regime's second sample is its first aligned size (768 on the CPU kernel), the
+    cheapest forward that still separates g from e_j, not the geometric middle (1792 at a 4096 top)."""
+    pts = calibration_grid(32768, 64, 4096, 0, chunk_switches=CPU_FLASH_SWITCHES)
+    assert [x for L, x in pts if L == 16384] == [64, 512, 768, 4096]
+    # a prefix whose range already holds two sizes in the largest regime gets no third
+    assert [x for L, x in calibration_grid(32768, 64, 2048, 768, chunk_switches=CPU_FLASH_SWITCHES)
+            if L == 16384] == [768, 1280, 2048]

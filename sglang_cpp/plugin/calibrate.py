@@ -64,7 +64,9 @@ def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chun
 def chunk_regime_sizes(chunk_switches: tuple, lo: int, hi: int, a: int, have: set) -> set:
     """An aligned chunk size in every chunk-size regime that [lo, hi] reaches and `have` misses, and a
     second one in the regime of the largest chunk. Why two: with one size per regime, each regime's L
-    slope g + e_j x_j is all the data says, and the shared g and every e_j cannot be told apart."""
+    slope g + e_j x_j is all the data says, and the shared g and every e_j cannot be told apart. The second
+    one is the regime's first aligned size: the cheapest forward, and the widest spread of x in the regime
+    (issue 26: the geometric middle cost 1792-token forwards at every long prefix)."""
     out: set = set()
     edges = [0, *sorted(int(s) for s in chunk_switches), None]
     for start, end in zip(edges, edges[1:]):
@@ -74,8 +76,10 @@ def chunk_regime_sizes(chunk_switches: tuple, lo: int, hi: int, a: int, have: se
             continue
         mid = min(max(int(round(math.sqrt(first * last) / a)) * a, first), last)
         inside = {v for v in have | out if first <= v <= last}
-        if not inside or (last == hi and len(inside) < 2 and mid not in inside):
+        if not inside:
             out.add(mid)
+        elif last == hi and len(inside) < 2:
+            out.add(first if first not in inside else mid)
     return out
 
 
@@ -139,19 +143,21 @@ def new_points(level: int, seen: set, align: int, top: int, min_chunk: int, swit
 
 
 def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> int:
-    """The largest chunk the next level samples: twice the largest chunk the planner cuts for a prompt of
-    `length` on the model fitted so far, rounded up to the alignment unit times a power of two, at most
-    max_chunk (0: no cap) and at least 4 alignment units (three distinct sizes per prefix).
+    """The largest chunk the next level samples: the largest chunk the planner cuts for a prompt of
+    `length` on the model fitted so far, rounded up to the alignment unit times a power of two (a margin of
+    1-2x), at most max_chunk (0: no cap) and at least 4 alignment units (three distinct sizes per prefix).
 
     Why: a long level's biggest samples (the memory cap at prefixes up to half the target) cost most of
     its time, yet a plan that cuts 1-2K chunks never runs them (issue 26: 0.74x the chunk walks' time at
-    32K, not 0.25x). Where the model wants big chunks (a GPU), the top stays at the cap. Chunks the plan
-    later wants above the top are served forwards, which online refinement fits."""
+    32K, not 0.25x; a fixed 2x margin on top of the rounding still made 4096-token samples 63% of the
+    32K level for a plan of 1024-token chunks). Where the model wants big chunks (a GPU), the top stays at
+    the cap. A chunk the plan later wants above the top is extrapolated in x only (every prefix is
+    sampled), and online refinement fits it from the served forwards."""
     from ..core.planner import plan_dp, plan_equal_time
 
     fn = plan_dp if plan_cfg.method == "dp" else plan_equal_time
     a = max(1, int(plan_cfg.align))
-    want = 2 * max(fn(int(length), cost, plan_cfg).chunks)
+    want = max(fn(int(length), cost, plan_cfg).chunks)
     top = max(4 * a, a << max(0, math.ceil(math.log2(max(want, a) / a))))
     return min(top, int(max_chunk) // a * a) if max_chunk and max_chunk >= 4 * a else top
 
@@ -569,8 +575,9 @@ def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tupl
                        "the cap %d", exc, max_chunk)
         return max_chunk
     top = top_chunk(cost, length, plan_cfg, max_chunk)
-    logger.info("[sglang-cpp] calibration: the next level samples chunks up to %d (twice the largest chunk the plan "
-                "for %d tokens cuts on the model so far, rounded up; cap %s)", top, length, max_chunk or "none")
+    logger.info("[sglang-cpp] calibration: the next level samples chunks up to %d (the largest chunk the plan for %d "
+                "tokens cuts on the model so far, rounded up to a power of two; cap %s)", top, length,
+                max_chunk or "none")
     return top
 
 

@@ -78,7 +78,7 @@ KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_s
               "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version", "server_args",
               "kernel_switches", "chunk_switches")
 SWITCH_FIELDS = ("kernel_switches", "chunk_switches")  # key fields only where present
-CALIB_DESIGN = "grid-2"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
+CALIB_DESIGN = "grid-3"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
 
 
 def calibration_target(requested: int, context_len: int, max_context: int, kv_tokens: int) -> tuple[int, str]:
