@@ -27,7 +27,11 @@ def test_tiny_dense_flops_by_hand():
     m = analytic_cost_model(TINY, TOY_DEV)
     assert m.time(L, x) == pytest.approx(2 * per_layer, rel=1e-12)
     assert analytic_cost_model(TINY, TOY_DEV, layers=1, first_layer=1).time(L, x) == pytest.approx(per_layer)
-    assert analytic_cost_model(TINY, TOY_DEV, tp=2).time(L, x) == pytest.approx(per_layer, rel=1e-12)
+    # TP2 splits q, o, the FFN and attention; the one KV head's k and v (64 params) run on both ranks:
+    # per GPU and layer 2*6*(128/2 + 64 + 384/2) + 2496/2 = 5088
+    assert analytic_cost_model(TINY, TOY_DEV, tp=2).time(L, x) == pytest.approx(2 * 5088, rel=1e-12)
+    assert analytic_cost_model(replace(TINY, num_kv_heads=2), TOY_DEV, tp=2).time(L, x) == pytest.approx(
+        analytic_cost_model(replace(TINY, num_kv_heads=2), TOY_DEV).time(L, x) / 2, rel=1e-12)  # 2 heads: all split
     assert analytic_cost_model(TINY, replace(TOY_DEV, efficiency=0.5)).time(L, x) == pytest.approx(4 * per_layer)
     # fp8 GEMMs run at 2e-9 TFLOP/s: the linear part halves, attention (bf16) does not
     assert analytic_cost_model(TINY, TOY_DEV, dtype="fp8").time(L, x) == pytest.approx(2 * (linear / 2 + attn))

@@ -69,27 +69,37 @@ def test_proxies_are_views_of_one_buffer_set_refilled_before_every_forward():
 
 
 def test_top_chunk_follows_the_plan_on_the_model_so_far_not_the_memory_cap():
-    """Issue 26: a level after the first samples chunks up to the largest chunk the planner cuts for that
-    level's length on the model fitted so far, rounded up onto the alignment grid (64 * 2^k), within
-    [4 units, cap]."""
+    """Issue 26: a level after the first samples, at each prefix L, chunks up to twice the largest chunk that
+    the plan for that level's length (on the model fitted so far) still runs at or past L, on the alignment
+    grid (64 * 2^k), within [4 units, cap]: big early chunks are sampled where they run, over short prefixes."""
+    import numpy as np
+
     from sglang_cpp.core.costmodel import CostModel, PipelineCost
     from sglang_cpp.core.planner import PlanConfig, plan_equal_time
-    from sglang_cpp.plugin.calibrate import top_chunk
+    from sglang_cpp.plugin.calibrate import calibration_grid, cap_at, top_chunk
 
     pc = PlanConfig(pp_size=2, align=64, max_chunk=16384)
     cpu = CostModel(c0=2.0, b=0.05, e=2e-6, f=3e-6)  # torch_native-like: the x^2 term punishes big chunks
     stages = PipelineCost((cpu, cpu))
-    largest = max(plan_equal_time(32768, stages, pc).chunks)
-    top = top_chunk(stages, 32768, pc, 16384)
-    assert top < 16384 and largest <= top < 2 * largest  # the plan's largest, rounded up once
-    assert top % 64 == 0 and (top // 64) & (top // 64 - 1) == 0  # 64 * a power of two
+    chunks = plan_equal_time(32768, stages, pc).chunks
+    ends = np.cumsum(chunks)
+    tops = top_chunk(stages, 32768, pc, 16384)
+    assert chunks[0] > chunks[-1] and [e for e, _ in tops] == sorted(e for e, _ in tops)
+    for L in (0, 4096, 16384, 30000):
+        biggest = max(c for c, e in zip(chunks, ends) if e > L)  # by hand: the chunks still running at L
+        top = cap_at(tops, L)
+        assert 2 * biggest <= top < 4 * biggest and (top // 64) & (top // 64 - 1) == 0, (L, biggest, top)
+    assert cap_at(tops, 0) > cap_at(tops, 30000)  # late prefixes sample smaller chunks
+    grid = calibration_grid(32768, 64, tops)
+    assert max(x for L, x in grid if L >= 28672) <= cap_at(tops, 28672) < max(x for L, x in grid if L == 0)
+    assert cap_at(5000, 123) == 5000 and cap_at(0, 9) == 0 and cap_at([[10, 256], [20, 128]], 25) == 128
     # a model whose chunks cost mostly their fixed part wants the biggest chunks: the top stays at the cap
     heavy = CostModel(c0=5000.0, b=0.01)
-    assert top_chunk(PipelineCost((heavy, heavy)), 32768, pc, 16384) == 16384
-    assert top_chunk(PipelineCost((heavy, heavy)), 32768, PlanConfig(pp_size=2, align=64), 0) >= 16384  # no cap
+    assert cap_at(top_chunk(PipelineCost((heavy, heavy)), 32768, pc, 16384), 0) == 16384
+    assert cap_at(top_chunk(PipelineCost((heavy, heavy)), 32768, PlanConfig(pp_size=2, align=64), 0), 0) >= 16384
     # never fewer than 4 alignment units: three distinct sizes per prefix
     tiny = CostModel(c0=0.0, b=0.01, f=1.0)
-    assert top_chunk(PipelineCost((tiny, tiny)), 4096, pc, 16384) == 256
+    assert top_chunk(PipelineCost((tiny, tiny)), 4096, pc, 16384)[-1][1] == 256
 
 
 def test_calibration_target_is_the_context_clamped_to_every_bound():

@@ -86,7 +86,7 @@ def test_calibration_4x_max_prefill_tokens_never_exceeds_it(deploy):
 
 def test_the_second_level_samples_chunks_up_to_the_top_the_first_levels_model_gave(deploy):
     """Issue 26: after the 1024-token level, world rank 0 plans a 4096-token prompt on the model so far and
-    every stage samples the 4096-token level's chunks up to twice that plan's largest (the logged top)."""
+    every stage samples the 4096-token level's chunks up to that plan's largest, rounded up (the logged top)."""
     import re
 
     tops = [int(t) for t in re.findall(r"the next level samples chunks up to (\d+)", deploy["log"])]

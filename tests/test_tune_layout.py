@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.whatif.analytic import DEVICES, MODELS, analytic_cost_model, tp_allreduce_ms
+from sglang_cpp.whatif.analytic import DEVICES, MODELS, analytic_cost_model, layer_comm_ms
 from sglang_cpp.whatif.layout import Layout, Ranked, crossovers, layouts, rank_layouts, stage_memory_gb
 
 LLAMA8 = MODELS["llama3-8b"]
@@ -38,10 +38,10 @@ def test_stage_memory_by_hand():
 def test_the_tp_all_reduce_term_by_hand():
     """Two ring all-reduces per layer of x bf16 hidden states: 2 (tp-1)/tp of the bytes each over the link."""
     h20 = DEVICES["H20"]
-    per_token, per_chunk = tp_allreduce_ms(LLAMA8, h20, 4)
+    per_token, per_chunk = layer_comm_ms(LLAMA8, h20, 4)
     assert per_token == pytest.approx(2 * 2 * 3 / 4 * 4096 * 2 / 450e9 * 1e3)
     assert per_chunk == pytest.approx(2 * 0.02)
-    assert tp_allreduce_ms(LLAMA8, h20, 1) == (0.0, 0.0)
+    assert layer_comm_ms(LLAMA8, h20, 1) == (0.0, 0.0)
     plain = analytic_cost_model(LLAMA8, h20, layers=8, tp=4)
     charged = analytic_cost_model(LLAMA8, h20, layers=8, tp=4, tp_comm=True)
     assert charged.b - plain.b == pytest.approx(8 * per_token) and charged.c0 - plain.c0 == pytest.approx(8 * per_chunk)

@@ -5,7 +5,8 @@ longest prompt per GPU, under the cost-balanced layer partition; the others list
 best chunk policy (the plan, or a fixed chunk of --fixed-chunks) and predicted TTFT per length, the
 lengths where the winner changes, and the winner's launch flags with SGLANG_PP_LAYER_PARTITION. Virtual
 stages (V > 1) are priced by the simulator (whatif/virtual_pp.py); SGLang 0.5.23 has no flag for them.
-Context parallelism inside a stage is not priced yet.
+Attention CP inside a stage (--cp-sizes; SGLang's --attn-cp-size, carved out of the TP group) is priced by
+the analytic model's CP terms (whatif/analytic.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class LayoutConfig:
     gpus: int = 8
     input_lens: tuple = (32768, 131072, 1048576)
     virtual_stages: tuple = (1, 2, 4)
+    cp_sizes: tuple = (1, 2, 4, 8)  # attention CP degrees tried; each must divide the layout's TP
     fixed_chunks: tuple = (4096, 8192, 16384, 32768)
     efficiency: float | None = None
     chunk_overhead_ms: float | None = None
@@ -42,8 +44,8 @@ class LayoutConfig:
         if self.context_length is not None and max(self.input_lens) > self.context_length:
             raise ValueError(f"--input-lens {max(self.input_lens)} is above --context-length {self.context_length}: "
                              "drop the length or raise the context length")
-        if any(v < 1 for v in self.virtual_stages) or any(c < 1 for c in self.fixed_chunks):
-            raise ValueError("--virtual-stages and --fixed-chunks take integers >= 1")
+        if any(v < 1 for v in (*self.virtual_stages, *self.fixed_chunks, *self.cp_sizes)):
+            raise ValueError("--virtual-stages, --fixed-chunks and --cp-sizes take integers >= 1")
         if self.max_tp < 1:
             raise ValueError(f"--max-tp={self.max_tp} must be >= 1")
 
@@ -59,7 +61,8 @@ def launch_flags(cfg: LayoutConfig, r, S: int, num_layers: int) -> str:
     env = "" if tuple(r.parts) == tuple(default_partition(num_layers, lay.pp)) or lay.pp == 1 else \
         f"SGLANG_PP_LAYER_PARTITION={format_partition(r.parts)} "
     cmd = f"{env}python -m sglang.launch_server --model-path {shlex.quote('<' + cfg.analytic + ' checkpoint>')} --tp-size {lay.tp} " \
-          f"--pp-size {lay.pp} --chunked-prefill-size {C}" + (" --enable-dynamic-chunking" if pol == "plan" else "")
+          f"--pp-size {lay.pp} --chunked-prefill-size {C}" + (" --enable-dynamic-chunking" if pol == "plan" else "") + \
+        (f" --attn-cp-size {lay.cp} --enable-prefill-cp --cp-strategy zigzag" if lay.cp > 1 else "")
     return cmd + ("  # virtual PP: not in SGLang 0.5.23 (#39279)" if lay.v > 1 else "")
 
 
@@ -85,7 +88,8 @@ def render(cfg: LayoutConfig, ranked, win, cross, num_layers: int) -> str:
 
 def to_json(cfg: LayoutConfig, ranked, win, cross) -> dict:
     return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
-            "layouts": [{"tp": r.layout.tp, "pp": r.layout.pp, "virtual_stages": r.layout.v, "name": r.layout.name,
+            "layouts": [{"tp": r.layout.tp, "pp": r.layout.pp, "virtual_stages": r.layout.v, "attn_cp": r.layout.cp,
+                         "name": r.layout.name,
                          "partition": list(r.parts), "mem_gb": r.mem_gb, "infeasible": r.reason or None,
                          "best": {str(S): {"policy": p, "chunk": C, "ttft_ms": ms} for S, (p, C, ms) in r.best.items()},
                          "ttft_ms": {str(S): v for S, v in r.all_ms.items()}} for r in ranked],
@@ -93,15 +97,15 @@ def to_json(cfg: LayoutConfig, ranked, win, cross) -> dict:
             "crossovers": [{"from_len": a, "to_len": b, "below": w1, "above": w2} for a, b, w1, w2 in cross]}
 
 
-def plot(path: str, cfg: LayoutConfig, ranked) -> Path:
+def plot(path: str, cfg: LayoutConfig, ranked, top: int = 10) -> Path:
+    """The `top` feasible layouts at the longest length (a legend of 30 layouts reads as noise)."""
     from ..files import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     lens = sorted(cfg.input_lens)
-    for r in ranked:
-        if not r.reason:
-            ax.plot([S / 1024 for S in lens], [r.best[S][2] / 1e3 for S in lens], marker="o", label=r.layout.name)
+    for r in sorted((r for r in ranked if not r.reason), key=lambda r: r.best[lens[-1]][2])[:top]:
+        ax.plot([S / 1024 for S in lens], [r.best[S][2] / 1e3 for S in lens], marker="o", label=r.layout.name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("input length (K tokens)")
@@ -119,6 +123,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=d.gpus, help="GPUs for one prefill instance (TP x PP)")
     p.add_argument("--input-lens", type=parse_lens, default=d.input_lens, help="prompt lengths, e.g. 32k,128k,1m")
     p.add_argument("--virtual-stages", type=parse_ints, default=d.virtual_stages, help="V values to try (1: plain PP)")
+    p.add_argument("--cp-sizes", type=parse_ints, default=d.cp_sizes,
+                   help="attention CP degrees to try inside each TP group (SGLang's --attn-cp-size; 1: none)")
     p.add_argument("--fixed-chunks", type=parse_ints, default=d.fixed_chunks, help="fixed chunk sizes tried beside the plan")
     p.add_argument("--efficiency", type=float, default=None, help="fraction of peak (default: the preset's)")
     p.add_argument("--chunk-overhead-ms", type=float, default=None,
@@ -146,7 +152,7 @@ def run(args) -> int:
     dev = replace(dev, **{k: v for k, v in (("efficiency", cfg.efficiency), ("mem_gb", cfg.mem_gb)) if v is not None})
     ranked = rank_layouts(model, dev, cfg.gpus, cfg.input_lens, virtual_stages=cfg.virtual_stages,
                           fixed_chunks=cfg.fixed_chunks, overhead_ms=cfg.chunk_overhead_ms,
-                          mem_fraction=cfg.mem_fraction, max_tp=cfg.max_tp)
+                          mem_fraction=cfg.mem_fraction, max_tp=cfg.max_tp, cp_sizes=cfg.cp_sizes)
     win = winners(ranked)
     if not ranked or not win:
         why = "; ".join(f"{r.layout.name}: {r.reason}" for r in ranked) or "no TP x PP split of the GPUs"

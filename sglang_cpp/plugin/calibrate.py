@@ -28,7 +28,8 @@ def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chun
                      switches: tuple = (), chunk_switches: tuple = ()) -> list[tuple]:
     """(L, x) samples for a target of max_len tokens: L in {0, M/8, M/4, M/2, 3M/4, 7M/8}, and at
     every L three chunk sizes from the planner's smallest (min_chunk, at least one alignment unit) to its
-    largest (max_chunk; 0: no cap) that still fit under max_len, the middle one their geometric mean.
+    largest (max_chunk; 0: no cap; or the per-prefix steps of `top_chunk`, see `cap_at`) that still fit
+    under max_len, the middle one their geometric mean.
 
     Why independent: along one request's chunk walk (the old design) every long-prefix sample had the same
     chunk size, so the prefix terms g L, d L^2 and e L x could not be told apart exactly where a plan for a
@@ -44,11 +45,12 @@ def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chun
     a = max(1, int(align))
     M = int(max_len) // a * a
     lo = max(a, -(-int(min_chunk) // a) * a)
-    cap = int(max_chunk) // a * a if max_chunk and max_chunk >= a else M
     Ls = {0, 3 * M // 4 // a * a, 7 * M // 8 // a * a} | {(M >> k) // a * a for k in range(1, 4)}
     Ls |= regime_prefixes(switches, M - lo, a)
     points = []
     for L in sorted(Ls):
+        top = cap_at(max_chunk, L)
+        cap = int(top) // a * a if top and top >= a else M
         hi = min(cap, M - L) // a * a
         if hi < lo:
             continue
@@ -59,6 +61,15 @@ def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chun
             xs |= {int(round(v / a)) * a for v in np.geomspace(lo, hi, 5)}
         points += [(L, x) for x in sorted(xs)]
     return points
+
+
+def cap_at(top, L: int) -> int:
+    """The largest chunk sampled at prefix L: `top` is one cap for every prefix (an int; 0: none) or the
+    steps of `top_chunk`, ((end, top), ...) with tops falling as the ends grow: the first step that ends
+    past L."""
+    if not isinstance(top, (tuple, list)):
+        return int(top or 0)
+    return next((int(t) for e, t in top if e > L), int(top[-1][1]))
 
 
 def chunk_regime_sizes(chunk_switches: tuple, lo: int, hi: int, a: int, have: set) -> set:
@@ -142,24 +153,38 @@ def new_points(level: int, seen: set, align: int, top: int, min_chunk: int, swit
     return pts
 
 
-def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> int:
-    """The largest chunk the next level samples: the largest chunk the planner cuts for a prompt of
-    `length` on the model fitted so far, rounded up to the alignment unit times a power of two (a margin of
-    1-2x), at most max_chunk (0: no cap) and at least 4 alignment units (three distinct sizes per prefix).
+def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> tuple:
+    """The largest chunk the next level samples, per prefix: steps ((end, top), ...) from the plan the
+    planner cuts for a prompt of `length` on the model fitted so far. A prefix L gets twice the largest
+    chunk that still runs at or past L (ends after it), rounded up to the alignment unit times a power of
+    two, at most max_chunk (0: no cap) and at least 4 alignment units (three distinct sizes per prefix).
 
-    Why: a long level's biggest samples (the memory cap at prefixes up to half the target) cost most of
-    its time, yet a plan that cuts 1-2K chunks never runs them (issue 26: 0.74x the chunk walks' time at
-    32K, not 0.25x; a fixed 2x margin on top of the rounding still made 4096-token samples 63% of the
-    32K level for a plan of 1024-token chunks). Where the model wants big chunks (a GPU), the top stays at
-    the cap. A chunk the plan later wants above the top is extrapolated in x only (every prefix is
-    sampled), and online refinement fits it from the served forwards."""
+    Why per prefix: a long level's biggest samples cost most of its time (issue 26: 4096-token samples at
+    prefixes up to 28K were 63% of the 32K level), yet a plan's big chunks run early, over short prefixes,
+    where they are cheap to sample; late chunks are small. One top for every prefix either sampled the
+    first chunk's size at every prefix or (without the 2x margin, tried) left the level below too few
+    sizes to fit, so its plan, and the next top, grew to 8192. Where the model wants big chunks (a GPU),
+    the tops stay at the cap. A chunk the plan later wants above a top is extrapolated in x only (every
+    prefix is sampled), and online refinement fits it from the served forwards."""
     from ..core.planner import plan_dp, plan_equal_time
 
     fn = plan_dp if plan_cfg.method == "dp" else plan_equal_time
     a = max(1, int(plan_cfg.align))
-    want = max(fn(int(length), cost, plan_cfg).chunks)
-    top = max(4 * a, a << max(0, math.ceil(math.log2(max(want, a) / a))))
-    return min(top, int(max_chunk) // a * a) if max_chunk and max_chunk >= 4 * a else top
+    chunks = [int(c) for c in fn(int(length), cost, plan_cfg).chunks]
+    cap = int(max_chunk) // a * a if max_chunk and max_chunk >= 4 * a else 0
+
+    def rounded(want: int) -> int:
+        top = max(4 * a, a << max(0, math.ceil(math.log2(max(want, a) / a))))
+        return min(top, cap) if cap else top
+
+    steps, end, biggest = [], int(sum(chunks)), 0
+    for c in reversed(chunks):  # suffix maxima, from the last chunk back
+        biggest = max(biggest, c)
+        top = rounded(2 * biggest)
+        if not steps or top > steps[-1][1]:  # the same top: the later step already covers this chunk
+            steps.append((end, top))
+        end -= c
+    return tuple(reversed(steps))
 
 
 def _no_idle_batch():
@@ -544,7 +569,7 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
         times.append(max(g["t"] for g in gathered))
         eta = _eta_s(levels, i + 1, times)
         logger.info("[sglang-cpp] calibration level %d/%d: %d tokens, %d samples per stage, top chunk %s, in %.1fs "
-                    "(%.0fs so far, ~%.0fs left)", i + 1, len(levels), level, len(points), top or "uncapped",
+                    "(%.0fs so far, ~%.0fs left)", i + 1, len(levels), level, len(points), cap_at(top, 0) or "uncapped",
                     times[-1], sum(times), eta)
         if budget_s and level < max_len and sum(times) + _eta_s(levels[:i + 2], i + 1, times) > budget_s:
             logger.warning("[sglang-cpp] calibration stops at %d of %d tokens: the next level would overrun the "
@@ -561,7 +586,7 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
 
 
 def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tuple = (),
-              chunk_switches: tuple = ()) -> int:
+              chunk_switches: tuple = ()):
     """World rank 0: top_chunk on the samples so far (fitted per regime of `bounds` and `chunk_switches`);
     a fit that fails keeps the cap (and says so)."""
     from ..core.costmodel import cost_from_profile
@@ -575,9 +600,9 @@ def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tupl
                        "the cap %d", exc, max_chunk)
         return max_chunk
     top = top_chunk(cost, length, plan_cfg, max_chunk)
-    logger.info("[sglang-cpp] calibration: the next level samples chunks up to %d (the largest chunk the plan for %d "
-                "tokens cuts on the model so far, rounded up to a power of two; cap %s)", top, length,
-                max_chunk or "none")
+    logger.info("[sglang-cpp] calibration: the next level samples chunks up to %d (twice the largest chunk the plan "
+                "for %d tokens cuts on the model so far, rounded up; cap %s), per prefix: %s", top[0][1], length,
+                max_chunk or "none", ", ".join(f"{t} to {e}" for e, t in top))
     return top
 
 

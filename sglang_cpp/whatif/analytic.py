@@ -10,7 +10,10 @@ cached prefix of L tokens costs
     absorbed MLA   n_q * (2 kv_lora + d_rope) * x * (2L + x)   (QK^T and PV over the latent: no rebuild,
                    a dearer attention; SGLang's method over a short prefix, `stage_models(attention_backend=)`)
 
-so a stage's time is exactly c0 + g*L + b*x + a*x*(2L + x): the FA form of `CostModel`.
+so a stage's time is exactly c0 + g*L + b*x + a*x*(2L + x): the FA form of `CostModel`. Per GPU of a TP
+group, everything is split by tp except what SGLang replicates (MLA's latent projections, KV heads past
+num_kv_heads); attention CP inside the group (--attn-cp-size) splits the queries instead and changes
+only the replicated parts and the collectives (`_layer_coefs`, `layer_comm_bytes`).
 Sources: /work/shared/reference/anchors.md section 2.1 (FLOPs) and 2.2 (peaks and the TTFT bound).
 """
 from __future__ import annotations
@@ -88,6 +91,21 @@ class ModelSpec:
             return H * nq * self.head_dim * 2 + 2 * H * self.num_kv_heads * self.head_dim
         q = (H * self.q_lora_rank + self.q_lora_rank * nq * self.qk_dim) if self.q_lora_rank else H * nq * self.qk_dim
         return q + H * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_b_params + nq * self.v_dim * H
+
+    def attn_rank_params(self, attn_tp: int = 1) -> float:
+        """Attention projection weights one rank of an attention-TP group of attn_tp applies to each of its
+        tokens: the head-sharded parts / attn_tp plus what SGLang replicates on every rank. MLA: q_a and
+        kv_a (the latent projections, ReplicatedLinear in deepseek_v2.py). GQA: each rank computes at least
+        one KV head, so K/V projections stop shrinking past attn_tp = num_kv_heads. Equals attn_params / attn_tp
+        where nothing is replicated."""
+        H, nq = self.hidden_size, self.num_heads
+        if not self.is_mla:
+            return 2 * H * nq * self.head_dim / attn_tp + 2 * H * self.head_dim * max(self.num_kv_heads / attn_tp, 1.0)
+        if self.q_lora_rank:
+            q = H * self.q_lora_rank + self.q_lora_rank * nq * self.qk_dim / attn_tp
+        else:
+            q = H * nq * self.qk_dim / attn_tp
+        return q + H * (self.kv_lora_rank + self.qk_rope_head_dim) + (self.kv_b_params + nq * self.v_dim * H) / attn_tp
 
     @property
     def kv_b_params(self) -> int:
@@ -207,6 +225,7 @@ MODELS = {
                              v_head_dim=128, weight_bytes=1, name="deepseek-v3"),
     "llama3-8b": ModelSpec(32, 4096, 32, 8, 128, 14336, 128256, name="llama3-8b"),
     "llama3-70b": ModelSpec(80, 8192, 64, 8, 128, 28672, 128256, name="llama3-70b"),
+    "llama3.1-405b": ModelSpec(126, 16384, 128, 8, 128, 53248, 128256, name="llama3.1-405b"),
     "qwen2.5-32b": ModelSpec(64, 5120, 40, 8, 128, 27648, 152064, name="qwen2.5-32b"),
     "smollm2-135m": ModelSpec(30, 576, 9, 3, 64, 1536, 49152, tie_word_embeddings=True, name="smollm2-135m"),
 }
@@ -231,21 +250,38 @@ def _dtype(model: ModelSpec, dtype: str | None) -> str:
     return dtype or ("fp8" if model.weight_bytes == 1 else "bf16")
 
 
-def _layer_coefs(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str | None, attn_dtype: str,
-                 mla_prefix_rebuild: bool, mla_absorbed: bool = False) -> np.ndarray:
-    """(num_layers, 3) array of per-layer (g, b, a) in ms: t = g*L + b*x + a*x*(2L+x). mla_absorbed: MLA's
-    absorbed kernel (attention over the latent, no prefix rebuild)."""
+def check_tp_cp(tp, cp) -> int:
+    """attn_tp = tp / cp: SGLang carves attention CP out of the TP group (--attn-cp-size divides --tp-size)."""
     if not isinstance(tp, (int, np.integer)) or tp < 1:
         raise ValueError(f"tp={tp!r} must be an integer >= 1")
-    lin = device.peak_tflops(_dtype(model, dtype)) * 1e12 * device.efficiency * tp / 1e3  # FLOP per ms
+    if not isinstance(cp, (int, np.integer)) or cp < 1 or tp % cp:
+        raise ValueError(f"--attn-cp-size {cp!r} must be an integer >= 1 dividing --tp-size {tp} (SGLang carves "
+                         "attention CP out of the TP group)")
+    return tp // cp
+
+
+def _layer_coefs(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str | None, attn_dtype: str,
+                 mla_prefix_rebuild: bool, mla_absorbed: bool = False, cp: int = 1) -> np.ndarray:
+    """(num_layers, 3) array of per-layer (g, b, a) in ms of one GPU: t = g*L + b*x + a*x*(2L+x).
+    mla_absorbed: MLA's absorbed kernel (attention over the latent, no prefix rebuild).
+
+    cp: attention CP inside the TP group (SGLang 0.5.23 --attn-cp-size, zigzag queries). Each CP rank
+    takes x/cp of the chunk's queries on an attention-TP group of tp/cp, so attention FLOPs per GPU are
+    those of TP (heads x queries is conserved); what CP changes is what TP replicates: the replicated
+    projections run on x/cp tokens instead of x, and the MLA prefix rebuild (kv_b over all L latents for
+    the rank's heads) runs on every CP rank, over tp/cp heads' worth instead of tp's. FFN and MoE stay TP
+    over all tp GPUs on all x tokens (the hidden states are all-gathered over CP first)."""
+    attn_tp = check_tp_cp(tp, cp)
+    lin = device.peak_tflops(_dtype(model, dtype)) * 1e12 * device.efficiency / 1e3  # FLOP per ms of one GPU
     att_eff = device.attn_efficiency if device.attn_efficiency is not None else device.efficiency
     att = device.peak_tflops(attn_dtype) * 1e12 * att_eff * tp / 1e3
     out = np.empty((model.num_layers, 3))
     absorbed = mla_absorbed and model.is_mla
-    g = 2.0 * model.kv_b_params / lin if mla_prefix_rebuild and not absorbed else 0.0
+    g = 2.0 * model.kv_b_params / attn_tp / lin if mla_prefix_rebuild and not absorbed else 0.0
     coef = model.num_heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) if absorbed else model.attn_coef
+    attn = model.attn_rank_params(attn_tp) / cp
     for i in range(model.num_layers):
-        out[i] = (g, 2.0 * model.layer_params(i) / lin, coef / att)
+        out[i] = (g, 2.0 * (attn + model.ffn_params(i) / tp) / lin, coef / att)
     return out
 
 
@@ -261,20 +297,46 @@ def lm_head_ms(model: ModelSpec, device: DeviceSpec, tp: int = 1) -> float:
     return max(flops, read) * 1e3
 
 
-def tp_allreduce_ms(model: ModelSpec, device: DeviceSpec, tp: int) -> tuple[float, float]:
-    """(ms per token, ms per chunk) of one layer's TP traffic: two ring all-reduces of the bf16 hidden states
-    (after attention and after the FFN / MoE), 2 (tp - 1) / tp of the bytes over the link each, plus their
-    latency. Zero at tp = 1 or without a link figure."""
-    if tp <= 1 or device.link_gbps <= 0:
+def kv_bytes_per_token(model: ModelSpec, tp: int, kv_bytes: int = 2) -> float:
+    """KV cache bytes one GPU holds per token and layer with attention TP of tp: K and V of its share of
+    the KV heads (MLA: the compressed latent and the rope key, replicated on every TP rank)."""
+    if model.is_mla:
+        return float((model.kv_lora_rank + model.qk_rope_head_dim) * kv_bytes)
+    return 2.0 * max(model.num_kv_heads / tp, 1.0) * model.head_dim * kv_bytes
+
+
+def layer_comm_bytes(model: ModelSpec, tp: int, cp: int = 1) -> list[float]:
+    """Bytes per chunk token that one GPU sends in each collective of one layer (ring algorithms, bf16).
+
+    TP (cp = 1): an all-reduce after attention and one after the FFN, 2 (tp-1)/tp of the hidden states each.
+    CP (attn_tp = tp/cp): the chunk's new K/V all-gathered over CP, (cp-1)/cp of a rank's KV per token
+    (the prefix KV is already a full copy on every CP rank); an all-reduce of the x/cp attention outputs
+    inside attn_tp (none at attn_tp = 1); the hidden states all-gathered over CP for the TP FFN, (cp-1)/cp;
+    the FFN's all-reduce over tp as in TP."""
+    attn_tp = check_tp_cp(tp, cp)
+    h = model.hidden_size * 2.0
+    ffn = [2.0 * (tp - 1) / tp * h] if tp > 1 else []
+    if cp == 1:
+        return ([2.0 * (tp - 1) / tp * h] if tp > 1 else []) + ffn
+    out = [(cp - 1) / cp * kv_bytes_per_token(model, attn_tp)]
+    if attn_tp > 1:
+        out.append(2.0 * (attn_tp - 1) / attn_tp * h / cp)
+    return out + [(cp - 1) / cp * h] + ffn
+
+
+def layer_comm_ms(model: ModelSpec, device: DeviceSpec, tp: int, cp: int = 1) -> tuple[float, float]:
+    """(ms per token, ms per chunk) of one layer's collectives (`layer_comm_bytes`) on the device's link:
+    their bytes over the bus bandwidth, plus one latency each. Zero without a link figure."""
+    sizes = layer_comm_bytes(model, tp, cp)
+    if not sizes or device.link_gbps <= 0:
         return 0.0, 0.0
-    per_token = 2 * 2.0 * (tp - 1) / tp * model.hidden_size * 2 / (device.link_gbps * 1e9) * 1e3
-    return per_token, 2 * device.link_latency_ms
+    return sum(sizes) / (device.link_gbps * 1e9) * 1e3, len(sizes) * device.link_latency_ms
 
 
 def per_layer_costs(model: ModelSpec, device: DeviceSpec, L, x, *, tp: int = 1, dtype: str | None = None,
-                    attn_dtype: str = "bf16", mla_prefix_rebuild: bool = True) -> np.ndarray:
+                    attn_dtype: str = "bf16", mla_prefix_rebuild: bool = True, cp: int = 1) -> np.ndarray:
     """ms of every layer for one chunk (x tokens over prefix L); dense and MoE layers differ."""
-    c = _layer_coefs(model, device, tp, dtype, attn_dtype, mla_prefix_rebuild)
+    c = _layer_coefs(model, device, tp, dtype, attn_dtype, mla_prefix_rebuild, cp=cp)
     return c[:, 0] * L + c[:, 1] * x + c[:, 2] * x * (2 * L + x)
 
 
@@ -282,13 +344,13 @@ def analytic_cost_model(model: ModelSpec, device: DeviceSpec, layers: int | None
                         dtype: str | None = None, include_embedding: bool = False, include_lm_head: bool = False,
                         overhead_ms: float = 0.0, *, first_layer: int = 0, attn_dtype: str = "bf16",
                         mla_prefix_rebuild: bool = True, mla_absorbed: bool = False,
-                        tp_comm: bool = False) -> CostModel:
+                        tp_comm: bool = False, cp: int = 1) -> CostModel:
     """CostModel (ms) of a stage holding `layers` layers from `first_layer` (None: the whole model).
 
     dtype: GEMM dtype (default: fp8 for fp8 checkpoints, else bf16); attention runs at attn_dtype,
-    bf16 unless the KV cache is fp8 (anchors.md 2.2). tp_comm: charge each layer's TP all-reduces
-    (`tp_allreduce_ms`), which a comparison of TP degrees needs; at one TP degree a fitted efficiency
-    absorbs them, so it is off by default."""
+    bf16 unless the KV cache is fp8 (anchors.md 2.2). tp_comm: charge each layer's collectives
+    (`layer_comm_ms`), which a comparison of TP or CP degrees needs; at one layout a fitted efficiency
+    absorbs them, so it is off by default. cp: attention CP inside the TP group (`_layer_coefs`)."""
     n = model.num_layers - first_layer if layers is None else layers
     if not (isinstance(n, (int, np.integer)) and n >= 1 and 0 <= first_layer and first_layer + n <= model.num_layers):
         raise ValueError(f"layers={layers!r} from first_layer={first_layer} must lie within the model's "
@@ -296,16 +358,16 @@ def analytic_cost_model(model: ModelSpec, device: DeviceSpec, layers: int | None
     if not (math.isfinite(overhead_ms) and overhead_ms >= 0):
         raise ValueError(f"overhead_ms={overhead_ms!r} must be a finite number >= 0")
     g, b, a = _layer_coefs(model, device, tp, dtype, attn_dtype, mla_prefix_rebuild,
-                           mla_absorbed)[first_layer:first_layer + n].sum(0)
+                           mla_absorbed, cp)[first_layer:first_layer + n].sum(0)
     c0 = overhead_ms + (lm_head_ms(model, device, tp) if include_lm_head else 0.0)
     if tp_comm:
-        per_token, per_chunk = tp_allreduce_ms(model, device, tp)
+        per_token, per_chunk = layer_comm_ms(model, device, tp, cp)
         b, c0 = b + n * per_token, c0 + n * per_chunk
     if include_embedding:
         b += float(embedding_ms(model, device, 1.0))
     meta = {"model": model.name, "device_name": device.name, "dtype": _dtype(model, dtype), "tp": tp,
             "backend": "analytic", "layers": int(n), "first_layer": int(first_layer),
-            "efficiency": device.efficiency, **({"tp_comm": True} if tp_comm else {})}
+            "efficiency": device.efficiency, **({"tp_comm": True} if tp_comm else {}), **({"cp": cp} if cp > 1 else {})}
     return CostModel.fa(a=float(a), b=float(b), c0=float(c0), g=float(g), meta=meta)
 
 
@@ -347,5 +409,5 @@ def percent_of_limit(measured_ttft_ms: float, model: ModelSpec, device: DeviceSp
 
 
 __all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "analytic_cost_model", "per_layer_costs", "embedding_ms",
-           "tp_allreduce_ms",
+           "layer_comm_ms", "layer_comm_bytes", "kv_bytes_per_token", "check_tp_cp",
            "lm_head_ms", "prefill_flops", "ideal_ttft_ms", "percent_of_limit"]

@@ -115,13 +115,14 @@ class Ratio:
 
 
 def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=None, dtype: str | None = None,
-                 roofline: bool = True, attention_backend: str | None = None, tp_comm: bool = False):
+                 roofline: bool = True, attention_backend: str | None = None, tp_comm: bool = False, cp: int = 1):
     """Per-stage analytic cost models: SGLang's default layer split (or `parts`), the embedding on the
     first stage and the last token's LM head on the last; each the roofline maximum of its FLOP and byte
     times (`roofline.py`), or FLOPs alone with roofline=False. With `attention_backend`, an MLA model's
     stages are piecewise in L at the prefixes where SGLang switches its prefill method on that backend
     (core/regimes.mla_switches): MHA on a fresh chunk, absorbed MLA over a short prefix, MHA over the
-    rebuilt prefix past the threshold. tp_comm: charge TP all-reduces (comparing TP degrees, `tune layout`)."""
+    rebuilt prefix past the threshold. tp_comm: charge each layer's collectives (comparing layouts, `tune
+    layout`). cp: attention CP inside the TP group (analytic._layer_coefs)."""
     from ..core.regimes import PiecewiseCost, mla_switches
     from .roofline import roofline_stage
 
@@ -134,7 +135,7 @@ def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=N
     for s, n in enumerate(parts):
         build = roofline_stage if roofline else analytic_cost_model
         kw = dict(layers=n, first_layer=first, tp=tp, dtype=dtype, include_embedding=s == 0,
-                  include_lm_head=s == pp - 1, tp_comm=tp_comm)
+                  include_lm_head=s == pp - 1, tp_comm=tp_comm, cp=cp)
         if bounds:
             out.append(PiecewiseCost(bounds, tuple(build(model, device, **kw, mla_absorbed=r == "mla-absorbed")
                                                    for r in names), names))

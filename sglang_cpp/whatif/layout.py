@@ -4,9 +4,12 @@ Why: nobody answers "PP8 x TP4, or PP4 x TP8, for my 1M prompts?" for chunked pr
 long-context runs pick the PP depth per length by hand, and NVIDIA's aiconfigurator leaves chunked
 prefill x PP out. Here every layout TP x PP (x V virtual stages) of the GPUs is checked against memory
 (weights plus the KV of the longest prompt, per GPU, under the cost-balanced layer partition), and each
-one that fits gets its best chunk policy, predicted by the pipeline simulator, per length. TP's all-reduces
-are charged on the device's link (`analytic.tp_allreduce_ms`); one GEMM efficiency serves every shape, so
-TP's smaller GEMMs are not penalised. Context parallelism inside a stage is not priced yet.
+one that fits gets its best chunk policy, predicted by the pipeline simulator, per length. Each layer's
+collectives are charged on the device's link (`analytic.layer_comm_ms`); one GEMM efficiency serves every
+shape, so TP's and CP's smaller GEMMs are not penalised. Attention CP inside a stage (SGLang's
+--attn-cp-size, carved out of the TP group) is priced by `analytic._layer_coefs`: the same attention and
+FFN FLOPs per GPU as TP, the replicated parts (MLA latent projections, extra KV heads) on x/cp tokens, the
+MLA prefix rebuild on every CP rank, and CP's all-gathers in place of part of TP's all-reduce.
 
 Pure numpy: the analytic model, the partitioner, the planner and the simulators.
 """
@@ -17,9 +20,8 @@ from dataclasses import dataclass, field
 from ..core.costmodel import PipelineCost
 from ..core.partition import default_partition, partition_layers
 from ..core.policy import chunks_for
-from .analytic import DeviceSpec, ModelSpec, embedding_ms, lm_head_ms, per_layer_costs
+from .analytic import DeviceSpec, ModelSpec, embedding_ms, kv_bytes_per_token, lm_head_ms, per_layer_costs
 from .analytic_fit import stage_models
-from .roofline import kv_bytes_per_token
 from .simulator import SimConfig, simulate
 from .virtual_pp import simulate_virtual
 
@@ -31,10 +33,12 @@ class Layout:
     tp: int
     pp: int
     v: int = 1  # virtual stages per rank
+    cp: int = 1  # attention CP inside the TP group (--attn-cp-size); attention TP is tp / cp
 
     @property
     def name(self) -> str:
-        return f"TP{self.tp} x PP{self.pp}" + (f" x V{self.v}" if self.v > 1 else "")
+        return f"TP{self.tp}" + (f" (CP{self.cp})" if self.cp > 1 else "") + f" x PP{self.pp}" + \
+            (f" x V{self.v}" if self.v > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,10 @@ class Ranked:
     all_ms: dict = field(default_factory=dict)
 
 
-def layouts(gpus: int, num_layers: int, max_tp: int = 8, virtual_stages=(1,)) -> list[Layout]:
-    """TP a power of two up to max_tp (one node) dividing the GPU count, PP the rest; V > 1 only with PP > 1
-    and at least one layer per virtual stage."""
+def layouts(gpus: int, num_layers: int, max_tp: int = 8, virtual_stages=(1,), cp_sizes=(1,)) -> list[Layout]:
+    """TP a power of two up to max_tp (one node) dividing the GPU count, PP the rest; each CP of `cp_sizes`
+    that divides TP (CP shares the TP group's GPUs); V > 1 only with PP > 1 and at least one layer per
+    virtual stage."""
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"--gpus={gpus!r} must be an integer >= 1")
     out = []
@@ -60,15 +65,20 @@ def layouts(gpus: int, num_layers: int, max_tp: int = 8, virtual_stages=(1,)) ->
     while tp <= min(max_tp, gpus):
         if gpus % tp == 0 and gpus // tp <= num_layers:
             pp = gpus // tp
-            out += [Layout(tp, pp, v) for v in virtual_stages if v == 1 or (pp > 1 and pp * v <= num_layers)]
+            out += [Layout(tp, pp, v, cp) for cp in sorted(set(cp_sizes)) if tp % cp == 0
+                    for v in virtual_stages if v == 1 or (pp > 1 and pp * v <= num_layers)]
         tp *= 2
     return out
 
 
-def _layer_gb(model: ModelSpec, tp: int, tokens: int, kv_bytes: int = 2) -> list[float]:
-    """Per layer, the GB one GPU holds: its weights (every expert; a TP shard) and the KV of `tokens` tokens."""
-    kv = kv_bytes_per_token(model, tp, kv_bytes) * tokens
-    return [(model.layer_params(i, active=False) * model.weight_bytes / tp + kv) / 1e9 for i in range(model.num_layers)]
+def _layer_gb(model: ModelSpec, tp: int, tokens: int, kv_bytes: int = 2, cp: int = 1) -> list[float]:
+    """Per layer, the GB one GPU holds: its attention-TP rank's attention weights (with what is replicated),
+    a TP shard of the FFN (every expert), and the KV of `tokens` tokens for its attention-TP rank (with CP,
+    every CP rank holds the whole prefix)."""
+    kv = kv_bytes_per_token(model, tp // cp, kv_bytes) * tokens
+    attn = model.attn_rank_params(tp // cp)
+    return [((attn + model.ffn_params(i, active=False) / tp) * model.weight_bytes + kv) / 1e9
+            for i in range(model.num_layers)]
 
 
 def _table_gb(model: ModelSpec, tp: int) -> float:
@@ -76,33 +86,34 @@ def _table_gb(model: ModelSpec, tp: int) -> float:
     return model.vocab_size * model.hidden_size * 2 / tp / 1e9
 
 
-def stage_memory_gb(model: ModelSpec, parts, tp: int, tokens: int) -> list[float]:
+def stage_memory_gb(model: ModelSpec, parts, tp: int, tokens: int, cp: int = 1) -> list[float]:
     """Per stage, the GB one GPU holds: its layers' weights and KV of `tokens` tokens, plus the embedding on
     the first stage and the LM head on the last."""
-    per, table, out, first = _layer_gb(model, tp, tokens), _table_gb(model, tp), [], 0
+    per, table, out, first = _layer_gb(model, tp, tokens, cp=cp), _table_gb(model, tp), [], 0
     for s, n in enumerate(parts):
         out.append(sum(per[first:first + n]) + table * ((s == 0) + (s == len(parts) - 1)))
         first += n
     return out
 
 
-def partition_for(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, tokens: int, limit_gb: float) -> tuple:
+def partition_for(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, tokens: int, limit_gb: float,
+                  cp: int = 1) -> tuple:
     """The cost-balanced layer partition whose every stage fits `limit_gb` with the KV of `tokens` tokens;
     ValueError (the partitioner's, naming the totals) when none does."""
     if pp == 1:
-        if stage_memory_gb(model, (model.num_layers,), tp, tokens)[0] > limit_gb:
+        if stage_memory_gb(model, (model.num_layers,), tp, tokens, cp)[0] > limit_gb:
             raise ValueError("one stage does not fit")
         return (model.num_layers,)
     table = _table_gb(model, tp)
-    return partition_layers(per_layer_costs(model, device, 0, PARTITION_CHUNK, tp=tp), pp,
+    return partition_layers(per_layer_costs(model, device, 0, PARTITION_CHUNK, tp=tp, cp=cp), pp,
                             embed_cost=float(embedding_ms(model, device, PARTITION_CHUNK)),
-                            head_cost=lm_head_ms(model, device, tp), layer_mem=_layer_gb(model, tp, tokens),
+                            head_cost=lm_head_ms(model, device, tp), layer_mem=_layer_gb(model, tp, tokens, cp=cp),
                             mem_limit=limit_gb, embed_mem=table, head_mem=table).parts
 
 
 def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, virtual_stages=(1,),
                  fixed_chunks=(4096, 8192, 16384, 32768), overhead_ms: float | None = None,
-                 mem_fraction: float = 0.88, max_tp: int = 8) -> list[Ranked]:
+                 mem_fraction: float = 0.88, max_tp: int = 8, cp_sizes=(1,)) -> list[Ranked]:
     """Every layout of `gpus` GPUs, feasible ones with their best policy per length; the plan (whose
     chunks do not depend on C) and fixed chunks of `fixed_chunks` are the policies tried."""
     if device.mem_gb <= 0:
@@ -116,31 +127,31 @@ def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, vi
     limit = device.mem_gb * mem_fraction
     cap = max(fixed_chunks)
     cfg = SimConfig(cpu_overhead_ms=o)
-    split: dict = {}  # (tp, pp) -> what V does not change: the partition, the stage models, every policy's chunks
+    split: dict = {}  # (tp, pp, cp) -> what V does not change: the partition, the stage models, every policy's chunks
 
-    def per_split(tp: int, pp: int):
-        if (tp, pp) not in split:
+    def per_split(tp: int, pp: int, cp: int):
+        if (tp, pp, cp) not in split:
             try:
-                parts = partition_for(model, device, tp, pp, lengths[-1], limit)
+                parts = partition_for(model, device, tp, pp, lengths[-1], limit, cp)
             except ValueError:
                 parts = default_partition(model.num_layers, pp)
-                mem = stage_memory_gb(model, parts, tp, lengths[-1])
+                mem = stage_memory_gb(model, parts, tp, lengths[-1], cp)
                 s = max(range(pp), key=lambda i: mem[i])
-                split[(tp, pp)] = (tuple(parts), max(mem), None, (
+                split[(tp, pp, cp)] = (tuple(parts), max(mem), None, (
                     f"no layer split fits: even split's fullest GPU (stage {s}) needs {mem[s]:.1f} GB for weights and "
                     f"the KV of {lengths[-1]} tokens, over {limit:.1f} GB ({mem_fraction:g} of {device.mem_gb:g} GB)"))
             else:
-                stages = stage_models(model, device, tp, pp, parts, tp_comm=True)
+                stages = stage_models(model, device, tp, pp, parts, tp_comm=True, cp=cp)
                 cost = stages[0] if pp == 1 else PipelineCost(tuple(stages))
                 chunks = {(S, pol, C): chunks_for(pol, S, cost, pp, C, max_prefill=cap, overhead_ms=o)
                           for S in lengths for pol, C in [("plan", cap)] + [("fixed", C) for C in fixed_chunks]}
-                split[(tp, pp)] = (tuple(parts), max(stage_memory_gb(model, parts, tp, lengths[-1])),
-                                   (stages, chunks), "")
-        return split[(tp, pp)]
+                split[(tp, pp, cp)] = (tuple(parts), max(stage_memory_gb(model, parts, tp, lengths[-1], cp)),
+                                       (stages, chunks), "")
+        return split[(tp, pp, cp)]
 
     out = []
-    for lay in layouts(gpus, model.num_layers, max_tp, virtual_stages):
-        parts, mem, planned, reason = per_split(lay.tp, lay.pp)
+    for lay in layouts(gpus, model.num_layers, max_tp, virtual_stages, cp_sizes):
+        parts, mem, planned, reason = per_split(lay.tp, lay.pp, lay.cp)
         if reason:
             out.append(Ranked(lay, parts, mem, reason=reason))
             continue
@@ -159,6 +170,18 @@ def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, vi
     return out
 
 
+def decode_ms(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, context: int, parts=None,
+              dtype: str | None = None) -> float:
+    """One decode step of one request (batch 1) over a context of `context` tokens: every stage's roofline
+    time for x = 1 in turn (weights and KV read, the layer collectives on the link), plus one activation hop
+    per stage boundary at the link's latency and bandwidth. Why: seed doc B's layout rules are about decode
+    latency; this checks them on the same model that ranks prefill layouts. No per-step scheduler overhead
+    (CUDA graphs) and one link figure for every hop (doc B's PP hops cross nodes on InfiniBand)."""
+    stages = stage_models(model, device, tp, pp, parts, dtype=dtype, tp_comm=True)
+    hop = device.link_latency_ms + (model.hidden_size * 2 / (device.link_gbps * 1e9) * 1e3 if device.link_gbps else 0.0)
+    return sum(float(s.time(context, 1)) for s in stages) + (pp - 1) * hop
+
+
 def winners(ranked: list[Ranked]) -> dict:
     """{length: the feasible Ranked with the lowest TTFT there}."""
     ok = [r for r in ranked if not r.reason]
@@ -174,4 +197,5 @@ def crossovers(win: dict) -> list[tuple]:
             if win[a].layout != win[b].layout]
 
 
-__all__ = ["Layout", "Ranked", "layouts", "stage_memory_gb", "partition_for", "rank_layouts", "winners", "crossovers"]
+__all__ = ["Layout", "Ranked", "layouts", "stage_memory_gb", "partition_for", "rank_layouts", "winners", "crossovers",
+           "decode_ms"]

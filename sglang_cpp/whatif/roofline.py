@@ -18,7 +18,8 @@ closed form like any other stage. The fixed per-chunk cost (launch, scheduler, P
 from __future__ import annotations
 
 from ..core.costmodel import CostModel, PipelineCost
-from .analytic import DeviceSpec, ModelSpec, analytic_cost_model, embedding_ms, tp_allreduce_ms
+from .analytic import (DeviceSpec, ModelSpec, analytic_cost_model, check_tp_cp, embedding_ms, kv_bytes_per_token,
+                       layer_comm_ms)
 
 Q_TILE = 128  # query rows per FlashAttention tile: the prefix KV is read once per tile
 MIN_CHUNK_TOKENS = 64  # SGLang's alignment: no chunk but the last is smaller
@@ -32,50 +33,47 @@ def expected_experts(num_experts: int, top_k: int, x: float) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** max(x, 1.0))
 
 
-def kv_bytes_per_token(model: ModelSpec, tp: int, kv_bytes: int = 2) -> float:
-    """KV cache bytes one GPU holds per token and layer: K and V of its share of the KV heads (MLA: the
-    compressed latent and the rope key, replicated on every TP rank)."""
-    if model.is_mla:
-        return float((model.kv_lora_rank + model.qk_rope_head_dim) * kv_bytes)
-    return 2.0 * max(model.num_kv_heads / tp, 1.0) * model.head_dim * kv_bytes
-
-
-def weight_bytes(model: ModelSpec, first_layer: int, layers: int, tp: int, x_ref: float) -> float:
-    """Bytes of weights one GPU reads for a chunk of x_ref tokens: attention and dense FFNs whole, the
-    router, the shared experts and the expected distinct routed experts (a TP shard of each)."""
+def weight_bytes(model: ModelSpec, first_layer: int, layers: int, tp: int, x_ref: float, cp: int = 1) -> float:
+    """Bytes of weights one GPU reads for a chunk of x_ref tokens: its attention-TP rank's attention weights
+    (shards plus what is replicated, `ModelSpec.attn_rank_params`), and a TP shard of the dense FFN or of
+    the router, the shared experts and the expected distinct routed experts."""
     H, total = model.hidden_size, 0.0
+    attn = model.attn_rank_params(check_tp_cp(tp, cp))
     for i in range(first_layer, first_layer + layers):
         if model.is_moe_layer(i):
             experts = expected_experts(model.num_experts, model.top_k, x_ref) + model.num_shared_experts
             ffn = H * model.num_experts + experts * 3 * H * model.moe_intermediate_size
         else:
             ffn = model.ffn_params(i)
-        total += (model.attn_params + ffn) * model.weight_bytes
-    return total / tp
+        total += (attn + ffn / tp) * model.weight_bytes
+    return total
 
 
 def roofline_stage(model: ModelSpec, device: DeviceSpec, layers: int | None = None, tp: int = 1,
                    dtype: str | None = None, *, first_layer: int = 0, include_embedding: bool = False,
                    include_lm_head: bool = False, attn_dtype: str = "bf16",
-                   x_ref: float = MIN_CHUNK_TOKENS, mla_absorbed: bool = False, tp_comm: bool = False) -> PipelineCost:
+                   x_ref: float = MIN_CHUNK_TOKENS, mla_absorbed: bool = False, tp_comm: bool = False,
+                   cp: int = 1) -> PipelineCost:
     """One stage's time as the maximum of its four roofline rows (ms). Experts are charged at the
     expected count of an x_ref-token chunk, so chunks above x_ref (all but a short last one) are
-    charged at most 1.6% too much on Qwen3-235B, never too little."""
+    charged at most 1.6% too much on Qwen3-235B, never too little. cp: attention CP inside the TP group;
+    each GPU holds the whole prefix's KV of its attention-TP rank and reads it once per tile of its x/cp
+    queries."""
     comp = analytic_cost_model(model, device, layers, tp, dtype, include_embedding, include_lm_head,
-                               first_layer=first_layer, attn_dtype=attn_dtype, mla_absorbed=mla_absorbed)
+                               first_layer=first_layer, attn_dtype=attn_dtype, mla_absorbed=mla_absorbed, cp=cp)
     n = int(comp.meta["layers"])
     per_ms = device.mem_bw_gbps * 1e9 * device.mem_efficiency / 1e3  # bytes per ms
-    kv = kv_bytes_per_token(model, tp, 1 if attn_dtype == "fp8" else 2)
+    kv = kv_bytes_per_token(model, tp // cp, 1 if attn_dtype == "fp8" else 2)
     act = 4.0 * model.hidden_size * 2  # bf16 hidden states in and out of attention and the FFN
     base = comp.c0  # the LM head of the last stage (already the slower of its FLOPs and its weight read)
     lin_c = dict(g=comp.g, b=comp.b)  # GEMMs (+ MLA's prefix rebuild, linear in L)
     emb = float(embedding_ms(model, device, 1.0)) if include_embedding else 0.0  # a gather: bytes only
     lin_m = dict(g=0.0, b=n * (act + kv) / per_ms + emb)
-    w = weight_bytes(model, first_layer, n, tp, x_ref) / per_ms
+    w = weight_bytes(model, first_layer, n, tp, x_ref, cp) / per_ms
     att_c = dict(e=comp.e, f=comp.f)
-    att_m = dict(g=n * kv / per_ms, e=n * kv / Q_TILE / per_ms, f=0.0)
+    att_m = dict(g=n * kv / per_ms, e=n * kv / Q_TILE / cp / per_ms, f=0.0)
     meta = {**comp.meta, "roofline": True, "mem_efficiency": device.mem_efficiency, **({"tp_comm": True} if tp_comm else {})}
-    per_token, per_chunk = tp_allreduce_ms(model, device, tp) if tp_comm else (0.0, 0.0)  # serial with both bounds
+    per_token, per_chunk = layer_comm_ms(model, device, tp, cp) if tp_comm else (0.0, 0.0)  # serial with both bounds
     rows = []
     for lin, c_lin in ((lin_c, 0.0), (lin_m, w)):
         for att in (att_c, att_m):
