@@ -138,7 +138,12 @@ CALIB_FAULT_IN = EnvVar("SGLANG_CPP_CALIB_FAULT_IN", str, "level",
 FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "torch_native backend: attend only a chunk's new queries over its cached prefix (0: upstream's "
                      "redundant (L+x)^2 query).")
+PD_FAST_RING = EnvVar("SGLANG_CPP_PD_FAST_RING", _bool, False,
+                      "PD prefill with PP > 1: free a request whose KV transfer is done on every stage at one loop "
+                      "index on every stage, decided by PP0 from SGLang's consensus store, instead of after the "
+                      "two-pass release ring (P-1 iterations later; plugin/pd_ring.py). Off under the staging "
+                      "buffer or attention CP > 1.")
 
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER,
        DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, ONLINE, CALIB_DEADLINE_S,
-       CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN)
+       CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN, PD_FAST_RING)

@@ -53,7 +53,9 @@ def _env(tmp: Path) -> dict:
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CALIB_MAX_LEN": "1024", "MOONCAKE_PROTOCOL": "tcp",
            "MC_TCP_ENABLE_CONNECTION_POOL": "true",
            # chunks of at most 512 whatever the calibration says: the test follows a multi-chunk prefill
-           "SGLANG_CPP_MAX_CHUNK": "512"}
+           "SGLANG_CPP_MAX_CHUNK": "512",
+           # issue 31: every assertion below holds with PP0 deciding releases from the consensus store
+           "SGLANG_CPP_PD_FAST_RING": "1"}
     if not CUDA:
         env["OMP_NUM_THREADS"] = "1"
     return env
@@ -151,6 +153,9 @@ def pd_run(smollm2, tmp_path_factory):
         out.update(prefill_log=pre.log(), decode_log=dec.log(), router=bool(router), ids=ids,
                    sends=[read_events(tmp / f"prefill_{r}.jsonl", "kv_send") for r in (0, 1)],
                    host_hits=[read_events(tmp / f"prefill_{r}.jsonl", "host_hit") for r in (0, 1)],
+                   releases=[read_events(tmp / f"prefill_{r}.jsonl", "release") for r in (0, 1)],
+                   forwards=[read_events(tmp / f"prefill_{r}.jsonl", "forward") for r in (0, 1)],
+                   transferred=[read_events(tmp / f"prefill_{r}.jsonl", "transferred") for r in (0, 1)],
                    seconds=time.time() - t0)
         return out
 
@@ -231,3 +236,25 @@ def test_pd_request_went_through_sglang_router(pd_run):
 def test_no_scheduler_crash_in_pd_logs(pd_run):
     for name in ("prefill_log", "decode_log"):
         assert "Scheduler hit an exception" not in pd_run[name], name
+
+
+def test_fast_ring_frees_every_request_on_every_stage_at_one_loop_index(pd_run):
+    """Issue 31 (SGLANG_CPP_PD_FAST_RING=1): PP0 decides from the consensus store, and every stage frees
+    the same requests at the same loop index: the index of the forward-pass list that named them, not
+    P-1 iterations later when upstream's ring brings the list back."""
+    assert "PD prefill release: fast" in pd_run["prefill_log"]
+    rel = [{room: e["it"] for e in pd_run["releases"][r] for room in e["rooms"]} for r in (0, 1)]
+    assert len(rel[0]) >= 4 and rel[0] == rel[1], rel  # chat, long, filler, long again: all freed, alike
+    for r in (0, 1):
+        named = {rid: e["it"] for e in pd_run["transferred"][r] for rid in e["rids"] if e["fast"]}
+        freed = {rid: e["it"] for e in pd_run["releases"][r] for rid in e["rids"]}
+        assert freed and freed == {rid: named[rid] for rid in freed}, (r, freed, named)
+
+
+def test_every_prefill_stage_forms_the_same_batches(pd_run):
+    """With releases moved, the stages still run the same micro-batch at every loop index (a stage that
+    freed a different set would admit differently, and the PP ring would hang)."""
+    def batches(r):
+        return [(e["it"], e["rids"], e["prefix"], e["chunk"]) for e in pd_run["forwards"][r]]
+
+    assert batches(0) and batches(0) == batches(1)

@@ -155,17 +155,20 @@ def new_points(level: int, seen: set, align: int, top: int, min_chunk: int, swit
 
 def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> tuple:
     """The largest chunk the next level samples, per prefix: steps ((end, top), ...) from the plan the
-    planner cuts for a prompt of `length` on the model fitted so far. A prefix L gets twice the largest
-    chunk that still runs at or past L (ends after it), rounded up to the alignment unit times a power of
-    two, at most max_chunk (0: no cap) and at least 4 alignment units (three distinct sizes per prefix).
+    planner cuts for a prompt of `length` on the model fitted so far. A prefix L gets the largest chunk
+    that still runs at or past L (ends after it), rounded up to the alignment unit times a power of two
+    (a margin of 1-2x; sizes shared across levels), at most max_chunk (0: no cap) and at least 4 alignment
+    units (three distinct sizes per prefix).
 
     Why per prefix: a long level's biggest samples cost most of its time (issue 26: 4096-token samples at
     prefixes up to 28K were 63% of the 32K level), yet a plan's big chunks run early, over short prefixes,
-    where they are cheap to sample; late chunks are small. One top for every prefix either sampled the
-    first chunk's size at every prefix or (without the 2x margin, tried) left the level below too few
-    sizes to fit, so its plan, and the next top, grew to 8192. Where the model wants big chunks (a GPU),
-    the tops stay at the cap. A chunk the plan later wants above a top is extrapolated in x only (every
-    prefix is sampled), and online refinement fits it from the served forwards."""
+    and its late chunks are small. Tried on the real 32K calibration (benchmarks/calibration_grid.py, and
+    replayed offline on its samples): one top for every prefix sampled the first chunk's size at every
+    prefix (111-137 s); twice the largest chunk, rounded, per prefix, made the 32K level sample 16384 and
+    8192 tokens over prefixes up to 10K for a first chunk of 4608 (110 s of 135 on CPU, where attention
+    grows with x^2). Where the model wants big chunks (a GPU), the tops stay at the cap. A chunk the plan
+    later wants above a top is extrapolated in x only (every prefix is sampled), and online refinement
+    fits it from the served forwards."""
     from ..core.planner import plan_dp, plan_equal_time
 
     fn = plan_dp if plan_cfg.method == "dp" else plan_equal_time
@@ -180,7 +183,7 @@ def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> tuple:
     steps, end, biggest = [], int(sum(chunks)), 0
     for c in reversed(chunks):  # suffix maxima, from the last chunk back
         biggest = max(biggest, c)
-        top = rounded(2 * biggest)
+        top = rounded(biggest)
         if not steps or top > steps[-1][1]:  # the same top: the later step already covers this chunk
             steps.append((end, top))
         end -= c
@@ -600,8 +603,8 @@ def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tupl
                        "the cap %d", exc, max_chunk)
         return max_chunk
     top = top_chunk(cost, length, plan_cfg, max_chunk)
-    logger.info("[sglang-cpp] calibration: the next level samples chunks up to %d (twice the largest chunk the plan "
-                "for %d tokens cuts on the model so far, rounded up; cap %s), per prefix: %s", top[0][1], length,
+    logger.info("[sglang-cpp] calibration: the next level samples chunks up to %d (the largest chunk the plan for "
+                "%d tokens cuts on the model so far, rounded up; cap %s), per prefix: %s", top[0][1], length,
                 max_chunk or "none", ", ".join(f"{t} to {e}" for e, t in top))
     return top
 

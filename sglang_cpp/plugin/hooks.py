@@ -24,6 +24,7 @@ from .cpu_compat import (  # noqa: F401 (hooks)
 )
 from .hicache_file import HiCacheFile_init  # noqa: F401 (hook)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
+from . import pd_ring
 from .batch import BatchConfig, BatchPolicy, slot_loads
 from .decision_log import DecisionLog
 from .sizer import CppChunkSizer, SizerConfig
@@ -373,6 +374,8 @@ def Scheduler_run_batch(original, self, batch, *args, **kwargs):
         prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
         ext = [int(v) for v in (getattr(batch, "extend_lens", None) or [])]
         event, rec = "forward", {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext}
+        if pd_ring.LOOP.it:  # a PD prefill stage with PP > 1: the loop index, for the release lags
+            rec["it"] = pd_ring.LOOP.it
     elif batch.forward_mode.is_decode() and log.path:  # seq_lens_sum is None after filter/merge_batch
         ctx = getattr(batch, "seq_lens_sum", None)
         event, rec = "decode_forward", {"batch_size": len(batch.reqs),
@@ -438,6 +441,30 @@ def MooncakeKVSender_send(result, self, kv_indices, *args, **kwargs):
     log = LOG
     if log is not None and log.path:
         log.write("kv_send", room=int(getattr(self, "bootstrap_room", -1)), pages=int(len(kv_indices)))
+    return None
+
+
+def Scheduler__pp_pd_get_prefill_transferred_ids(original, self):
+    """PD prefill, PP > 1: the release ring's forward pass, once per loop index (plugin/pd_ring.py: the
+    index count and, with SGLANG_CPP_PD_FAST_RING, the fast release)."""
+    return pd_ring.transferred_ids(original, self, LOG)
+
+
+def Scheduler_process_disagg_prefill_inflight_queue(result, self, *args, **kwargs):
+    """Observe only: a `release` event, the requests this stage freed (pd_ring.py)."""
+    pd_ring.released(result, LOG)
+    return None
+
+
+def Scheduler_send_kv_chunk(result, self, req, last_chunk: bool = False, *args, **kwargs):
+    """Observe only: a `kv_chunk` event per KV send handed to the transfer engine (pd_ring.py)."""
+    pd_ring.kv_chunk(req, last_chunk, LOG)
+    return None
+
+
+def CommonKVManager_update_status(result, self, bootstrap_room, status, *args, **kwargs):
+    """Observe only: a `kv_status` event per transfer status change (pd_ring.py)."""
+    pd_ring.kv_status(bootstrap_room, status, LOG)
     return None
 
 

@@ -38,6 +38,12 @@ TARGETS = {
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__": ("MooncakeKVSender_init_cpu", "AFTER"),
     # observe only: a `kv_send` decision-log event per KV transfer of a PD prefill rank
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.send": ("MooncakeKVSender_send", "AFTER"),
+    # PD prefill with PP > 1: the release ring's forward pass (loop index; SGLANG_CPP_PD_FAST_RING frees there)
+    # and, observe only, releases, KV sends and transfer statuses per loop index (plugin/pd_ring.py)
+    f"{SCHED}._pp_pd_get_prefill_transferred_ids": ("Scheduler__pp_pd_get_prefill_transferred_ids", "AROUND"),
+    f"{SCHED}.process_disagg_prefill_inflight_queue": ("Scheduler_process_disagg_prefill_inflight_queue", "AFTER"),
+    f"{SCHED}.send_kv_chunk": ("Scheduler_send_kv_chunk", "AFTER"),
+    "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status": ("CommonKVManager_update_status", "AFTER"),
     "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register": ("alloc_with_host_register_cpu", "AROUND"),
     # CPU-only: DP attention's padding asks torch_native for a method only intel_amx defines
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.__init__":
@@ -58,6 +64,8 @@ INTERNALS = (
     "sglang.srt.mem_cache.pool_host.mha",  # cpu_compat: the module whose host-pool methods call the KV copy ops
     "sglang.srt.configs.model_config.AttentionArch",  # plugin/switches.py: MLA's kernel switches in L
     "sglang.srt.environ.envs",
+    "sglang.srt.disaggregation.utils._all_reduce_polls",  # pd_ring: PP0's fast-release flags over its TP/CP ranks
+    "sglang.srt.disaggregation.utils.poll_and_all_reduce_attn_cp_tp_group",  # pd_ring: the loud check
     "sglang.srt.runtime_context.attention_backends",
     "sglang.srt.runtime_context.get_schedule",
     "sglang.srt.distributed.parallel_state.GroupCoordinator",

@@ -1,0 +1,150 @@
+"""PD disaggregation with PP prefill: the release ring, observed and shortened (issue 31).
+
+SGLang 0.5.23 frees a prefill request whose KV transfer is done on every stage through a two-pass ring:
+the forward pass intersects each stage's finished transfers (`_pp_pd_get_prefill_transferred_ids`, index m),
+and the list comes back around to every stage P-1 loop iterations later, where it is applied after that
+iteration's batch was formed (shared/reference/pd-pp-ring.md section 1.2). Its KV, request slot and
+metadata buffer are therefore reusable only P iterations after the transfer ended.
+
+Fast release (SGLANG_CPP_PD_FAST_RING, on): PP0 already holds every stage's transfer status in SGLang's
+`PPConsensusStore` (the bootstrap fix of 0.5.23). At index m it decides which requests are terminal
+(Success or Failed) on every stage, with its attention TP (and CP) ranks MIN-combined, and that list rides
+the forward-pass message every stage already receives at index m. Every stage then frees exactly that set
+at index m, before batch m. The message pattern (the same sends and receives, same order, same tags) is
+upstream's; only the list's content and the point where it is applied change. The list that comes back
+around the ring at m+P-1 names requests already freed: a no-op. Off, with upstream's path unchanged,
+under the staging buffer (its hold-back is rank-local, invisible to PP0) or attention CP > 1.
+
+Observe only (with a decision log): each rank's loop index `it` (one forward-pass call per index), the
+`transferred` lists, `release` (the requests a stage freed), `kv_chunk` (a KV send handed to the
+transfer engine, `last` for the final chunk) and `kv_status` (a transfer status change, from the
+transfer threads), so the lags are counted in loop iterations (benchmarks/pd_ring.py).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from .. import envs
+
+logger = logging.getLogger("sglang_cpp")
+
+TERMINAL = (0, 4)  # KVPoll.Failed, KVPoll.Success (sglang/srt/disaggregation/base/conn.py:123-128)
+
+
+class _Loop:
+    """This process's loop index on a PD prefill stage: one `_pp_pd_get_prefill_transferred_ids` call per
+    pass of the PP loop (scheduler_pp_mixin.py:280)."""
+
+    def __init__(self):
+        self.it = 0
+        self.fast: bool | None = None  # decided at the first call, the same on every rank
+        self.lock = threading.Lock()
+
+
+LOOP = _Loop()
+
+
+def _log(log):
+    return log if log is not None and log.path else None
+
+
+def fast_release_ok(sched) -> tuple[bool, str]:
+    """(on, why not): the fast path needs PP > 1 prefill, no staging buffer and attention CP == 1."""
+    if not envs.PD_FAST_RING.get():
+        return False, "SGLANG_CPP_PD_FAST_RING=0"
+    if getattr(sched, "enable_staging", False):
+        return False, "the staging buffer is on (its hold-back is rank-local: PP0 cannot see it)"
+    cp = getattr(getattr(sched, "attn_cp_cpu_group", None), "size", lambda: 1)()
+    if cp > 1:
+        return False, f"attention CP is {cp} (dummy-CP ranks)"
+    return True, ""
+
+
+def _decide_on_pp0(sched, queue) -> list:
+    """PP0: the rids whose transfer is terminal on every stage, from the consensus store, MIN-combined over
+    PP0's attention TP and CP ranks (each TP rank's store holds only its own column)."""
+    from sglang.srt.disaggregation.utils import _all_reduce_polls
+
+    flags = []
+    for req in queue:
+        store = req.disagg_kv_sender.kv_mgr.request_status
+        statuses = store.collect(req.bootstrap_room)
+        flags.append(int(all(s is not None and int(s) in TERMINAL for s in statuses)))
+    flags = _all_reduce_polls(flags, sched.attn_tp_cpu_group)
+    flags = _all_reduce_polls(flags, sched.attn_cp_cpu_group)
+    return [req.rid for req, f in zip(queue, flags) if f]
+
+
+def _check_terminal_here(sched, decided: list) -> None:
+    """Every stage frees what PP0 decided; a stage whose own transfer of one of them still runs would free
+    KV the transfer engine is reading, or (keeping it) form different batches from the other stages. The
+    store says it cannot happen; if it does, fail loudly."""
+    from sglang.srt.disaggregation.utils import poll_and_all_reduce_attn_cp_tp_group
+
+    want = set(decided)
+    reqs = [r for r in sched.disagg_prefill_inflight_queue if r.rid in want]
+    polls = poll_and_all_reduce_attn_cp_tp_group([r.disagg_kv_sender for r in reqs], sched.attn_cp_cpu_group,
+                                                 sched.attn_tp_cpu_group)
+    bad = [(r.rid, int(p)) for r, p in zip(reqs, polls) if int(p) not in TERMINAL]
+    missing = want - {r.rid for r in reqs}
+    if bad or missing:
+        raise RuntimeError(
+            f"sglang-cpp fast PD release: PP{sched.pp_group.rank_in_group} at loop index {LOOP.it} was told to free "
+            f"{sorted(want)}, but its own transfers of {bad} are not finished and {sorted(missing)} are not in its "
+            "inflight queue; freeing would hand KV the transfer engine still reads to another request, keeping them "
+            "would desynchronise the stages. Set SGLANG_CPP_PD_FAST_RING=0 and report this")
+
+
+def transferred_ids(original, self, log=None):
+    """AROUND the forward pass of SGLang's release consensus (scheduler_pp_mixin.py:614): counts the loop
+    index, and with the fast path decides on PP0 and frees the decided set on every stage at this index."""
+    LOOP.it += 1
+    if LOOP.fast is None:
+        LOOP.fast, why = fast_release_ok(self)
+        logger.info("[sglang-cpp] PD prefill release: %s", "fast (PP0 decides from the consensus store; every stage "
+                    "frees at the same loop index, before its batch)" if LOOP.fast else f"upstream's ring ({why})")
+    if not LOOP.fast:
+        out = original(self)
+    else:
+        queue = list(self.disagg_prefill_inflight_queue)
+        if self.pp_group.is_first_rank:
+            out = _decide_on_pp0(self, queue) if queue else []
+        else:
+            out = list(self._pp_recv_pyobj_from_prev_stage())  # the message upstream receives here
+        if out:
+            _check_terminal_here(self, out)
+            self.process_disagg_prefill_inflight_queue(out)
+    log = _log(log)
+    if log is not None and out:
+        log.write("transferred", it=LOOP.it, rids=list(out), fast=bool(LOOP.fast))
+    return out
+
+
+def released(result, log=None) -> None:
+    """Observe only: the requests this stage freed, at which loop index."""
+    log = _log(log)
+    if log is not None and result:
+        log.write("release", it=LOOP.it, rids=[r.rid for r in result],
+                  rooms=[int(getattr(r, "bootstrap_room", -1) or -1) for r in result])
+    return None
+
+
+def kv_chunk(req, last_chunk: bool, log=None) -> None:
+    """Observe only: a KV send handed to the transfer engine (the final chunk's from result processing)."""
+    log = _log(log)
+    if log is not None:
+        log.write("kv_chunk", it=LOOP.it, room=int(getattr(req, "bootstrap_room", -1) or -1), rid=req.rid,
+                  last=bool(last_chunk))
+    return None
+
+
+def kv_status(bootstrap_room, status, log=None) -> None:
+    """Observe only: a transfer status change (the transfer threads call this)."""
+    log = _log(log)
+    if log is not None:
+        log.write("kv_status", it=LOOP.it, room=int(bootstrap_room), status=int(status))
+    return None
+
+
+__all__ = ["transferred_ids", "released", "kv_chunk", "kv_status", "fast_release_ok", "LOOP"]
