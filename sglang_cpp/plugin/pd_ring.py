@@ -61,32 +61,47 @@ def fast_release_ok(sched) -> tuple[bool, str]:
     return True, ""
 
 
+def _local_polls(sched, queue) -> list:
+    """This stage's own transfer states, MIN-combined over its attention TP and CP ranks (upstream's get_rids
+    poll; a collective every TP rank of the stage runs at the same point)."""
+    from sglang.srt.disaggregation.utils import poll_and_all_reduce_attn_cp_tp_group
+
+    return [int(p) for p in poll_and_all_reduce_attn_cp_tp_group([r.disagg_kv_sender for r in queue],
+                                                                   sched.attn_cp_cpu_group, sched.attn_tp_cpu_group)]
+
+
+def _is_fake(req) -> bool:
+    """A transfer that never reaches the consensus store (SGLang's warm-up and fake-backend requests)."""
+    from sglang.srt.disaggregation.utils import _is_fake_transfer
+
+    return bool(_is_fake_transfer(req))
+
+
 def _decide_on_pp0(sched, queue) -> list:
     """PP0: the rids whose transfer is terminal on every stage, from the consensus store, MIN-combined over
-    PP0's attention TP and CP ranks (each TP rank's store holds only its own column)."""
+    PP0's attention TP and CP ranks (each TP rank's store holds only its own column). A fake transfer (the
+    warm-up) never writes the store: it goes by PP0's own poll, as upstream's forward pass does, and is
+    freed where upstream frees it (`transferred_ids`)."""
     from sglang.srt.disaggregation.utils import _all_reduce_polls
 
+    local = _local_polls(sched, queue)
     flags = []
-    for req in queue:
-        store = req.disagg_kv_sender.kv_mgr.request_status
-        statuses = store.collect(req.bootstrap_room)
+    for req, mine in zip(queue, local):
+        if _is_fake(req):
+            flags.append(int(mine in TERMINAL))
+            continue
+        statuses = req.disagg_kv_sender.kv_mgr.request_status.collect(req.bootstrap_room)
         flags.append(int(all(s is not None and int(s) in TERMINAL for s in statuses)))
     flags = _all_reduce_polls(flags, sched.attn_tp_cpu_group)
     flags = _all_reduce_polls(flags, sched.attn_cp_cpu_group)
     return [req.rid for req, f in zip(queue, flags) if f]
 
 
-def _check_terminal_here(sched, decided: list) -> None:
+def _check_terminal_here(sched, reqs: list, polls: list, want: set) -> None:
     """Every stage frees what PP0 decided; a stage whose own transfer of one of them still runs would free
     KV the transfer engine is reading, or (keeping it) form different batches from the other stages. The
     store says it cannot happen; if it does, fail loudly."""
-    from sglang.srt.disaggregation.utils import poll_and_all_reduce_attn_cp_tp_group
-
-    want = set(decided)
-    reqs = [r for r in sched.disagg_prefill_inflight_queue if r.rid in want]
-    polls = poll_and_all_reduce_attn_cp_tp_group([r.disagg_kv_sender for r in reqs], sched.attn_cp_cpu_group,
-                                                 sched.attn_tp_cpu_group)
-    bad = [(r.rid, int(p)) for r, p in zip(reqs, polls) if int(p) not in TERMINAL]
+    bad = [(r.rid, p) for r, p in zip(reqs, polls) if r.rid in want and p not in TERMINAL]
     missing = want - {r.rid for r in reqs}
     if bad or missing:
         raise RuntimeError(
@@ -94,6 +109,30 @@ def _check_terminal_here(sched, decided: list) -> None:
             f"{sorted(want)}, but its own transfers of {bad} are not finished and {sorted(missing)} are not in its "
             "inflight queue; freeing would hand KV the transfer engine still reads to another request, keeping them "
             "would desynchronise the stages. Set SGLANG_CPP_PD_FAST_RING=0 and report this")
+
+
+def _fast(sched) -> list:
+    """The forward pass with PP0 deciding: returns the list to forward (the message upstream sends), having
+    freed its real transfers on this stage now. Fake transfers keep upstream's semantics: the list carries
+    those terminal on every stage so far (an intersection, as upstream's), and the return ring frees them
+    P-1 iterations later."""
+    queue = list(sched.disagg_prefill_inflight_queue)
+    if sched.pp_group.is_first_rank:
+        got = _decide_on_pp0(sched, queue) if queue else []
+    else:
+        got = list(sched._pp_recv_pyobj_from_prev_stage())  # the message upstream receives here
+    if not got:
+        return []
+    want = set(got)
+    polls = _local_polls(sched, queue)
+    fake = {r.rid for r in queue if _is_fake(r)}
+    real = want - fake
+    _check_terminal_here(sched, [r for r in queue if r.rid not in fake], [p for r, p in zip(queue, polls)
+                                                                         if r.rid not in fake], real)
+    keep_fake = {r.rid for r, p in zip(queue, polls) if r.rid in want and r.rid in fake and p in TERMINAL}
+    if real:
+        sched.process_disagg_prefill_inflight_queue(sorted(real, key=got.index))
+    return [rid for rid in got if rid in real or rid in keep_fake]
 
 
 def transferred_ids(original, self, log=None):
@@ -104,17 +143,7 @@ def transferred_ids(original, self, log=None):
         LOOP.fast, why = fast_release_ok(self)
         logger.info("[sglang-cpp] PD prefill release: %s", "fast (PP0 decides from the consensus store; every stage "
                     "frees at the same loop index, before its batch)" if LOOP.fast else f"upstream's ring ({why})")
-    if not LOOP.fast:
-        out = original(self)
-    else:
-        queue = list(self.disagg_prefill_inflight_queue)
-        if self.pp_group.is_first_rank:
-            out = _decide_on_pp0(self, queue) if queue else []
-        else:
-            out = list(self._pp_recv_pyobj_from_prev_stage())  # the message upstream receives here
-        if out:
-            _check_terminal_here(self, out)
-            self.process_disagg_prefill_inflight_queue(out)
+    out = _fast(self) if LOOP.fast else original(self)
     log = _log(log)
     if log is not None and out:
         log.write("transferred", it=LOOP.it, rids=list(out), fast=bool(LOOP.fast))
@@ -126,7 +155,7 @@ def released(result, log=None) -> None:
     log = _log(log)
     if log is not None and result:
         log.write("release", it=LOOP.it, rids=[r.rid for r in result],
-                  rooms=[int(getattr(r, "bootstrap_room", -1) or -1) for r in result])
+                  rooms=[int(getattr(r, "bootstrap_room", -1) or -1) for r in result], fake=[_is_fake(r) for r in result])
     return None
 
 

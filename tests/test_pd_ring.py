@@ -1,0 +1,118 @@
+"""The fast PD release (plugin/pd_ring.py) without servers: its gates, PP0's decision from every stage's
+store column, a later stage applying exactly what it received, and the loud check. The real PD servers
+(tests/test_pd_disagg.py) run it end to end with outputs, batches and releases compared across stages."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_cpp.plugin import pd_ring
+
+SUCCESS, FAILED, TRANSFERRING = 4, 0, 3
+
+
+class Store:
+    def __init__(self, columns: dict):
+        self.columns = columns
+
+    def collect(self, room):
+        return self.columns[room]
+
+
+class Sender:
+    def __init__(self, store, status):
+        self.kv_mgr = SimpleNamespace(request_status=store)
+        self.status = status
+
+    def poll(self):
+        return self.status
+
+
+def _req(rid, room, store, status=SUCCESS, fake=False):
+    return SimpleNamespace(rid=rid, bootstrap_room=room, disagg_kv_sender=Sender(store, status), fake=fake)
+
+
+class Sched:
+    def __init__(self, queue, first: bool, received=None, staging=False, cp=1):
+        self.disagg_prefill_inflight_queue = queue
+        self.pp_group = SimpleNamespace(is_first_rank=first, rank_in_group=0 if first else 1)
+        self.enable_staging = staging
+        self.attn_cp_cpu_group = SimpleNamespace(size=lambda: cp)
+        self.attn_tp_cpu_group = SimpleNamespace(size=lambda: 1)
+        self.received, self.freed = received, []
+
+    def _pp_recv_pyobj_from_prev_stage(self):
+        return self.received
+
+    def process_disagg_prefill_inflight_queue(self, rids):
+        self.freed.append(list(rids))
+        self.disagg_prefill_inflight_queue = [r for r in self.disagg_prefill_inflight_queue if r.rid not in rids]
+
+
+@pytest.fixture
+def local_polls(monkeypatch):
+    """One TP and CP rank: the MIN-reductions return their input."""
+    import sglang.srt.disaggregation.utils as u
+
+    monkeypatch.setattr(u, "_all_reduce_polls", lambda flags, group: list(flags))
+    monkeypatch.setattr(u, "poll_and_all_reduce_attn_cp_tp_group", lambda pollers, cp, tp: [p.poll() for p in pollers])
+    monkeypatch.setattr(u, "_is_fake_transfer", lambda req: req.fake)
+    monkeypatch.setenv("SGLANG_CPP_PD_FAST_RING", "1")
+    pd_ring.LOOP.fast, pd_ring.LOOP.it = None, 0
+    yield
+    pd_ring.LOOP.fast, pd_ring.LOOP.it = None, 0
+
+
+def test_pp0_frees_only_what_every_stage_finished(local_polls):
+    store = Store({1: [SUCCESS, SUCCESS, SUCCESS], 2: [SUCCESS, TRANSFERRING, SUCCESS], 3: [SUCCESS, None, SUCCESS],
+                   4: [FAILED, SUCCESS, SUCCESS]})
+    sched = Sched([_req(f"r{i}", i, store) for i in (1, 2, 3, 4)], first=True)
+    out = pd_ring.transferred_ids(lambda s: pytest.fail("upstream's forward pass ran"), sched)
+    # r2 still transfers on stage 1, stage 2 has not published r3: both wait; Failed is terminal
+    assert out == ["r1", "r4"] and sched.freed == [["r1", "r4"]] and pd_ring.LOOP.it == 1
+    assert [r.rid for r in sched.disagg_prefill_inflight_queue] == ["r2", "r3"]
+
+
+def test_a_warm_up_transfer_keeps_upstreams_ring(local_polls):
+    """SGLang's warm-up request (a fake transfer) never writes the store: PP0 names it by its own poll, as
+    upstream does, and nobody frees it now; a later stage forwards it only where it is terminal too, and the
+    return ring frees it P-1 iterations later (upstream's path)."""
+    store = Store({1: [SUCCESS, SUCCESS]})
+    pp0 = Sched([_req("w", 9, store, fake=True), _req("r", 1, store)], first=True)
+    assert pd_ring.transferred_ids(lambda s: pytest.fail("upstream ran"), pp0) == ["w", "r"]
+    assert pp0.freed == [["r"]] and [r.rid for r in pp0.disagg_prefill_inflight_queue] == ["w"]
+    pd_ring.LOOP.fast = None
+    pp1 = Sched([_req("w", 9, store, status=TRANSFERRING, fake=True), _req("r", 1, store)], first=False,
+                received=["w", "r"])
+    assert pd_ring.transferred_ids(lambda s: pytest.fail("upstream ran"), pp1) == ["r"]  # w not done here yet
+    assert pp1.freed == [["r"]]
+
+
+def test_a_later_stage_frees_exactly_what_it_received_and_forwards_it(local_polls):
+    store = Store({})
+    sched = Sched([_req("a", 1, store), _req("b", 2, store)], first=False, received=["b"])
+    assert pd_ring.transferred_ids(lambda s: pytest.fail("upstream ran"), sched) == ["b"]
+    assert sched.freed == [["b"]]
+
+
+def test_a_stage_told_to_free_a_transfer_it_still_runs_fails_loudly(local_polls):
+    store = Store({})
+    sched = Sched([_req("a", 1, store, status=TRANSFERRING)], first=False, received=["a"])
+    with pytest.raises(RuntimeError, match="not finished.*SGLANG_CPP_PD_FAST_RING=0"):
+        pd_ring.transferred_ids(lambda s: [], sched)
+    assert sched.freed == []  # nothing freed
+    missing = Sched([], first=False, received=["ghost"])
+    with pytest.raises(RuntimeError, match="not in its inflight queue"):
+        pd_ring.transferred_ids(lambda s: [], missing)
+
+
+@pytest.mark.parametrize("env,staging,cp,why", [("0", False, 1, "SGLANG_CPP_PD_FAST_RING=0"),
+                                                ("1", True, 1, "staging"), ("1", False, 2, "attention CP is 2")])
+def test_upstreams_ring_runs_where_the_fast_path_is_off(local_polls, monkeypatch, env, staging, cp, why):
+    monkeypatch.setenv("SGLANG_CPP_PD_FAST_RING", env)
+    sched = Sched([], first=True, staging=staging, cp=cp)
+    assert why in pd_ring.fast_release_ok(sched)[1]
+    calls = []
+    assert pd_ring.transferred_ids(lambda s: calls.append(1) or ["x"], sched) == ["x"]
+    assert calls == [1] and sched.freed == []
