@@ -96,7 +96,21 @@ def test_a_later_stage_frees_exactly_what_it_received_and_forwards_it(local_poll
     assert sched.freed == [["b"]]
 
 
-def test_a_stage_told_to_free_a_transfer_it_still_runs_fails_loudly(local_polls):
+def test_a_stage_waits_out_the_transfer_threads_bookkeeping(local_polls, monkeypatch):
+    """The transfer thread publishes Success before it drops its outstanding-chunk count, and the local poll
+    reads Transferring in between: a stage told to free such a request polls again until it is terminal."""
+    store = Store({})
+    req = _req("a", 1, store, status=TRANSFERRING)
+    polls = iter([TRANSFERRING, TRANSFERRING, SUCCESS])
+    req.disagg_kv_sender.poll = lambda: next(polls)
+    monkeypatch.setattr(pd_ring.time, "sleep", lambda s: None)
+    sched = Sched([req], first=False, received=["a"])
+    assert pd_ring.transferred_ids(lambda s: [], sched) == ["a"] and sched.freed == [["a"]]
+
+
+def test_a_stage_told_to_free_a_transfer_it_still_runs_fails_loudly(local_polls, monkeypatch):
+    monkeypatch.setattr(pd_ring, "WAIT_POLLS", 3)
+    monkeypatch.setattr(pd_ring.time, "sleep", lambda s: None)
     store = Store({})
     sched = Sched([_req("a", 1, store, status=TRANSFERRING)], first=False, received=["a"])
     with pytest.raises(RuntimeError, match="not finished.*SGLANG_CPP_PD_FAST_RING=0"):

@@ -24,12 +24,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from .. import envs
 
 logger = logging.getLogger("sglang_cpp")
 
 TERMINAL = (0, 4)  # KVPoll.Failed, KVPoll.Success (sglang/srt/disaggregation/base/conn.py:123-128)
+# Polls a stage makes for a decided request whose own poll is not terminal yet, 1 ms apart, before it fails:
+# the transfer thread publishes Success (which PP0's store sees) before it drops the room's outstanding-chunk
+# count (mooncake/conn.py:2810-2845), and the poll reports Transferring in between. A count, not a clock, so
+# every TP rank of the stage (each poll is a collective over them) stops at the same poll.
+WAIT_POLLS = 10000
 
 
 class _Loop:
@@ -106,7 +112,8 @@ def _check_terminal_here(sched, reqs: list, polls: list, want: set) -> None:
     if bad or missing:
         raise RuntimeError(
             f"sglang-cpp fast PD release: PP{sched.pp_group.rank_in_group} at loop index {LOOP.it} was told to free "
-            f"{sorted(want)}, but its own transfers of {bad} are not finished and {sorted(missing)} are not in its "
+            f"{sorted(want)}, but after {WAIT_POLLS} polls its own transfers of {bad} are not finished and "
+            f"{sorted(missing)} are not in its "
             "inflight queue; freeing would hand KV the transfer engine still reads to another request, keeping them "
             "would desynchronise the stages. Set SGLANG_CPP_PD_FAST_RING=0 and report this")
 
@@ -124,9 +131,14 @@ def _fast(sched) -> list:
     if not got:
         return []
     want = set(got)
-    polls = _local_polls(sched, queue)
     fake = {r.rid for r in queue if _is_fake(r)}
     real = want - fake
+    polls = _local_polls(sched, queue)
+    for _ in range(WAIT_POLLS):  # the worker's bookkeeping after Success (WAIT_POLLS)
+        if all(p in TERMINAL for r, p in zip(queue, polls) if r.rid in real):
+            break
+        time.sleep(0.001)
+        polls = _local_polls(sched, queue)
     _check_terminal_here(sched, [r for r in queue if r.rid not in fake], [p for r, p in zip(queue, polls)
                                                                          if r.rid not in fake], real)
     keep_fake = {r.rid for r, p in zip(queue, polls) if r.rid in want and r.rid in fake and p in TERMINAL}
