@@ -60,6 +60,17 @@ def errors_by_request(d: Path) -> dict:
     return out
 
 
+def plans_per_stage(d: Path) -> tuple[int, int]:
+    """(requests, requests whose chunk decisions differ between the stages) from the decision logs: issue 26
+    asks that both stages' plans are identical in every request, refits included."""
+    plans: dict = {}
+    for path in sorted(d.glob("dec_*.jsonl")):
+        for e in read_events([path], "decision"):
+            plans.setdefault(e["rid"], {}).setdefault(e["pp_rank"], []).append((e["prefix"], e["chunk"]))
+    differ = sum(1 for by in plans.values() if len(by) != 2 or by.get(0) != by.get(1))
+    return len(plans), differ
+
+
 def run_one(name: str, args, old_tree: str | None, target: int, online: bool, n_requests: int) -> dict:
     d = Path(tempfile.mkdtemp(prefix=f"sglang-cpp-grid-{name.split()[0]}-"))
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(d / "cache"),
@@ -91,7 +102,7 @@ def run_one(name: str, args, old_tree: str | None, target: int, online: bool, n_
     return {"name": name, "calib_s": float(m.group(4)), "samples": int(m.group(1)), "reached": int(m.group(3)),
             "healthy_s": healthy, "ttfts": rec["ttfts"], "failed": rec["failed"], "errors": err,
             "per_request": [float(np.median(np.abs(r))) for r in per_req], "n_forwards": len(err),
-            "refits": log.count("refit accepted"), "calib_samples": samples}
+            "refits": log.count("refit accepted"), "calib_samples": samples, "plans": plans_per_stage(d)}
 
 
 def main() -> int:
@@ -152,6 +163,10 @@ def main() -> int:
             ("met" if np.median(np.abs(grid["errors"])) <= 0.05 else "MISSED") +
             f" ({np.median(np.abs(grid['errors'])):.1%}); its calibration time {grid['calib_s'] / old[0]['calib_s']:.2f}x "
             "today's (target at 32K: at most 0.25x)."]
+    checked = [(name, *r["plans"]) for name, *_ in configs for r in runs[name]]
+    out += ["", "Both stages' plans, from the decision logs: " + "; ".join(
+        f"{n}: {differ} of {total} requests differ" for n, total, differ in checked) +
+        (" (identical in every request)." if all(differ == 0 and total > 0 for _, total, differ in checked) else ".")]
     online_name = next((c[0] for c in configs if c[3]), None)
     if online_name:
         on = runs[online_name][0]
