@@ -83,14 +83,13 @@ def _is_fake(req) -> bool:
     return bool(_is_fake_transfer(req))
 
 
-def _decide_on_pp0(sched, queue) -> list:
+def _decide_on_pp0(sched, queue, local: list) -> list:
     """PP0: the rids whose transfer is terminal on every stage, from the consensus store, MIN-combined over
     PP0's attention TP and CP ranks (each TP rank's store holds only its own column). A fake transfer (the
     warm-up) never writes the store: it goes by PP0's own poll, as upstream's forward pass does, and is
     freed where upstream frees it (`transferred_ids`)."""
     from sglang.srt.disaggregation.utils import _all_reduce_polls
 
-    local = _local_polls(sched, queue)
     flags = []
     for req, mine in zip(queue, local):
         if _is_fake(req):
@@ -103,12 +102,12 @@ def _decide_on_pp0(sched, queue) -> list:
     return [req.rid for req, f in zip(queue, flags) if f]
 
 
-def _check_terminal_here(sched, reqs: list, polls: list, want: set) -> None:
-    """Every stage frees what PP0 decided; a stage whose own transfer of one of them still runs would free
-    KV the transfer engine is reading, or (keeping it) form different batches from the other stages. The
-    store says it cannot happen; if it does, fail loudly."""
-    bad = [(r.rid, p) for r, p in zip(reqs, polls) if r.rid in want and p not in TERMINAL]
-    missing = want - {r.rid for r in reqs}
+def _check_terminal_here(sched, queue: list, polls: list, want: set) -> None:
+    """Every stage frees what PP0 decided (`want`); a stage whose own transfer of one of them still runs would
+    free KV the transfer engine is reading, or (keeping it) form different batches from the other stages.
+    The store says it cannot happen; if it does, fail loudly."""
+    bad = [(r.rid, p) for r, p in zip(queue, polls) if r.rid in want and p not in TERMINAL]
+    missing = want - {r.rid for r in queue}
     if bad or missing:
         raise RuntimeError(
             f"sglang-cpp fast PD release: PP{sched.pp_group.rank_in_group} at loop index {LOOP.it} was told to free "
@@ -125,22 +124,24 @@ def _fast(sched) -> list:
     P-1 iterations later."""
     queue = list(sched.disagg_prefill_inflight_queue)
     if sched.pp_group.is_first_rank:
-        got = _decide_on_pp0(sched, queue) if queue else []
+        if not queue:
+            return []
+        polls = _local_polls(sched, queue)
+        got = _decide_on_pp0(sched, queue, polls)
     else:
         got = list(sched._pp_recv_pyobj_from_prev_stage())  # the message upstream receives here
+        polls = _local_polls(sched, queue) if got else []
     if not got:
         return []
     want = set(got)
     fake = {r.rid for r in queue if _is_fake(r)}
     real = want - fake
-    polls = _local_polls(sched, queue)
     for _ in range(WAIT_POLLS):  # the worker's bookkeeping after Success (WAIT_POLLS)
         if all(p in TERMINAL for r, p in zip(queue, polls) if r.rid in real):
             break
         time.sleep(0.001)
         polls = _local_polls(sched, queue)
-    _check_terminal_here(sched, [r for r in queue if r.rid not in fake], [p for r, p in zip(queue, polls)
-                                                                         if r.rid not in fake], real)
+    _check_terminal_here(sched, queue, polls, real)
     keep_fake = {r.rid for r, p in zip(queue, polls) if r.rid in want and r.rid in fake and p in TERMINAL}
     if real:
         sched.process_disagg_prefill_inflight_queue(sorted(real, key=got.index))

@@ -85,12 +85,9 @@ class ModelSpec:
 
     @property
     def attn_params(self) -> int:
-        """Attention projection weights of one layer (MLA: q_a, q_b, kv_a, kv_b, o)."""
-        H, nq = self.hidden_size, self.num_heads
-        if not self.is_mla:
-            return H * nq * self.head_dim * 2 + 2 * H * self.num_kv_heads * self.head_dim
-        q = (H * self.q_lora_rank + self.q_lora_rank * nq * self.qk_dim) if self.q_lora_rank else H * nq * self.qk_dim
-        return q + H * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_b_params + nq * self.v_dim * H
+        """Attention projection weights of one layer (MLA: q_a, q_b, kv_a, kv_b, o): one rank's share at
+        attention TP 1, an exact integer."""
+        return int(self.attn_rank_params(1))
 
     def attn_rank_params(self, attn_tp: int = 1) -> float:
         """Attention projection weights one rank of an attention-TP group of attn_tp applies to each of its
