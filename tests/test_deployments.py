@@ -129,10 +129,13 @@ def tp2(tiny, tmp_path_factory):
                       extra_args=("--tp-size", "2", *SMALL_POOL))
     with launched(spec, 600) as srv:
         out = generate(srv.base_url, input_ids=random_ids(1500, 5), max_new_tokens=4)
-    return {"dir": d, "out": out, "calib": sorted((d / "cache" / "calibration").glob("*.json"))}
+    # the reference: TP1 x PP1, no plugin policy, the prompt in one chunk
+    with launched(ServerSpec(tiny, pp_size=1, chunk_size=2048, cores="0"), 600) as srv:
+        ref = generate(srv.base_url, input_ids=random_ids(1500, 5), max_new_tokens=4)
+    return {"dir": d, "out": out, "ref": ref, "calib": sorted((d / "cache" / "calibration").glob("*.json"))}
 
 
-def test_tp2_pp2_every_rank_decides_the_same_chunks(tp2):
+def test_tp2_pp2_every_rank_decides_the_same_chunks_and_the_output_equals_tp1(tp2):
     files = sorted(tp2["dir"].glob("dec_*.jsonl"))
     assert [f.name for f in files] == ["dec_0_pp0_tp0.jsonl", "dec_1_pp0_tp1.jsonl", "dec_2_pp1_tp0.jsonl",
                                        "dec_3_pp1_tp1.jsonl"]  # world rank = tp_size * pp_rank + tp_rank
@@ -141,7 +144,8 @@ def test_tp2_pp2_every_rank_decides_the_same_chunks(tp2):
     long = [(p, c) for e in read_events(files[0], "decision") if e["prompt_len"] == 1500
             for p, c in [(e["prefix"], e["chunk"])]]
     assert len(long) >= 2 and sum(c for _, c in long) == 1500
-    assert len(tp2["out"].output_ids) == 4
+    # the planned chunks over two TP ranks per stage compute what one rank computes in one chunk
+    assert len(tp2["out"].output_ids) == 4 and tp2["out"].output_ids == tp2["ref"].output_ids
     meta = load_profile(tp2["calib"][0])["meta"]
     assert meta["tp"] == 2 and sorted({s["stage"] for s in load_profile(tp2["calib"][0])["samples"]}) == [0, 1]
 

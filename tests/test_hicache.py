@@ -82,6 +82,9 @@ def test_host_tier_hit_is_served_from_the_cached_length_on_both_stages(request, 
         assert plans[0] and plans[0][0][0] == cached  # the plan starts at the cached length
         assert plans[0] == plans[1] and plans[0] == runs[0]  # and ran as planned on both stages
     assert [r.output_ids for r in res] == reference[:3]
+    # and the outputs follow the document's KV: the same question after another document (HICACHE_PROMPTS[1])
+    # gets other tokens, so a host-tier load of wrong or stale KV would not give the reference's
+    assert reference[0] != reference[1]
 
 
 def test_l3_file_backend_hit_is_served_from_the_cached_length_on_both_stages(plan_run, reference):
@@ -104,6 +107,7 @@ def test_l3_file_backend_hit_is_served_from_the_cached_length_on_both_stages(pla
     plans = [[(e["prefix"], e["chunk"]) for e in read_events(p, "decision") if e["rid"] == rid] for p in logs]
     assert plans[0] and plans[0] == plans[1] == runs[0]  # planned from the cached length, run as planned
     assert [r.output_ids for r in res] == reference[3:]
+    assert reference[3] != reference[4]  # the same question after two other documents: the KV decides the tokens
 
 
 def test_online_refinement_off_keeps_the_startup_model(plan_run):

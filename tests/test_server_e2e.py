@@ -282,6 +282,83 @@ def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, p
     assert [r.output_ids for r in res] == pp1["mixed"]
 
 
+def test_gllm_batch_policy_caps_every_micro_batch_alike_on_both_stages(smollm2, plan_run, pp1, tmp_path):
+    """SGLANG_CPP_BATCH_POLICY=gllm with --enable-mixed-chunk on the real PP=2 server: the 12 mixed prompts
+    sent at once. Both stages log the same micro-batch caps (gLLM eq. 3 on #WP and the KV in use); every
+    prefill forward holds at most its micro-batch's cap of new prompt tokens, the cap cuts some prompt
+    below what is left of it, and every greedy output equals the PP=1 reference's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {"SGLANG_CPP_BATCH_POLICY": "gllm", "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"),
+           "SGLANG_CPP_CACHE_DIR": str(plan_run["dir"] / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "3072"}
+    spec = ServerSpec(smollm2, pp_size=2, chunk_size=MIXED_CHUNK, dynamic=True, env=env,
+                      extra_args=("--enable-mixed-chunk",))
+    with launched(spec, TIMEOUT) as srv:
+        with ThreadPoolExecutor(12) as pool:
+            res = list(pool.map(lambda p: generate(srv.base_url, text=p, max_new_tokens=8, timeout=600),
+                                mixed_prompts()))
+    logs = [tmp_path / f"dec_{r}.jsonl" for r in (0, 1)]
+    batches = [[{k: v for k, v in e.items() if k not in ("t", "pp_rank")} for e in read_events(p, "batch")]
+               for p in logs]
+    assert batches[0] and batches[0] == batches[1], "PP stages capped different micro-batches"
+    assert {e["policy"] for e in batches[0]} == {"gllm"} and all(e["budget_ms"] is None for e in batches[0])
+    # eq. 3 with the paper's defaults (#T=8, #MaxP=2048, #MinP=32, KV_thresh=0.05), by hand
+    for e in batches[0]:
+        wp, free = e["waiting_tokens"], max(e["kv_capacity"] - e["kv_used"], 0) / e["kv_capacity"]
+        want = 0 if wp == 0 or free < 0.05 else int(min(max(min(wp / 8, 2048 * (free - 0.05) / 0.95), 32), wp))
+        assert e["tokens"] in (want, max(want, 1)), e  # at least a page (1 token) while a prompt is mid-chunk
+    assert any(e["tokens"] < e["waiting_tokens"] for e in batches[0])
+    # each prefill forward on stage 0 comes right after the micro-batch cap it was formed under
+    prompt_len = {r.meta["id"]: r.meta["prompt_tokens"] for r in res}
+    cap, checked, cut = None, 0, False
+    events = list(map(json.loads, logs[0].read_text().splitlines()))
+    for e in events:
+        if e["event"] == "batch":
+            cap = e["tokens"]
+        elif e["event"] == "forward" and cap is not None:
+            new = [(r, L, x) for r, L, x in zip(e["rids"], e["prefix"], e["chunk"]) if L < prompt_len.get(r, 0)]
+            if new:
+                assert sum(x for *_, x in new) <= cap, (e, cap)
+                cut |= any(L + x < prompt_len[r] for r, L, x in new)  # a prompt stopped short of its end
+                checked += 1
+            cap = None
+        elif e["event"] == "decode_forward":
+            cap = None
+    assert checked >= 3 and cut
+    assert [r.output_ids for r in res] == pp1["mixed"]
+
+
+def test_dp_planner_on_the_server_plans_what_plan_method_dp_plans(tiny, tmp_path):
+    """SGLANG_CPP_PLANNER=dp on the real PP=2 server, on a profile file (no probe overhead, no online
+    refit, so the served model is the file): both stages decide and run the chunks of `sglang-cpp plan
+    --method dp`, which on this model differ from the default equal-time planner's."""
+    from sglang_cpp.bench.client import random_ids
+
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [],
+                                "coeffs": {"c0": 2.0, "b": 0.02, "e": 1e-5, "f": 1e-6}}))
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_PROFILE": str(prof), "SGLANG_CPP_PLANNER": "dp",
+           "SGLANG_CPP_OVERHEAD_PROBE": "0", "SGLANG_CPP_ONLINE": "0",
+           "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=True, env=env), TIMEOUT) as srv:
+        out = generate(srv.base_url, input_ids=random_ids(4000, seed=81), max_new_tokens=1)
+    rid, logs = out.meta["id"], [tmp_path / f"dec_{r}.jsonl" for r in (0, 1)]
+    assert all(read_events(p, "startup")[0]["config"]["method"] == "dp" for p in logs)
+    decided = [[(L, x) for r, L, x in _decisions(p) if r == rid] for p in logs]
+    assert decided[0] and decided[0] == decided[1]
+    assert all(chunks_of(p)[rid] == decided[0] for p in logs)  # run as decided
+
+    def cli_plan(method: str) -> list[int]:
+        cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", str(prof), "--input-len",
+                              "4000", "--pp-size", "2", "--chunked-prefill-size", "2048", "--max-prefill-tokens",
+                              "16384", "--context-length", "65536", "--method", method, "--json"],
+                             capture_output=True, text=True, check=True)
+        return json.loads(cli.stdout)["chunks"]
+
+    dp = cli_plan("dp")
+    assert [x for _, x in decided[0]] == dp and dp != cli_plan("equal-time")
+
+
 # -- issue 26: online refinement on the real PP=2 server ---------------------------------------------------
 ONLINE_LENS = (1600, 1700, 1800, 1900, 2000)
 

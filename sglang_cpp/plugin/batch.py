@@ -79,7 +79,7 @@ class BatchPolicy:
         self.ms_left = time_budget(self._pred, tokens) if self.cfg.policy == "time" else None
         if self.log is not None:
             self.log.write("batch", turn=self.turn, policy=self.cfg.policy, waiting_tokens=int(waiting_tokens),
-                           kv_used=int(kv_used), tokens=int(tokens),
+                           kv_used=int(kv_used), kv_capacity=self.kv_capacity, tokens=int(tokens),
                            budget_ms=None if self.ms_left is None else round(self.ms_left, 6))
         return tokens
 
