@@ -70,10 +70,29 @@ def machine_info() -> dict:
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **versions()}
 
 
+def source_commit() -> str:
+    """The sglang-cpp commit the code ran from ('+ local changes' when the tree differs from it), so a
+    figure can be dated against later changes; 'unknown' outside a git checkout (an installed wheel)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + (" + local changes" if dirty else "")
+
+
 def provenance_lines(command: str, machine_extra: str = "") -> list[str]:
-    """The date / machine (with ISA) / versions / command lines every results file starts with."""
+    """The date / machine (with ISA) / versions / commit / command lines every results file starts with."""
     info = machine_info()
     return [f"- date: {info['date']}",
             f"- machine: {info['cpu']} ({info['isa']}), {info['cores']} cores{machine_extra}",
             f"- versions: torch {info['torch']}, sglang {info['sglang']}, sglang-cpp {info['sglang-cpp']}",
+            f"- commit: {source_commit()}",
             f"- command: `{command}`"]

@@ -144,6 +144,23 @@ def test_bf16_on_a_cpu_without_native_bf16_is_warned():
     assert cpu_dtype_warning("cuda", "torch.bfloat16", native=False) is None
 
 
+def test_results_headers_carry_the_commit_the_code_ran_from():
+    """Issue 29: a figure is dated against later code by its commit; 'local changes' marks a dirty tree."""
+    import subprocess
+    from pathlib import Path
+
+    from sglang_cpp.machine import provenance_lines
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout.strip())
+    lines = provenance_lines("python benchmarks/x.py")
+    assert f"- commit: {head}{' + local changes' if dirty else ''}" in lines
+    assert lines[-1] == "- command: `python benchmarks/x.py`"
+
+
 # -- bad configurations fail at startup with the variable and the fix (issue 13's matrix, unit level) ---
 def test_min_chunk_above_max_chunk_is_an_error_not_a_clamp():
     with pytest.raises(ValueError, match="SGLANG_CPP_MIN_CHUNK=8192 exceeds SGLANG_CPP_MAX_CHUNK=4096"):
