@@ -1,13 +1,14 @@
 """Issue 31 on the real CPU PD set-up: how many prefill loop iterations pass between a request's last chunk
 forward, its final KV send, the end of its transfer on every stage, the decode's first token and its
-release on each stage; upstream's release ring against SGLANG_CPP_PD_FAST_RING=1, interleaved.
+release on each stage; upstream against SGLANG_CPP_PD_FAST_RING=1 and SGLANG_CPP_PD_EARLY_KV=1, interleaved.
 
 Prefill PP=P (default 4, tiny-llama: one layer per stage, ranks on cores 0|1|0|1, a capped
 --max-total-tokens), decode PP1, Mooncake over TCP, requests dispatched to both as the router does (with a
 bootstrap room each). Per prefill start: a short warm-up, --long requests of --long-len tokens one at a time
 (TTFT at decode, streamed), then a stream of --stream requests of --stream-len tokens sent together (KV held
 per iteration). Per rank the plugin's decision log gives the loop index `it` of every event
-(plugin/pd_ring.py): `forward` (the last chunk's), `kv_chunk` (last=True: the final KV send), `kv_status`
+(plugin/pd_ring.py): `forward` (the last chunk's), `kv_early` (the early send of that chunk's KV, plugin/pd_kv.py),
+`kv_chunk` (last=True: the final KV send), `kv_status`
 (4: this stage's transfer done), `release`. Policy off: no calibration, SGLang's own chunking.
 
 Usage: python benchmarks/pd_ring.py [--pp-size 4] [--rounds 2] [--results results/pd_ring.md]
@@ -26,36 +27,28 @@ import threading
 import time
 from pathlib import Path
 
-from sglang_cpp.bench.client import random_ids
+from sglang_cpp.bench.client import generate, random_ids
 from sglang_cpp.bench.server import ServerSpec, free_port, launched
 from sglang_cpp.files import read_events
 from sglang_cpp.machine import provenance_lines
 
 ENV = {"SGLANG_CPP_POLICY": "off", "MOONCAKE_PROTOCOL": "tcp", "MC_TCP_ENABLE_CONNECTION_POOL": "true",
        "OMP_NUM_THREADS": "1"}
-CONFIGS = (("upstream ring", "0"), ("fast ring", "1"))
+CONFIGS = (("upstream", {}), ("fast ring", {"SGLANG_CPP_PD_FAST_RING": "1"}),
+           ("early KV", {"SGLANG_CPP_PD_EARLY_KV": "1"}))
 
 
 def dispatch(prefill: str, boot: int, decode: str, ids: list, room: int, max_new: int = 4) -> dict:
     """One request to both servers with one bootstrap room (what sglang-router does); the decode leg
     streamed, so the first token's arrival is timed."""
-    import requests
-
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "temperature": 0},
-            "bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": room}
-    s = requests.Session()
-    s.trust_env = False
+    extra = {"bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": room}
     out: dict = {"room": room, "len": len(ids), "t0": time.time()}
-    t = threading.Thread(target=lambda: out.setdefault("prefill", s.post(f"{prefill}/generate", json=body,
-                                                                         timeout=1800).status_code))
+    t = threading.Thread(target=lambda: out.setdefault("prefill", generate(
+        prefill, input_ids=ids, max_new_tokens=max_new, stream=False, timeout=1800, extra=extra)))
     t.start()
-    with s.post(f"{decode}/generate", json={**body, "stream": True}, stream=True, timeout=1800) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith(b"data:") and b"[DONE]" not in line:
-                out.setdefault("t_first", time.time())
-                out["rid"] = json.loads(line[5:]).get("meta_info", {}).get("id")
-    out["t_end"] = time.time()
+    res = generate(decode, input_ids=ids, max_new_tokens=max_new, timeout=1800, extra=extra,
+                   on_first=lambda: out.setdefault("t_first", time.time()))
+    out.update(rid=res.meta.get("id"), t_end=time.time())
     t.join()
     return out
 
@@ -70,12 +63,14 @@ def lags(logs: list, reqs: list) -> list[dict]:
             fw = [e for e in ev if e["event"] == "forward" and "it" in e and len(e["rids"]) >= 1
                   and any(p + c >= q["len"] and r == q["prefill_rid"] for r, p, c in zip(e["rids"], e["prefix"], e["chunk"]))]
             send = [e for e in ev if e["event"] == "kv_chunk" and e["room"] == q["room"] and e["last"]]
+            early = [e for e in ev if e["event"] == "kv_early" and e["room"] == q["room"]]
             done = [e for e in ev if e["event"] == "kv_status" and e["room"] == q["room"] and e["status"] == 4]
             rel = [e for e in ev if e["event"] == "release" and q["room"] in e["rooms"]]
             if not (fw and send and done and rel):
                 continue
             rows.append({"room": q["room"], "stage": k, "kind": q["kind"], "forward": fw[-1]["it"],
                          "send": send[-1]["it"], "done": done[0]["it"], "release": rel[0]["it"],
+                         "early": early[-1]["it"] if early else None,
                          "t_forward": fw[-1]["t"], "t_done": done[0]["t"], "t_release": rel[0]["t"],
                          "ttft": q["t_first"] - q["t0"]})
     return rows
@@ -90,10 +85,11 @@ def prefill_rids(logs: list, reqs: list) -> None:
         q["prefill_rid"] = room_rid.get(q["room"])
 
 
-def one_start(args, name: str, fast: str, decode_url: str, tmp: Path, seed: int) -> tuple[list, dict]:
+def one_start(args, name: str, switches: dict, decode_url: str, tmp: Path, seed: int) -> tuple[list, dict]:
     boot = free_port()
-    logs = [str(tmp / f"{name.split()[0]}-{seed}-prefill_{k}.jsonl") for k in range(args.pp_size)]
-    env = dict(ENV, SGLANG_CPP_PD_FAST_RING=fast, SGLANG_CPP_DECISION_LOG=str(tmp / f"{name.split()[0]}-{seed}-prefill_{{rank}}.jsonl"))
+    tag = name.replace(" ", "_")
+    logs = [str(tmp / f"{tag}-{seed}-prefill_{k}.jsonl") for k in range(args.pp_size)]
+    env = dict(ENV, **switches, SGLANG_CPP_DECISION_LOG=str(tmp / f"{tag}-{seed}-prefill_{{rank}}.jsonl"))
     spec = ServerSpec(args.model_path, pp_size=args.pp_size, chunk_size=args.chunked_prefill_size, env=env,
                       cores=args.cores, extra_args=("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
                                                     str(boot), "--disaggregation-transfer-backend", "mooncake",
@@ -154,25 +150,29 @@ def main() -> int:
     t_all = time.time()
     with launched(dspec, 1800, str(tmp)) as dec:
         for r in range(args.rounds):
-            for name, fast in CONFIGS:  # interleaved: A, B, A, B
+            for name, switches in CONFIGS:  # interleaved: A, B, C, A, B, C
                 print(f"round {r + 1}: {name}", flush=True)
-                got, cost = one_start(args, name, fast, dec.base_url, tmp, seed=r + 1)
+                got, cost = one_start(args, name, switches, dec.base_url, tmp, seed=r + 1)
                 rows[name] += got
                 starts[name].append(cost["start_s"])
                 mode = "fast" if "PD prefill release: fast" in cost["log"] else "upstream"
                 print(f"  {len(got)} request-stage rows; release mode logged: {mode}; start {cost['start_s']:.0f} s",
                       flush=True)
     minutes = (time.time() - t_all) / 60
-    head = ["| config | kind | stage | final KV send - last forward (it) | transfer done - last forward (it) | "
-            "release - transfer done (it) | release - last forward (it) | TTFT at decode (s) | rows |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    head = ["| config | kind | stage | early KV send - last forward (it) | final KV send - last forward (it) | "
+            "transfer done - last forward (it) | transfer done - last forward (ms) | release - transfer done (it) | "
+            "release - last forward (it) | TTFT at decode (s) | rows |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     body = []
     for name, _ in CONFIGS:
         for kind in ("long", "stream"):
             for k in range(args.pp_size):
                 sel = [x for x in rows[name] if x["stage"] == k and x["kind"] == kind]
-                body.append(f"| {name} | {kind} | PP{k} | {spread([x['send'] - x['forward'] for x in sel])} | "
+                early = [x["early"] - x["forward"] for x in sel if x["early"] is not None]
+                body.append(f"| {name} | {kind} | PP{k} | {spread(early) if early else '-'} | "
+                            f"{spread([x['send'] - x['forward'] for x in sel])} | "
                             f"{spread([x['done'] - x['forward'] for x in sel])} | "
+                            f"{spread([round(1e3 * (x['t_done'] - x['t_forward'])) for x in sel])} | "
                             f"{spread([x['release'] - x['done'] for x in sel])} | "
                             f"{spread([x['release'] - x['forward'] for x in sel])} | "
                             f"{spread([round(x['ttft'], 2) for x in sel])} | {len(sel)} |")

@@ -71,8 +71,9 @@ def machine_info() -> dict:
 
 
 def source_commit() -> str:
-    """The sglang-cpp commit the code ran from ('+ local changes' when the tree differs from it), so a
-    figure can be dated against later changes; 'unknown' outside a git checkout (an installed wheel)."""
+    """The sglang-cpp commit the code ran from ('+ local changes' when a tracked Python file differs from it:
+    a benchmark's own results files do not count), so a figure can be dated against later changes;
+    'unknown' outside a git checkout (an installed wheel)."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
@@ -81,8 +82,8 @@ def source_commit() -> str:
                               text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                "*.py"], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head.stdout.strip() + (" + local changes" if dirty else "")

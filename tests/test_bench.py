@@ -423,6 +423,22 @@ def test_serve_summary_is_relative_to_the_first_run_and_compares_outputs():
     assert same_outputs(a, b) == (2, 3)
 
 
+def test_goodput_counts_requests_meeting_both_slos_and_bad_slos_are_named():
+    """Four requests: one meets both SLOs, one is late to its first token, one decodes too slowly
+    (3 tokens after the first in 0.9 s: 300 ms each), one failed; at a looser SLO three meet it."""
+    from sglang_cpp.bench.serve import SLO, goodput
+
+    rec = {"ttfts": [1.0, 5.0, 1.0, 0.5], "itls": [[0.1, 0.1, 0.1], [0.1], [0.3, 0.3, 0.3], []],
+           "output_lens": [4, 2, 4, 0], "errors": ["", "", "", "HTTP 500"]}
+    tight, loose = SLO.parse_list("2:200, 10:400")
+    assert (tight.ttft_s, tight.tpot_ms, loose.ttft_s, loose.tpot_ms) == (2.0, 200.0, 10.0, 400.0)
+    assert goodput(rec, tight) == (1, 4) and goodput(rec, loose) == (3, 4)
+    assert str(tight) == "TTFT <= 2 s and TPOT <= 200 ms"
+    for bad in ("2", "2:x", "0:100", "2:-1"):
+        with pytest.raises(ValueError, match="--slos"):
+            SLO.parse_list(bad)
+
+
 def test_serve_workload_fits_the_context_length_and_a_refused_request_is_loud(smollm2, tmp_path):
     """A 2K-4K prompt with up to 128 output tokens at --context-length 3000 is cut to 3000 - 16 - output
     tokens (the rest are drawn as before); a run where the server answered a request with nothing fails."""

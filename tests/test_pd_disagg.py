@@ -18,11 +18,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -55,7 +53,9 @@ def _env(tmp: Path) -> dict:
            # chunks of at most 512 whatever the calibration says: the test follows a multi-chunk prefill
            "SGLANG_CPP_MAX_CHUNK": "512",
            # issue 31: every assertion below holds with PP0 deciding releases from the consensus store
-           "SGLANG_CPP_PD_FAST_RING": "1"}
+           "SGLANG_CPP_PD_FAST_RING": "1",
+           # ... and with each last chunk's KV sent at the pass after its forward (one page kept for the end)
+           "SGLANG_CPP_PD_EARLY_KV": "1"}
     if not CUDA:
         env["OMP_NUM_THREADS"] = "1"
     return env
@@ -77,9 +77,9 @@ def _requests(url: str, ids: list[int]) -> dict:
 
 
 def _router(prefill_url: str, bootstrap: int, decode_url: str, log: Path):
-    """sglang-router PD mode, or None when it is not installed."""
+    """sglang-router in PD mode: the requests' path in a PD deployment (the test needs it installed)."""
     if importlib.util.find_spec("sglang_router") is None:
-        return None, None
+        raise RuntimeError("sglang-router is not installed; examples/cpu/setup.sh installs sglang-router==0.3.2")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                              "--prefill", prefill_url, str(bootstrap), "--decode", decode_url,
@@ -101,31 +101,6 @@ def _via_router(url: str, ids: list[int]) -> dict:
             time.sleep(2)
 
 
-def _manual_pd(prefill_url: str, bootstrap: int, decode_url: str, body: dict) -> dict:
-    """What the router does: the same request, with bootstrap_host/port/room, to prefill and decode."""
-    import requests
-
-    body = dict(body, bootstrap_host="127.0.0.1", bootstrap_port=bootstrap,
-                bootstrap_room=random.randint(0, 2**62))
-    s = requests.Session()
-    s.trust_env = False
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("p", s.post(f"{prefill_url}/generate", json=body,
-                                                                     timeout=900)))
-    t.start()
-    r = s.post(f"{decode_url}/generate", json=body, timeout=900)
-    t.join()
-    r.raise_for_status()
-    return r.json()
-
-
-def _via_manual(prefill_url, bootstrap, decode_url, ids):
-    sp = {"max_new_tokens": 16, "temperature": 0}
-    chat = _manual_pd(prefill_url, bootstrap, decode_url, {"text": CHAT, "sampling_params": sp})
-    long = _manual_pd(prefill_url, bootstrap, decode_url, {"input_ids": ids, "sampling_params": sp})
-    return {"chat": chat["text"], "long": long["output_ids"], "long_text": long["text"]}
-
-
 @pytest.fixture(scope="module")
 def pd_run(smollm2, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pd")
@@ -145,17 +120,18 @@ def pd_run(smollm2, tmp_path_factory):
     with launched(pspec, TIMEOUT, str(tmp)) as pre, launched(dspec, TIMEOUT, str(tmp)) as dec:
         router, url = _router(pre.base_url, boot, dec.base_url, tmp / "router.log")
         try:
-            out = _via_router(url, ids) if router else _via_manual(pre.base_url, boot, dec.base_url, ids)
+            out = _via_router(url, ids)
         finally:
-            if router is not None:
-                os.killpg(router.pid, 15)
-                router.wait(30)
-        out.update(prefill_log=pre.log(), decode_log=dec.log(), router=bool(router), ids=ids,
+            os.killpg(router.pid, 15)
+            router.wait(30)
+        out.update(prefill_log=pre.log(), decode_log=dec.log(), ids=ids,
                    sends=[read_events(tmp / f"prefill_{r}.jsonl", "kv_send") for r in (0, 1)],
                    host_hits=[read_events(tmp / f"prefill_{r}.jsonl", "host_hit") for r in (0, 1)],
                    releases=[read_events(tmp / f"prefill_{r}.jsonl", "release") for r in (0, 1)],
                    forwards=[read_events(tmp / f"prefill_{r}.jsonl", "forward") for r in (0, 1)],
                    transferred=[read_events(tmp / f"prefill_{r}.jsonl", "transferred") for r in (0, 1)],
+                   early=[read_events(tmp / f"prefill_{r}.jsonl", "kv_early") for r in (0, 1)],
+                   chunks_sent=[read_events(tmp / f"prefill_{r}.jsonl", "kv_chunk") for r in (0, 1)],
                    seconds=time.time() - t0)
         return out
 
@@ -201,7 +177,9 @@ def test_kv_goes_to_decode_once_per_chunk(pd_run):
     each the size of its chunk (page size 1: one page per token), after one transfer of the cached
     prefix the chunks start from (SGLang sends cached KV before the first chunk runs). Both runs of the
     long prompt: the first after a 3-token radix hit, the second after a HiCache host-tier hit (the whole
-    prompt but its last token: one pass, so one transfer)."""
+    prompt but its last token: one pass, so one transfer). With SGLANG_CPP_PD_EARLY_KV the last transfer
+    is two: all of it but its last page at the pass after the forward, that page with the metadata at
+    result time."""
     n, plans = len(pd_run["ids"]), _long_plans(pd_run)
     assert len(plans[0][1]) > 1  # the first run is chunked
     assert len(plans) == 2 and all(len(c) >= 1 for _, c in plans)
@@ -214,6 +192,7 @@ def test_kv_goes_to_decode_once_per_chunk(pd_run):
         # suffix): one transfer, cached prefix included
         want = [[prefix] * (prefix > 0) + chunks if len(chunks) > 1 else [prefix + chunks[0]]
                 for prefix, chunks in plans]
+        want = [w[:-1] + [w[-1] - 1, 1] for w in want]  # the early send, then the last page
         assert longs == want, (rank, longs, plans)
 
 
@@ -227,10 +206,6 @@ def test_prefill_host_tier_hit_with_hicache(pd_run, pp1):
     assert [sum(h) for h in hits[0] if h[1] > 0][-1] == again > first  # planned from device + host
     assert again + sum(chunks) == len(pd_run["ids"])
     assert pd_run["again"] == pd_run["long"] == pp1["pd_long"].output_ids
-
-
-def test_pd_request_went_through_sglang_router(pd_run):
-    assert pd_run["router"], "sglang-router is not installed; examples/cpu/setup.sh installs sglang-router==0.3.2"
 
 
 def test_no_scheduler_crash_in_pd_logs(pd_run):
@@ -253,6 +228,26 @@ def test_fast_ring_frees_every_request_on_every_stage_at_one_loop_index(pd_run):
         # real transfers (the warm-up's is fake: upstream's ring frees it) are freed at that index
         freed = {rid: e["it"] for e in pd_run["releases"][r] for rid, fake in zip(e["rids"], e["fake"]) if not fake}
         assert len(freed) >= 4 and freed == {rid: named[rid] for rid in freed}, (r, freed, named)
+
+
+def test_last_chunk_kv_leaves_at_the_pass_after_its_forward(pd_run):
+    """Issue 31 item 2 (SGLANG_CPP_PD_EARLY_KV=1): on every stage, each request's last chunk's KV but its
+    last page is handed to the transfer engine at the loop index after the forward that ran it, and the
+    final send (that page and the metadata) follows at result time, later (in the same pass at PP2,
+    whose results come back one pass after the launch); the outputs above are unchanged
+    (test_pd_*_equals_non_disaggregated)."""
+    assert "PD prefill last-chunk KV: sent at the pass after its forward" in pd_run["prefill_log"]
+    n = len(pd_run["ids"])
+    for r in (0, 1):
+        last_fwd = {rid: e["it"] for e in pd_run["forwards"][r]
+                    for rid, L, x in zip(e["rids"], e["prefix"], e["chunk"]) if L + x == n}
+        early = {e["rid"]: e for e in pd_run["early"][r]}
+        final = {e["rid"]: (e["it"], e["t"]) for e in pd_run["chunks_sent"][r] if e["last"]}
+        assert len(last_fwd) == 2 and set(last_fwd) <= set(early), (r, last_fwd, early)  # both long runs
+        for rid, it in last_fwd.items():
+            assert early[rid]["it"] == it + 1 and early[rid]["end"] == n - 1 and early[rid]["total"] == n
+            # at PP2 (P + d - 1 = 1) result processing is that same pass, later in it; at PP4 two passes later
+            assert final[rid][0] >= early[rid]["it"] and final[rid][1] > early[rid]["t"], (r, final[rid], early[rid])
 
 
 def test_every_prefill_stage_forms_the_same_batches(pd_run):

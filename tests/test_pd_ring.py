@@ -130,3 +130,78 @@ def test_upstreams_ring_runs_where_the_fast_path_is_off(local_polls, monkeypatch
     calls = []
     assert pd_ring.transferred_ids(lambda s: calls.append(1) or ["x"], sched) == ["x"]
     assert calls == [1] and sched.freed == []
+
+
+# -- the early last-chunk KV send (plugin/pd_kv.py) ------------------------------------------------------
+from sglang_cpp.plugin import pd_kv  # noqa: E402
+
+
+@pytest.mark.parametrize("start,total,page,want", [
+    (0, 1000, 1, 999),  # page 1: all but the last token
+    (512, 1000, 1, 999),  # after the middle chunks' sends
+    (0, 1000, 64, 960),  # whole pages, the last (partial) page kept back
+    (0, 1024, 64, 960),  # the last page kept back even when it is whole: the final send must hold one
+    (960, 1000, 64, 0),  # nothing left to send early
+    (999, 1000, 1, 0),
+    (0, 1, 1, 0),  # a one-token prompt: its only page is the final send's
+])
+def test_early_end_keeps_the_last_page_for_the_final_send(start, total, page, want):
+    assert pd_kv.early_end(start, total, page) == want
+
+
+def test_early_kv_gates(monkeypatch):
+    base = dict(enable_staging=False, enable_overlap=False, attn_cp_cpu_group=SimpleNamespace(size=lambda: 1))
+    monkeypatch.setenv("SGLANG_CPP_PD_EARLY_KV", "1")
+    assert pd_kv.early_kv_ok(SimpleNamespace(**base)) == (True, "")
+    for change, why in (({"enable_staging": True}, "staging"), ({"enable_overlap": True}, "overlap"),
+                        ({"attn_cp_cpu_group": SimpleNamespace(size=lambda: 2)}, "CP is 2")):
+        on, reason = pd_kv.early_kv_ok(SimpleNamespace(**{**base, **change}))
+        assert not on and why in reason
+    monkeypatch.setenv("SGLANG_CPP_PD_EARLY_KV", "0")
+    assert pd_kv.early_kv_ok(SimpleNamespace(**base)) == (False, "SGLANG_CPP_PD_EARLY_KV=0")
+
+
+class _KVSched:
+    device = "cpu"
+    token_to_kv_pool_allocator = SimpleNamespace(page_size=1)
+
+    def __init__(self):
+        self.sent = []
+
+    def send_kv_chunk(self, req, last_chunk=False, end_idx=None):
+        self.sent.append((req.rid, last_chunk, end_idx))
+        req.start_send_idx = end_idx
+
+
+def _kv_req(rid, n, end, **kw):
+    fields = dict(rid=rid, origin_input_ids=list(range(n)), extend_end=end, pending_bootstrap=False,
+                  start_send_idx=0, bootstrap_room=1, to_finish=None, finished_reason=None,
+                  disagg_kv_sender=SimpleNamespace(conclude_state=None))
+    return SimpleNamespace(**{**fields, **kw})
+
+
+def test_early_send_goes_out_at_the_next_pass_for_last_chunks_only(monkeypatch):
+    """A batch's requests whose last chunk it ran are sent (non-final, all but the last page) when the next
+    pass calls send_ran; a middle chunk, a request still bootstrapping, an aborted one and a concluded
+    transfer are not, and nothing is sent twice."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    monkeypatch.setattr(pd_kv.STATE, "on", True)
+    monkeypatch.setattr(pd_kv.STATE, "ran", [])
+    sched = _KVSched()
+    reqs = [_kv_req("last", 1000, 1000), _kv_req("middle", 1000, 512), _kv_req("boot", 1000, 1000),
+            _kv_req("abort", 1000, 1000), _kv_req("done", 1000, 1000)]
+    batch = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_extend=lambda: True))
+    pd_kv.ran(sched, batch)
+    assert [r.rid for r, _ in pd_kv.STATE.ran] == ["last", "boot", "abort", "done"]  # the middle chunk is not last
+    reqs[2].pending_bootstrap = True
+    reqs[3].to_finish = FINISH_ABORT("client gone")
+    reqs[4].disagg_kv_sender.conclude_state = FAILED
+    assert sched.sent == []  # nothing at the forward itself
+    pd_kv.send_ran(sched, it=7)
+    assert sched.sent == [("last", False, 999)] and pd_kv.STATE.ran == []
+    pd_kv.send_ran(sched, it=8)
+    assert sched.sent == [("last", False, 999)]
+    decode = SimpleNamespace(reqs=reqs, forward_mode=SimpleNamespace(is_extend=lambda: False))
+    pd_kv.ran(sched, decode)
+    assert pd_kv.STATE.ran == []

@@ -146,6 +146,45 @@ def summary_table(records: list[dict], base: str | None = None) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class SLO:
+    """A latency target a request meets or not: TTFT <= ttft_s and TPOT <= tpot_ms (`--slos 30:500`)."""
+
+    ttft_s: float
+    tpot_ms: float
+
+    @classmethod
+    def parse_list(cls, text: str) -> list["SLO"]:
+        out = []
+        for item in filter(None, (t.strip() for t in text.split(","))):
+            try:
+                ttft, tpot = (float(v) for v in item.split(":"))
+            except ValueError:
+                raise ValueError(f"--slos {text!r}: write each SLO as TTFT_S:TPOT_MS, e.g. 30:500,60:1000") from None
+            if not (ttft > 0 and tpot > 0):
+                raise ValueError(f"--slos {text!r}: {item!r} needs a TTFT and a TPOT above 0")
+            out.append(cls(ttft, tpot))
+        return out
+
+    def __str__(self) -> str:
+        return f"TTFT <= {self.ttft_s:g} s and TPOT <= {self.tpot_ms:g} ms"
+
+
+def goodput(rec: dict, slo: SLO) -> tuple[int, int]:
+    """(requests that met `slo`, requests sent) in one bench_serving --output-details record. A request's
+    TPOT is its time after the first token over its output tokens after the first (bench_serving's own
+    definition); a request that failed or got no output meets no SLO. Throttles trade throughput for
+    latency, so their claim is judged here rather than in tok/s."""
+    errs = rec.get("errors") or []
+    met = 0
+    for i, (ttft, itl, n) in enumerate(zip(rec["ttfts"], rec["itls"], rec["output_lens"])):
+        if not n or (i < len(errs) and errs[i]):
+            continue
+        tpot_ms = 1e3 * sum(itl) / (n - 1) if n > 1 else 0.0
+        met += ttft <= slo.ttft_s and tpot_ms <= slo.tpot_ms
+    return met, len(rec["ttfts"])
+
+
 def same_outputs(a: dict, b: dict) -> tuple[int, int]:
     """(requests whose generated text is equal, requests compared) between two --output-details runs,
     matched by prompt length and position (bench_serving shuffles with its seed, the same in both)."""
@@ -169,14 +208,5 @@ def plot_runs(records: list[dict], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def load_runs(out_dir: str | Path, labels) -> list[dict]:
-    """The records bench_serving appended (its last line per run), in `labels` order."""
-    out = []
-    for label in labels:
-        rec = json.loads((Path(out_dir) / f"bench_serving-{label}.jsonl").read_text().strip().splitlines()[-1])
-        out.append({**rec, "label": label})
-    return out
-
-
-__all__ = ["ServeBenchConfig", "check_answered", "model_context_length", "plot_runs", "load_runs", "write_dataset", "bench_serving_command", "run_bench_serving", "summary_table",
+__all__ = ["SLO", "ServeBenchConfig", "check_answered", "goodput", "model_context_length", "plot_runs", "write_dataset", "bench_serving_command", "run_bench_serving", "summary_table",
            "same_outputs", "word_ids"]

@@ -24,7 +24,7 @@ from .cpu_compat import (  # noqa: F401 (hooks)
 )
 from .hicache_file import HiCacheFile_init  # noqa: F401 (hook)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
-from . import pd_ring
+from . import pd_kv, pd_ring
 from .batch import BatchConfig, BatchPolicy, slot_loads
 from .decision_log import DecisionLog
 from .sizer import CppChunkSizer, SizerConfig
@@ -360,6 +360,15 @@ _PENDING = LazyTimes()
 
 
 def Scheduler_run_batch(original, self, batch, *args, **kwargs):
+    """The forward, timed and logged (`_run_batch`); on a PD prefill stage with SGLANG_CPP_PD_EARLY_KV, the
+    requests whose last chunk it ran are remembered for the early KV send at the next pass (pd_kv.py)."""
+    out = _run_batch(original, self, batch, *args, **kwargs)
+    if pd_kv.STATE.on:
+        pd_kv.ran(self, batch)
+    return out
+
+
+def _run_batch(original, self, batch, *args, **kwargs):
     """Record each prefill forward's time, so `sglang-cpp tune fit` can refit from a real run; with a
     decision log file, each decode forward's too (`decode_forward`: batch size and total context, what
     the serving simulator's decode cost is fitted on). On GPUs the time comes from CUDA events on the

@@ -27,6 +27,7 @@ import threading
 import time
 
 from .. import envs
+from . import pd_kv
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -152,6 +153,8 @@ def transferred_ids(original, self, log=None):
     """AROUND the forward pass of SGLang's release consensus (scheduler_pp_mixin.py:614): counts the loop
     index, and with the fast path decides on PP0 and frees the decided set on every stage at this index."""
     LOOP.it += 1
+    if pd_kv.decide(self):
+        pd_kv.send_ran(self, LOOP.it, _log(log))  # the last chunks that ran in the previous pass
     if LOOP.fast is None:
         LOOP.fast, why = fast_release_ok(self)
         logger.info("[sglang-cpp] PD prefill release: %s", "fast (PP0 decides from the consensus store; every stage "

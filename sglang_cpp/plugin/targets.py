@@ -67,6 +67,7 @@ INTERNALS = (
     "sglang.srt.disaggregation.utils._all_reduce_polls",  # pd_ring: PP0's fast-release flags over its TP/CP ranks
     "sglang.srt.disaggregation.utils._is_fake_transfer",  # pd_ring: warm-up transfers never write the store
     "sglang.srt.disaggregation.utils.poll_and_all_reduce_attn_cp_tp_group",  # pd_ring: each stage's own polls
+    "sglang.srt.disaggregation.utils.is_aborted",  # pd_kv: no early KV send for an aborted request
     "sglang.srt.runtime_context.attention_backends",
     "sglang.srt.runtime_context.get_schedule",
     "sglang.srt.distributed.parallel_state.GroupCoordinator",

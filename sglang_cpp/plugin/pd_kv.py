@@ -1,0 +1,112 @@
+"""PD disaggregation with PP prefill: the last chunk's KV leaves at the pass after its forward (issue 31 item 2).
+
+SGLang 0.5.23 hands a middle chunk's KV to the transfer engine at the next pass of the PP loop
+(`process_prefill_chunk`), but the last chunk's only when that batch's result comes back
+(`process_batch_result_disagg_prefill`, P + d - 1 passes after the launch, d = --pp-async-batch-depth):
+the final send carries the first output token (the metadata buffer) that decode needs, and a stage other
+than the last learns that token only from the ring.
+
+Early send (SGLANG_CPP_PD_EARLY_KV): at the pass after the last chunk ran, each stage hands that chunk's
+pages to the transfer engine as a non-final send, the call upstream makes for a middle chunk. It keeps the
+prompt's last page back, so the final send at result time carries one page, the state and the metadata;
+the sender counts pages (`curr_idx == num_kv_indices`, disaggregation/common/conn.py) and still marks that
+send as the last. On a GPU the send waits for the forward's completion event (the transfer worker
+synchronizes on `_early_send_wait_event`, as for upstream's early send of a cached prefix). No message
+between stages changes, nor the first-token hand-off.
+
+What it saves: the last chunk's KV transfer time, which now overlaps the ring's P + d - 2 passes instead of
+following them. Decode still needs every stage's final send (with the first token), so the ring's wait
+itself stays; results/pd_ring.md measures both.
+
+Off (upstream's path unchanged) under the staging buffer (its non-final sends must end on its grid),
+overlap scheduling (upstream defers middle sends there), attention CP > 1, and for a request still
+bootstrapping, aborted, or whose transfer already concluded.
+"""
+from __future__ import annotations
+
+import logging
+
+from .. import envs
+
+logger = logging.getLogger("sglang_cpp")
+
+
+class _State:
+    def __init__(self):
+        self.on: bool | None = None  # decided at the first PD prefill pass, the same on every rank
+        self.ran: list = []  # (req, completion event or None) whose last chunk ran in this pass
+
+
+STATE = _State()
+
+
+def early_kv_ok(sched) -> tuple[bool, str]:
+    """(on, why not). Every input is a server argument or the environment: the same on every rank."""
+    if not envs.PD_EARLY_KV.get():
+        return False, "SGLANG_CPP_PD_EARLY_KV=0"
+    if getattr(sched, "enable_staging", False):
+        return False, "the staging buffer is on (its non-final sends must end on its grid)"
+    if getattr(sched, "enable_overlap", False):
+        return False, "overlap scheduling is on (upstream defers middle-chunk sends to result processing)"
+    cp = getattr(getattr(sched, "attn_cp_cpu_group", None), "size", lambda: 1)()
+    if cp > 1:
+        return False, f"attention CP is {cp}"
+    return True, ""
+
+
+def decide(sched) -> bool:
+    """Once, at the first pass of the PD prefill loop (pd_ring.transferred_ids calls it)."""
+    if STATE.on is None:
+        STATE.on, why = early_kv_ok(sched)
+        logger.info("[sglang-cpp] PD prefill last-chunk KV: %s", "sent at the pass after its forward (the last page "
+                    "and the metadata at result time)" if STATE.on else f"sent at result time, as upstream ({why})")
+    return STATE.on
+
+
+def ran(sched, batch) -> None:
+    """After a prefill forward on a PD prefill stage: remember the requests whose last chunk it was."""
+    if not STATE.on or batch is None or not batch.forward_mode.is_extend():
+        return
+    event = None
+    if sched.device != "cpu":  # an accelerator: the forward may still run when the send is queued
+        event = sched.device_module.Event()
+        event.record(sched.forward_stream)
+    for req in batch.reqs:
+        end = getattr(req, "extend_end", None)
+        if end is not None and end >= len(req.origin_input_ids) and not req.pending_bootstrap:
+            STATE.ran.append((req, event))
+
+
+def early_end(start: int, total: int, page: int) -> int:
+    """The end of the early send: every whole page of the prompt but its last one (0 when nothing beyond
+    `start` is left to send early). The final send then holds at least one page, so the sender's page count
+    marks it, not this one, as the last."""
+    end = ((total - 1) // page) * page
+    return end if end > start else 0
+
+
+def send_ran(sched, it: int, log=None) -> None:
+    """At the next pass (loop index `it`): hand each remembered request's pages to the transfer engine, as a
+    non-final send."""
+    if not STATE.ran:
+        return
+    from sglang.srt.disaggregation.utils import is_aborted
+
+    todo, STATE.ran = STATE.ran, []
+    page = int(sched.token_to_kv_pool_allocator.page_size)
+    for req, event in todo:
+        sender = getattr(req, "disagg_kv_sender", None)
+        if sender is None or req.pending_bootstrap or is_aborted(req) or getattr(sender, "conclude_state", None) is not None:
+            continue
+        end = early_end(int(req.start_send_idx), len(req.origin_input_ids), page)
+        if not end:
+            continue
+        if event is not None:
+            sender._early_send_wait_event = event
+        sched.send_kv_chunk(req, last_chunk=False, end_idx=end)
+        if log is not None and log.path:
+            log.write("kv_early", it=it, rid=req.rid, room=int(getattr(req, "bootstrap_room", -1) or -1), end=end,
+                      total=len(req.origin_input_ids))
+
+
+__all__ = ["STATE", "decide", "early_end", "early_kv_ok", "ran", "send_ran"]
