@@ -243,16 +243,12 @@ def test_async_recv_and_upstream_extend_output_equal_pp1(smollm2, pp1):
     assert [r.output_ids for r in res] == pp1["mixed"]
 
 
-def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, plan_run, pp1, tmp_path):
-    """SGLANG_CPP_BATCH_POLICY=time and SGLANG_CPP_EVEN_DECODES=1 with --enable-mixed-chunk on the real PP=2
-    server (the plan policy's cost model from plan_run's calibration cache): the 12 mixed prompts sent at once. Both stages log
-    the same micro-batch budgets, chunk cuts and admission caps, the budget cuts some request below
-    what is left of it, the decodes are split evenly over the two slots (eq. 4), and every greedy output
-    equals the PP=1 reference's."""
+def _mixed_at_once(smollm2, plan_run, tmp_path, env: dict):
+    """The 12 mixed prompts sent at once to a PP=2 --enable-mixed-chunk server with `env` (a batch policy),
+    on plan_run's calibration cache, decision logs in tmp_path; returns (results, server log)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    env = {"SGLANG_CPP_BATCH_POLICY": "time", "SGLANG_CPP_EVEN_DECODES": "1",
-           "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"),
+    env = {**env, "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"),
            "SGLANG_CPP_CACHE_DIR": str(plan_run["dir"] / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "3072"}
     spec = ServerSpec(smollm2, pp_size=2, chunk_size=MIXED_CHUNK, dynamic=True, env=env,
                       extra_args=("--enable-mixed-chunk",))
@@ -260,7 +256,17 @@ def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, p
         with ThreadPoolExecutor(12) as pool:
             res = list(pool.map(lambda p: generate(srv.base_url, text=p, max_new_tokens=8, timeout=600),
                                 mixed_prompts()))
-        log = srv.log()
+        return res, srv.log()
+
+
+def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, plan_run, pp1, tmp_path):
+    """SGLANG_CPP_BATCH_POLICY=time and SGLANG_CPP_EVEN_DECODES=1 with --enable-mixed-chunk on the real PP=2
+    server (the plan policy's cost model from plan_run's calibration cache): the 12 mixed prompts sent at once. Both stages log
+    the same micro-batch budgets, chunk cuts and admission caps, the budget cuts some request below
+    what is left of it, the decodes are split evenly over the two slots (eq. 4), and every greedy output
+    equals the PP=1 reference's."""
+    res, log = _mixed_at_once(smollm2, plan_run, tmp_path, {"SGLANG_CPP_BATCH_POLICY": "time",
+                                                            "SGLANG_CPP_EVEN_DECODES": "1"})
     assert "from calibration cache" in log  # plan_run's calibration, not a new one
     stages = [[{k: v for k, v in e.items() if k not in ("t", "pp_rank")}
                for ev in ("batch", "batch_chunk", "admit_cap") for e in read_events(tmp_path / f"dec_{r}.jsonl", ev)]
@@ -287,16 +293,7 @@ def test_gllm_batch_policy_caps_every_micro_batch_alike_on_both_stages(smollm2, 
     sent at once. Both stages log the same micro-batch caps (gLLM eq. 3 on #WP and the KV in use); every
     prefill forward holds at most its micro-batch's cap of new prompt tokens, the cap cuts some prompt
     below what is left of it, and every greedy output equals the PP=1 reference's."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    env = {"SGLANG_CPP_BATCH_POLICY": "gllm", "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"),
-           "SGLANG_CPP_CACHE_DIR": str(plan_run["dir"] / "cache"), "SGLANG_CPP_CALIB_MAX_LEN": "3072"}
-    spec = ServerSpec(smollm2, pp_size=2, chunk_size=MIXED_CHUNK, dynamic=True, env=env,
-                      extra_args=("--enable-mixed-chunk",))
-    with launched(spec, TIMEOUT) as srv:
-        with ThreadPoolExecutor(12) as pool:
-            res = list(pool.map(lambda p: generate(srv.base_url, text=p, max_new_tokens=8, timeout=600),
-                                mixed_prompts()))
+    res, _ = _mixed_at_once(smollm2, plan_run, tmp_path, {"SGLANG_CPP_BATCH_POLICY": "gllm"})
     logs = [tmp_path / f"dec_{r}.jsonl" for r in (0, 1)]
     batches = [[{k: v for k, v in e.items() if k not in ("t", "pp_rank")} for e in read_events(p, "batch")]
                for p in logs]

@@ -40,18 +40,25 @@ class _State:
 STATE = _State()
 
 
-def early_kv_ok(sched) -> tuple[bool, str]:
-    """(on, why not). Every input is a server argument or the environment: the same on every rank."""
-    if not envs.PD_EARLY_KV.get():
-        return False, "SGLANG_CPP_PD_EARLY_KV=0"
+def gate(sched, var, staging: str, overlap: str = "", cp_note: str = "") -> tuple[bool, str]:
+    """(on, why not) for a PD prefill switch (this one and pd_ring's fast release): its variable, then the
+    server settings it cannot run under, each with the reason. Every input is a server argument or the
+    environment: the same on every rank."""
+    if not var.get():
+        return False, f"{var.name}=0"
     if getattr(sched, "enable_staging", False):
-        return False, "the staging buffer is on (its non-final sends must end on its grid)"
-    if getattr(sched, "enable_overlap", False):
-        return False, "overlap scheduling is on (upstream defers middle-chunk sends to result processing)"
+        return False, f"the staging buffer is on ({staging})"
+    if overlap and getattr(sched, "enable_overlap", False):
+        return False, f"overlap scheduling is on ({overlap})"
     cp = getattr(getattr(sched, "attn_cp_cpu_group", None), "size", lambda: 1)()
     if cp > 1:
-        return False, f"attention CP is {cp}"
+        return False, f"attention CP is {cp}{cp_note}"
     return True, ""
+
+
+def early_kv_ok(sched) -> tuple[bool, str]:
+    return gate(sched, envs.PD_EARLY_KV, "its non-final sends must end on its grid",
+                overlap="upstream defers middle-chunk sends to result processing")
 
 
 def decide(sched) -> bool:
@@ -109,4 +116,4 @@ def send_ran(sched, it: int, log=None) -> None:
                       total=len(req.origin_input_ids))
 
 
-__all__ = ["STATE", "decide", "early_end", "early_kv_ok", "ran", "send_ran"]
+__all__ = ["STATE", "decide", "early_end", "early_kv_ok", "gate", "ran", "send_ran"]

@@ -58,14 +58,8 @@ def _log(log):
 
 def fast_release_ok(sched) -> tuple[bool, str]:
     """(on, why not): the fast path needs PP > 1 prefill, no staging buffer and attention CP == 1."""
-    if not envs.PD_FAST_RING.get():
-        return False, "SGLANG_CPP_PD_FAST_RING=0"
-    if getattr(sched, "enable_staging", False):
-        return False, "the staging buffer is on (its hold-back is rank-local: PP0 cannot see it)"
-    cp = getattr(getattr(sched, "attn_cp_cpu_group", None), "size", lambda: 1)()
-    if cp > 1:
-        return False, f"attention CP is {cp} (dummy-CP ranks)"
-    return True, ""
+    return pd_kv.gate(sched, envs.PD_FAST_RING, "its hold-back is rank-local: PP0 cannot see it",
+                      cp_note=" (dummy-CP ranks)")
 
 
 def _local_polls(sched, queue) -> list:
