@@ -31,6 +31,7 @@ import requests
 
 from sglang_cpp.bench.serve import (SLO, ServeBenchConfig, goodput, plot_runs, run_bench_serving, same_outputs,
                                      summary_table)
+from sglang_cpp.bench.report import spread
 from sglang_cpp.bench.server import ServerSpec, launched, reported_calibration
 from sglang_cpp.bench.ttft import _find
 from sglang_cpp.core.costmodel import cost_from_profile, load_profile
@@ -100,13 +101,6 @@ def simulate(reqs, calibration: str, chunk: int, kv: int, decode=None) -> dict:
     return {label: res[policy].throughput()["total_tok_s"] for label, (policy, _, _) in RUNS.items()}
 
 
-def _spread(vals) -> str:
-    import numpy as np
-
-    med = float(np.median(vals))
-    return f"{100 * (min(vals) / med - 1):+.1f}% / {100 * (max(vals) / med - 1):+.1f}%" if med else "-"
-
-
 def rate_table(rate: float, labels: list[str], runs: dict, slos: list) -> list[str]:
     """One row per policy at `rate`: each round's throughput, its median and spread, the median TTFT and
     TPOT, and each SLO's goodput per round (requests that met it, of those sent)."""
@@ -120,8 +114,8 @@ def rate_table(rate: float, labels: list[str], runs: dict, slos: list) -> list[s
     for label in labels:
         recs = runs[(rate, label)]
         tput = [r["total_throughput"] for r in recs]
-        good = [" / ".join(str(goodput(r, slo)[0]) for r in recs) + f" of {goodput(recs[0], slo)[1]}" for slo in slos]
-        lines.append(f"| {label} | {' / '.join(f'{v:.1f}' for v in tput)} | {np.median(tput):.1f} | {_spread(tput)} | "
+        good = [" / ".join(str(goodput(r, slo)[0]) for r in recs) + f" of {len(recs[0]['ttfts'])}" for slo in slos]
+        lines.append(f"| {label} | {' / '.join(f'{v:.1f}' for v in tput)} | {np.median(tput):.1f} | {spread(tput, float(np.median(tput)))} | "
                      f"{np.median(tput) / base:.3f} | {np.median([r['mean_ttft_ms'] for r in recs]) / 1e3:.1f} | "
                      f"{np.median([r['mean_tpot_ms'] for r in recs]):.0f} | " + " | ".join(good) + " |")
     return lines

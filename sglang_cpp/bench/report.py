@@ -167,6 +167,11 @@ def write_report(cfg, rows: list[Row], best: dict, cal, cal_err: str, command: s
     return out
 
 
+def spread(vals, med: float) -> str:
+    """A row's spread as the noise rule reads it (results/README.md): its min and max against its median."""
+    return f"{min(vals) / med - 1:+.1%} / {max(vals) / med - 1:+.1%}"
+
+
 # -- the tuning-free mode (--plan-chunks): interleaved rounds, no sweep --------------------------------
 def _ttfts(ents: list, L: int) -> list[float]:
     """Every measured TTFT (s) of one configuration at length L, over its rounds' servers."""
@@ -214,8 +219,8 @@ def render_tuning_free(cfg, order: list, ents: dict, stages, cal, cal_err: str, 
             m = med[r.key]
             ch = fixed_split(L, r.chunk) if r.kind == "fixed" else next((c for c in _ran(ents[r.key], L) if c), None)
             pr = makespan(ch, 0, cost, P) / 1e3 if cost is not None and ch else None
-            out.append(f"| {r.label()} | {' / '.join(f'{t:.2f}' for t in v)} | {m:.2f} | {min(v) / m - 1:+.1%} / "
-                       f"{max(v) / m - 1:+.1%} | {_ratio(m, b)} | {_f(pr, '.2f')} | {_ratio(m, pr)} |")
+            out.append(f"| {r.label()} | {' / '.join(f'{t:.2f}' for t in v)} | {m:.2f} | {spread(v, m)} | "
+                       f"{_ratio(m, b)} | {_f(pr, '.2f')} | {_ratio(m, pr)} |")
         if best is None or not any(r.key in med for r in plan):
             out += ["", "No best fixed chunk or no plan result at this length: no targets.", ""]
             continue
