@@ -24,7 +24,6 @@ Usage: python benchmarks/small_chunk_fit.py
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -114,11 +113,10 @@ def fmt(r: dict) -> str:
 
 
 def main() -> int:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cmd = "python benchmarks/small_chunk_fit.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     base = row("chunk", 0.0)
     out = ["# The small-chunk regime: which model term reproduces the blog's fixed 6K / DCK 18K = 1.105", "",
-           *provenance_lines(cmd.strip()), f"- commit: {commit} (figures from this tree)",
+           *provenance_lines(cmd.strip()),
            "- host-independent: pure numpy/scipy (analytic roofline model, chunk policies, simulator); SIMULATED", "",
            "Qwen3-235B-A22B-FP8, TP4 on H20, 128K tokens. Blog figures: PP1 55.5 s; PP8 DCK 18K sigma 0.8 "
            "10.54 s (Table 1); strong-scaling efficiency at PP8 69.6% (fixed 6K) and 76.9% (DCK 18K), ratio 1.105. "

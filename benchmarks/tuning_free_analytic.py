@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -60,10 +59,9 @@ def main() -> int:
     args = ap.parse_args()
     o = DEVICES["H20"].chunk_overhead_ms if args.overhead is None else args.overhead
     eff, pred = predictions(o)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cmd = "python benchmarks/tuning_free_analytic.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = ["# Tuning-free at blog scale (analytic): the plan without a sweep against upstream's dynamic chunking", "",
-           *provenance_lines(cmd.strip()), f"- commit: {commit} (figures from this tree)",
+           *provenance_lines(cmd.strip()),
            "- host-independent: pure numpy (cost model, chunk policies, simulator); SIMULATED, not measured", "",
            f"Qwen3-235B-A22B-FP8, PP8 TP4 on 32 H20, per-chunk overhead {o:g} ms, efficiency {eff:.4f} fitted on "
            "the blog's PP1 point. --max-prefill-tokens 16384 (SGLang's default).", "",
