@@ -3,7 +3,9 @@ grid with random-KV prefixes against the earlier design (chunk walks through who
 
 Each sample costs the slowest stage's t(L, x) (the stages calibrate at the same moment), times the GPU
 forwards per shape (1 untimed + 2 timed, calibrate.default_repeats), plus filling the prefix's KV slots
-at the HBM bandwidth. The earlier design walked three or four chunk sequences per level, each a whole
+at the HBM bandwidth. The grid is the one the server samples: each level after the first narrows its
+top chunk per prefix to what the plan for the next length runs there (`calibrate.top_chunk`), here on
+the analytic model itself where the server uses the model fitted on the levels so far. The earlier design walked three or four chunk sequences per level, each a whole
 prompt of the level's length, at levels 4x apart (its schedule is copied below from commit e0e426a, the
 last one that ran it). Writes results/calibration_cost.md. SIMULATED: analytic model, not a measurement.
 
@@ -12,14 +14,15 @@ Usage: python benchmarks/calibration_cost.py
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from sglang_cpp.core.costmodel import PipelineCost
 from sglang_cpp.core.partition import default_partition
+from sglang_cpp.core.planner_base import PlanConfig
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.plugin.calibrate import calibration_levels, level_grids
+from sglang_cpp.plugin.calibrate import calibration_levels, new_points, top_chunk
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
 from sglang_cpp.whatif.analytic_fit import BLOG_PP1, fit, stage_models
 from sglang_cpp.whatif.roofline import kv_bytes_per_token
@@ -56,42 +59,55 @@ def old_ms(stages, M: int, cap: int) -> float:
     return total
 
 
-def new_ms(stages, M: int, cap: int, fill_ms_per_token: float) -> float:
-    return sum(FORWARDS_PER_SHAPE * (slowest(stages, L, x) + L * fill_ms_per_token)
-               for _, pts in level_grids(M, 64, cap) for L, x in pts)
+def new_ms(stages, M: int, cap: int, fill_ms_per_token: float, plan_cfg: PlanConfig) -> tuple[float, int]:
+    """(ms, samples) of the grid calibration up to M, level by level as `calibrate_all_stages` runs it."""
+    cost = stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
+    levels, seen, top, total, n = calibration_levels(M), set(), cap, 0.0, 0
+    for i, level in enumerate(levels):
+        pts = new_points(level, seen, 64, top, 0)
+        total += sum(FORWARDS_PER_SHAPE * (slowest(stages, L, x) + L * fill_ms_per_token) for L, x in pts)
+        n += len(pts)
+        if i + 1 < len(levels):
+            top = top_chunk(cost, levels[i + 1], plan_cfg, cap)
+    return total, n
 
 
-CASES = [  # (label, model, device, tp, pp, targets, largest chunk: SGLang's prefill-buffer ceiling)
-    ("Llama3-8B, PP2 TP1 on H100 (128K context)", "llama3-8b", "H100", 1, 2, (32768, 131072), 16384),
-    ("Llama3-70B, PP2 TP4 on H100 (128K context)", "llama3-70b", "H100", 4, 2, (131072,), 16384),
+CASES = [  # (label, model, device, tp, pp, targets, --chunked-prefill-size)
+    ("Llama3-8B, PP2 TP1 on H100 (128K context)", "llama3-8b", "H100", 1, 2, (32768, 131072), 8192),
+    ("Llama3-70B, PP2 TP4 on H100 (128K context)", "llama3-70b", "H100", 4, 2, (131072,), 8192),
     ("Qwen3-235B-A22B-FP8, PP8 TP4 on H20 (the blog's)", "qwen3-235b-a22b-fp8", "H20", 4, 8,
-     (131072, 262144, 1048576), 23040),
+     (131072, 262144, 1048576), 18432),
 ]
 
 
 def main() -> int:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     cmd = "python benchmarks/calibration_cost.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     eff = fit(q, h20, 4, [BLOG_PP1]).efficiency
     out = ["# Startup calibration time on GPUs (analytic estimate): the random-KV grid against chunk walks", "",
-           *provenance_lines(cmd.strip()), f"- commit: {commit}",
+           *provenance_lines(cmd.strip()),
            "- host-independent: pure numpy (analytic roofline stage models); SIMULATED, not measured", "",
            f"Efficiency {eff:.3f} of peak (fitted on the blog's Qwen3-235B PP1 point; used for every case). Each "
            f"shape runs {FORWARDS_PER_SHAPE} times (1 untimed + 2 timed); the stages calibrate at once, so a sample "
            "costs the slowest stage's time. Largest calibration chunk: SGLang's prefill-buffer ceiling "
-           "(max(C, --max-prefill-tokens 16384, 1.25 C); C = 18432 for the blog's Qwen3 servers).", "",
+           "(max(C, --max-prefill-tokens 16384, 1.25 C); C = 8192 for the Llama servers, 18432 for the blog's "
+           "Qwen3 servers); each level after the first samples, per prefix, chunks up to what the plan for the "
+           "next length runs there, rounded up to 64 x 2^k (calibrate.top_chunk, on the analytic model; the "
+           "server uses its fit so far). The chunk walks used one top, the ceiling.", "",
            "| deployment | target | samples (grid) | grid (s) | chunk walks (s) | grid / walks |",
            "|---|---:|---:|---:|---:|---:|"]
     got = {}
-    for label, name, dev_name, tp, pp, targets, cap in CASES:
+    for label, name, dev_name, tp, pp, targets, chunk in CASES:
         model, dev = MODELS[name], replace(DEVICES[dev_name], efficiency=eff, attn_efficiency=None)
+        plan_cfg = PlanConfig.from_server(pp_size=pp, chunk_size=chunk, max_prefill_tokens=16384,
+                                          overhead_ms=dev.chunk_overhead_ms)
+        cap = plan_cfg.hi
         stages = stage_models(model, dev, tp, pp)
         layers = max(default_partition(model.num_layers, pp))
         fill = layers * kv_bytes_per_token(model, tp) / (dev.mem_bw_gbps * 1e9 * dev.mem_efficiency) * 1e3
         for M in targets:
-            n = sum(len(p) for _, p in level_grids(M, 64, cap))
-            g, w = new_ms(stages, M, cap, fill) / 1e3, old_ms(stages, M, cap) / 1e3
+            g, n = new_ms(stages, M, cap, fill, plan_cfg)
+            g, w = g / 1e3, old_ms(stages, M, cap) / 1e3
             got[(name, M)] = (g, w)
             out.append(f"| {label} | {M // 1024}K | {n} | {g:.1f} | {w:.1f} | {g / w:.3f} |")
             print(out[-1], flush=True)
