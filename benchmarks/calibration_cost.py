@@ -5,8 +5,8 @@ Each sample costs the slowest stage's t(L, x) (the stages calibrate at the same 
 forwards per shape (1 untimed + 2 timed, calibrate.default_repeats), plus filling the prefix's KV slots
 at the HBM bandwidth. The grid is the one the server samples: each level after the first narrows its
 top chunk per prefix to what the plan for the next length runs there (`calibrate.top_chunk`), here on
-the analytic model itself where the server uses the model fitted on the levels so far. The earlier design walked three or four chunk sequences per level, each a whole
-prompt of the level's length, at levels 4x apart (its schedule is copied below from commit e0e426a, the
+the analytic model itself where the server uses the model fitted on the levels so far. The earlier
+design walked three or four chunk sequences per level, each a whole prompt of the level's length, at levels 4x apart (its schedule is copied below from commit e0e426a, the
 last one that ran it). Writes results/calibration_cost.md. SIMULATED: analytic model, not a measurement.
 
 Usage: python benchmarks/calibration_cost.py

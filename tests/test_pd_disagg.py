@@ -36,7 +36,7 @@ from conftest import CHAT, pd_long_ids, read_events
 pytestmark = pytest.mark.server
 TIMEOUT = 900
 PREFILL_TOKENS, FILLER = 4096, 3500  # the prefill server's device pool; a filler that overflows it
-CUT = 3000  # the aborted and the failed request: six 512-token chunks, so both are stopped while prefilling
+CUT = 3000  # the aborted and the failed request: many chunks of at most 512, so both are hit while prefilling
 ABORT_RID, FAIL_RID = "sglang-cpp-abort", "sglang-cpp-fail"
 CUDA = __import__("torch").cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
