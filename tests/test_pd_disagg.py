@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_cpp.bench.client import ServerError, _session, generate, random_ids
+from sglang_cpp.bench.client import ServerError, _session, flush_cache, generate, random_ids
 from sglang_cpp.bench.server import ServerSpec, free_port, launched, reported_calibration
 
 from conftest import CHAT, pd_long_ids, read_events
@@ -137,8 +137,7 @@ def _idle(base_url: str) -> None:
     or running), and between them the loop passed `on_idle`, whose pool check (strict by default:
     SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE) raises on a KV slot that was not freed."""
     for _ in range(2):
-        _wait_for(f"{base_url} to go idle (/flush_cache)",
-                  lambda: _session().post(f"{base_url}/flush_cache", timeout=30).status_code == 200, 120)
+        _wait_for(f"{base_url} to go idle (/flush_cache)", lambda: flush_cache(base_url), 120)
 
 
 def _abort_then_fail(url: str, pre, dec, tmp: Path) -> dict:
@@ -168,9 +167,7 @@ def _abort_then_fail(url: str, pre, dec, tmp: Path) -> dict:
     _wait_for(f"{FAIL_RID}'s release on both prefill stages", lambda: released(0) and released(1))
     t.join(300)
     _idle(pre.base_url)
-    return {"abort": abort, "after_abort": after_abort, "fail": fail, "prefill_alive": pre.proc.poll() is None,
-            "fail_released": [released(r) for r in (0, 1)],
-            "statuses": [read_events(tmp / f"prefill_{r}.jsonl", "kv_status") for r in (0, 1)]}
+    return {"abort": abort, "after_abort": after_abort, "fail": fail, "prefill_alive": pre.proc.poll() is None}
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +202,7 @@ def pd_run(smollm2, tmp_path_factory):
                    transferred=[read_events(tmp / f"prefill_{r}.jsonl", "transferred") for r in (0, 1)],
                    early=[read_events(tmp / f"prefill_{r}.jsonl", "kv_early") for r in (0, 1)],
                    chunks_sent=[read_events(tmp / f"prefill_{r}.jsonl", "kv_chunk") for r in (0, 1)],
+                   statuses=[read_events(tmp / f"prefill_{r}.jsonl", "kv_status") for r in (0, 1)],
                    seconds=time.time() - t0)
         return out
 
@@ -364,7 +362,7 @@ def test_a_failed_transfer_is_released_on_every_stage_at_one_loop_index(pd_run):
     status from the transfer engine on each stage), PP0 decides from the consensus store, and both stages
     free it once, at the same loop index; the prefill server stays up with no KV lost."""
     _stopped(pd_run["fail"])
-    r0, r1 = pd_run["fail_released"]
+    r0, r1 = ([e["it"] for e in pd_run["releases"][r] if FAIL_RID in e["rids"]] for r in (0, 1))
     assert len(r0) == 1 and r0 == r1, (r0, r1)
     room = next(room for e in pd_run["releases"][0] for rid, room in zip(e["rids"], e["rooms"]) if rid == FAIL_RID)
     for r in (0, 1):

@@ -57,12 +57,13 @@ def server_info(base_url: str, timeout: float = 10.0) -> dict:
     return get_json(base_url, "/get_server_info", "/server_info", timeout=timeout)
 
 
-def flush_cache(base_url: str, timeout: float = 30.0) -> None:
-    """Empty the radix cache; best effort (a busy server refuses)."""
+def flush_cache(base_url: str, timeout: float = 30.0) -> bool:
+    """Empty the radix cache; best effort: False where the server refused (SGLang flushes only an idle
+    scheduler, with nothing queued or running) or did not answer."""
     try:
-        _session().post(f"{base_url}/flush_cache", timeout=timeout)
+        return _session().post(f"{base_url}/flush_cache", timeout=timeout).status_code == 200
     except Exception:
-        pass
+        return False
 
 
 def generate(base_url: str, *, input_ids=None, text=None, max_new_tokens: int = 1, stream: bool = True,
