@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from sglang_cpp import files
 from sglang_cpp.bench.client import generate
 from sglang_cpp.bench.server import ServerSpec, launch_fails, launched, reported_calibration
 from sglang_cpp.cli import main as cli_main
@@ -358,6 +359,7 @@ def test_dp_planner_on_the_server_plans_what_plan_method_dp_plans(tiny, tmp_path
 
 # -- issue 26: online refinement on the real PP=2 server ---------------------------------------------------
 ONLINE_LENS = (1600, 1700, 1800, 1900, 2000)
+REPEATS = 2  # then ONLINE_LENS[0] again, this many times: plan hysteresis on a prompt length seen before
 
 
 @pytest.fixture(scope="module")
@@ -373,8 +375,9 @@ def online_run(tiny, tmp_path_factory):
            "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
            "SGLANG_CPP_MAX_CHUNK": "256"}  # 7+ chunks per request: forwards at several prefixes, two sizes
     with launched(ServerSpec(tiny, pp_size=2, chunk_size=512, dynamic=True, env=env), TIMEOUT) as srv:
+        lens = ONLINE_LENS + (ONLINE_LENS[0],) * REPEATS
         res = [generate(srv.base_url, input_ids=random_ids(n, seed=70 + i), max_new_tokens=1)
-               for i, n in enumerate(ONLINE_LENS)]
+               for i, n in enumerate(lens)]
         log = srv.log()
     return {"dir": d, "res": res, "log": log}
 
@@ -392,7 +395,8 @@ def test_online_refit_reaches_every_stage_at_the_same_request(online_run):
     # shutdown cuts off: compare up to each stage's last planned request
     cut = [max(i for i, (k, _) in enumerate(st) if k == "plan") + 1 for st in streams]
     assert streams[0][:cut[0]] == streams[1][:cut[1]] and streams[0][0][0] == "plan"  # 1st: the startup model
-    assert [n for k, n in streams[0] if k == "plan" and n in ONLINE_LENS] == list(ONLINE_LENS)  # (and health checks)
+    want = list(ONLINE_LENS) + [ONLINE_LENS[0]] * REPEATS
+    assert [n for k, n in streams[0] if k == "plan" and n in ONLINE_LENS] == want  # (and health checks)
     applied = sum(k == "refit" for k, _ in streams[0][:cut[0]])
     refits = [[(e["version"], e["cost"], e["covered"]) for e in read_events(p, "refit")][:applied] for p in logs]
     assert applied >= 1 and refits[0] == refits[1]
@@ -425,6 +429,61 @@ def test_online_refit_reaches_every_stage_at_the_same_request(online_run):
         assert refined is not None, f"stage {s_}: no applied refit refitted it"
         fwd_now = float(refined[0].time(0, 256)) - refined[1]
         assert fwd_now > 10 * (float(startup.stages[s_].time(0, 256)) - over[s_])
+
+
+def _flow_shop_ms(chunks, stages) -> float:
+    """The TTFT of chunks on stages that may differ: C[k, s] = max(C[k-1, s], C[k, s-1]) + t_s(k), written out."""
+    done = [0.0] * len(stages)
+    L = 0
+    for x in chunks:
+        prev = 0.0
+        for s, m in enumerate(stages):
+            done[s] = max(done[s], prev) + float(m.time(L, x))
+            prev = done[s]
+        L += x
+    return done[-1]
+
+
+def test_a_repeated_prompt_keeps_its_plan_unless_the_refit_predicts_a_gain_beyond_its_held_back_error(online_run):
+    """Plan hysteresis on the real PP=2 server: the first prompt length comes back after the refits. Each
+    repeat whose new plan differs from the last one run for that length is weighed on the model in force:
+    the last chunks priced on it, kept unless the new plan is predicted faster by more than the margin the
+    refit sent (its held-back error), and then run as they ran before. Both stages weigh and decide alike."""
+    from sglang_cpp.core.costmodel import model_from_dict
+
+    d = online_run["dir"]
+    logs = [d / f"dec_{r}.jsonl" for r in (0, 1)]
+    weighed = [[(e["event"], e["rid"], e["kept_chunks"], e["new_chunks"]) for e in
+                files.read_events([p], "plan_kept", "plan_moved")] for p in logs]
+    assert weighed[0] == weighed[1]
+    events = list(map(json.loads, logs[0].read_text().splitlines()))
+    rids, refit, in_force = [], None, {}  # the requests of ONLINE_LENS[0] in order; the refit in force at each
+    for e in events:
+        if e["event"] == "refit":
+            refit = e
+        elif e["event"] == "decision" and e["prompt_len"] == ONLINE_LENS[0] and e["rid"] not in in_force:
+            rids.append(e["rid"])
+            in_force[e["rid"]] = refit
+    assert len(rids) == 1 + REPEATS and all(in_force[r] is not None for r in rids[1:])
+    ran = {r: [x["chunk"] for x in read_events(logs[0], "decision") if x["rid"] == r] for r in rids}
+    n_weighed = 0
+    for prev, rid in zip(rids, rids[1:]):
+        ev = [e for e in events if e["event"] in ("plan_kept", "plan_moved") and e["rid"] == rid]
+        if not ev:  # the model in force planned the same chunks again: nothing to weigh
+            assert ran[rid] == ran[prev]
+            continue
+        n_weighed += 1
+        e, refit = ev[0], in_force[rid]
+        assert e["margin"] == pytest.approx(refit["error"], abs=1e-5) and refit["error"] > 0
+        stages = model_from_dict(refit["cost"]).stages
+        assert e["kept_ms"] == pytest.approx(_flow_shop_ms(ran[prev], stages), abs=2e-3)
+        assert e["kept_chunks"] == len(ran[prev])
+        keep = e["new_ms"] >= e["kept_ms"] * (1 - e["margin"])
+        assert e["event"] == ("plan_kept" if keep else "plan_moved")
+        assert (ran[rid] == ran[prev]) == keep and (keep or e["new_chunks"] == len(ran[rid]))
+    # the startup model (the cheap profile plus the probe's overhead) cuts the first length into 256s; the
+    # refined models' plans for these lengths start with a smaller chunk, so at least one repeat is weighed
+    assert n_weighed >= 1
 
 
 def test_serving_steps_are_logged_per_chunk_and_their_median_becomes_the_charged_overhead(online_run):

@@ -62,6 +62,19 @@ def _with_c0(model, ms: float, meta: dict | None = None, keep: float = 0.0):
     return CostModel(**co, meta=dict(model.meta if meta is None else meta), fit=model.fit)
 
 
+def _fit_err(model) -> float:
+    """A calibrated model's median relative error on its fit's held-out samples (in-sample without a
+    holdout); the largest over a piecewise model's regimes; nan without a fit record."""
+    parts = model.models if isinstance(model, PiecewiseCost) else [model]
+    errs = []
+    for m in parts:
+        fit = getattr(m, "fit", None) or {}
+        err = (fit.get("holdout") or {}).get("median_rel_err", fit.get("median_rel_err"))
+        if err is not None and math.isfinite(float(err)):
+            errs.append(float(err))
+    return max(errs, default=math.nan)
+
+
 @dataclass
 class StageRefit:
     """One stage's samples: the calibration's (kept), and the online ones (fitted or held back)."""
@@ -75,6 +88,7 @@ class StageRefit:
     new_steps: int = 0
     seen: int = 0
     streak: int = 0
+    err: float = math.nan  # the model in force's median error on held-back forwards (nan: not judged yet)
 
 
 class Refiner:
@@ -95,8 +109,18 @@ class Refiner:
                                           float(o), deque(maxlen=self.cfg.max_online),
                                           deque(maxlen=max(8, self.cfg.max_online // 4)),
                                           deque(maxlen=self.cfg.max_steps)))
+        for st, m in zip(self.stages, stages):
+            st.err = _fit_err(m)
         self.drifted: set = set()
         self.bad_steps = 0  # negative or non-finite step costs dropped (a broken timer)
+
+    @property
+    def error(self) -> float:
+        """The largest stage's median relative error on forwards its model did not fit (the last refit's
+        held-back ones, else the calibration fit's holdout); 0.0 when no stage has one. A predicted
+        difference below it is one the model cannot resolve (core/hysteresis.py)."""
+        errs = [st.err for st in self.stages if math.isfinite(st.err)]
+        return max(errs, default=0.0)
 
     @property
     def model(self):
@@ -174,10 +198,12 @@ class Refiner:
             held = [(L, x, ms) for L, x, ms in st.held]
             old_err = _median_rel_err(self.models[s], held, st.overhead_ms)
             new_err = _median_rel_err(new, held, st.overhead_ms)
+            st.err = old_err
             if new_err >= old_err:
                 notes.append(f"stage {s}: refit rejected, held-back error {new_err:.1%} >= the model's {old_err:.1%}")
                 continue
             self.models[s] = new
+            st.err = new_err
             changed = True
             notes.append(f"stage {s}: refit accepted on {len(pts)} samples, held-back error {old_err:.1%} -> "
                          f"{new_err:.1%}")

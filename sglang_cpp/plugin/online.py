@@ -41,6 +41,7 @@ class ModelUpdate:
     overheads: list  # each stage's per-chunk overhead in it (ms)
     covered: int  # the longest L + x the refined model has seen
     notes: list = field(default_factory=list)
+    error: float = 0.0  # its held-back error (Refiner.error): the smallest predicted gain that moves a plan
 
 
 class Online:
@@ -162,7 +163,8 @@ class Online:
         if self.refiner.version != before:
             with self._lock:
                 self._pending = ModelUpdate(self.refiner.version, self.refiner.model.to_dict(),
-                                            [st.overhead_ms for st in self.refiner.stages], self.covered, notes)
+                                            [st.overhead_ms for st in self.refiner.stages], self.covered, notes,
+                                            self.refiner.error)
 
     def take_update(self) -> ModelUpdate | None:
         """The accepted model not yet sent (world rank 0, when it pulls requests from the tokenizer)."""
@@ -174,12 +176,12 @@ class Online:
 def apply(update: ModelUpdate, sizer, batch, log) -> None:
     """Every rank, at the same point of the request stream: plan new requests on the refined model."""
     cost = model_from_dict(update.model, f"online model v{update.version}")
-    sizer.cost = cost
+    sizer.set_model(cost, update.error)
     sizer.calibrated_len = max(sizer.calibrated_len, int(update.covered))
     if batch is not None:
         batch.cost = cost
     log.write("refit", version=update.version, cost=update.model, overheads_ms=update.overheads,
-              covered=update.covered, notes=update.notes)
+              covered=update.covered, notes=update.notes, error=round(update.error, 5))
 
 
 def side_group(dist, world_size: int):

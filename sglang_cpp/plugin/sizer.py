@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional
 
 from .. import envs
+from ..core.hysteresis import Incumbents
 from ..core.plan import ChunkPlan
 from ..core.planner import DP_MAX_UNITS, PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
 from ..core.upstream import UpstreamPredictor, check_sigma
@@ -97,6 +98,8 @@ class CppChunkSizer:
         self.log = log or DecisionLog(cfg.pp_rank)
         self._plans: OrderedDict[str, ChunkPlan] = OrderedDict()
         self._max_plans = max_plans
+        self.incumbents = Incumbents(max_plans)  # the last plan per prompt shape (core/hysteresis.py)
+        self.margin = 0.0  # the model in force's held-back error: a smaller predicted gain keeps the plan
         self.calibrated_len = calibrated_len  # longest L+x the cost model measured (0: unknown)
         self._align_source = align_source  # read once, at the first plan (see _settle_align)
 
@@ -113,6 +116,13 @@ class CppChunkSizer:
             self.cfg = replace(self.cfg, align=align)
             self.plan_cfg = self.cfg.plan_config()
             self._plans.clear()
+            self.incumbents.clear()
+
+    def set_model(self, cost, error: float = 0.0) -> None:
+        """A refined model (online.apply, every rank at the same point of the request stream): new requests
+        plan on it, and a plan changes only where it predicts a gain beyond `error` (its held-back error)."""
+        self.cost = cost
+        self.margin = float(error)
 
     # -- planning ----------------------------------------------------------------------------
     def plan_for(self, rid: str, prompt_len: int, prefix_len: int) -> ChunkPlan:
@@ -121,7 +131,11 @@ class CppChunkSizer:
         plan = self._plans.get(rid)
         if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None:
             fn = plan_dp if self.plan_cfg.method == "dp" else plan_equal_time
-            plan = fn(prompt_len, self.cost, self.plan_cfg, prefix_len)
+            plan, weighed = self.incumbents.choose(fn(prompt_len, self.cost, self.plan_cfg, prefix_len),
+                                                   self.cost, self.plan_cfg, self.margin)
+            if weighed is not None:
+                self.log.write("plan_kept" if weighed["kept"] else "plan_moved", rid=rid, prompt_len=prompt_len,
+                               prefix=prefix_len, **{k: v for k, v in weighed.items() if k != "kept"})
             if self.calibrated_len and prompt_len > 2 * self.calibrated_len:
                 factor = prompt_len / self.calibrated_len
                 logger.warning("[sglang-cpp] PP%d plan for rid=%s extrapolates the cost model %.1fx beyond its "
