@@ -368,6 +368,21 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
     recs = [json.loads(x) for x in (tmp_path / "res" / "tf.jsonl").read_text().splitlines()]
     assert len(recs) == 10 and all("stale" not in r for r in recs)  # 5 configurations x 2 rounds, resumed once
     assert [r["chunk_plan"][0]["ran"] for r in recs if r["policy"].startswith("sglang-cpp plan")] == [ran] * 6
+    # the drift table: every start in the order it ran, each request's TTFT over the served model's makespan of
+    # its chunks, by hand: 4 x 128 is 45.77 ms (above); 2 x 256 is 15.455 + 16.766 + 16.766 = 48.988 ms; the
+    # plan's 192, 192, 128 is 11.969 + 12.706 + 9.547 + 12.706 = 46.927 ms
+    lines = md.splitlines()
+    head = lines.index("| start | config | round | chunks per request | measured / predicted per request | median |")
+    drift = [ln.split(" | ") for ln in lines[head + 2:lines.index("", head)]]
+    labels = ["fixed C=128", "sglang-cpp plan (C=128)", "fixed C=256", "sglang-cpp plan (C=1024)",
+              "sglang-cpp plan (C=4096)"]
+    assert [(d[1], d[2]) for d in drift] == [(lab, str(i)) for i in (0, 1) for lab in labels]
+    assert all(d[3] == ("3 / 3" if "plan" in d[1] else "4 / 4" if "128" in d[1] else "2 / 2") for d in drift)
+    pred = {"fixed C=128": 0.0457699, "fixed C=256": 0.0489875, "plan": 0.0469274}
+    for lab in labels:
+        got = [float(x) for d in drift if d[1] == lab for x in d[4].split(" / ")]
+        want = [t / pred["plan" if "plan" in lab else lab] for r in recs if r["policy"] == lab for t in r["ttfts"]]
+        assert sorted(got) == pytest.approx(sorted(want), abs=6e-4) and len(got) == 4  # (jsonl: resumed last)
 
 
 def test_simulator_check_beyond_8k_when_the_model_context_suffices(tmp_path):

@@ -247,11 +247,48 @@ def render_tuning_free(cfg, order: list, ents: dict, stages, cal, cal_err: str, 
             out.append(f"- C={r.chunk}: {ran[0] if ran else 'not reported'} (the same in all {len(ran)} requests: "
                        f"{'yes' if same else 'no'})")
         out.append("")
+        out += _drift_table(cfg, order, ents, L, cost)
     out += _step_table(order, ents, P)
     out += ["A difference inside a row's spread is a tie, whichever way it points. Raw records: the `.jsonl` beside "
             "this file."]
     out += _failed([(r.label(), e["reason"]) for r in order for e in ents[r.key] if e["status"] != "ok"])
     return "\n".join(out) + "\n"
+
+
+def _drift_table(cfg, order: list, ents: dict, L: int, cost) -> list[str]:
+    """Each server start in the order it ran: its requests' chunk counts and each TTFT over the served model's
+    prediction for the chunks that request ran. One model prices every start, so where the same chunks ran
+    the ratio moves with the host alone: that separates the host's drift from what the plan chose."""
+    import numpy as np
+
+    from ..core.planner_base import fixed_split, makespan
+
+    if cost is None:
+        return []
+    rows, meds = [], {}
+    for i in range(cfg.rounds):
+        for r in order:
+            e = ents[r.key][i] if i < len(ents[r.key]) else None
+            rec = record(e, L) if e and e["status"] == "ok" else None
+            if not rec:
+                continue
+            plans = rec.get("chunk_plan") or [None] * len(rec["ttfts"])
+            pairs = [(t, (p or {}).get("ran") or (fixed_split(L, r.chunk) if r.kind == "fixed" else None))
+                     for t, p in zip(rec["ttfts"], plans)]
+            ratios = [t / (makespan(ch, 0, cost, cfg.pp_size) / 1e3) for t, ch in pairs if t > 0 and ch]
+            if not ratios:
+                continue
+            m = float(np.median(ratios))
+            meds.setdefault(r.key, []).append(m)
+            rows.append(f"| {len(rows) + 1} | {r.label()} | {i} | {' / '.join(str(len(ch)) for _, ch in pairs if ch)} | "
+                        f"{' / '.join(f'{x:.3f}' for x in ratios)} | {m:.3f} |")
+    if not rows:
+        return []
+    per = [f"{k.split(':L=')[0]} {min(v):.3f}-{max(v):.3f}" for k, v in meds.items()]
+    return ["Each start in the order it ran: every request's TTFT over the served model's prediction for the chunks "
+            "it ran (one model prices every start, so for the same chunks the ratio moves with the host alone):", "",
+            "| start | config | round | chunks per request | measured / predicted per request | median |",
+            "|---:|---|---:|---|---|---:|", *rows, "", "Start medians per configuration: " + "; ".join(per) + ".", ""]
 
 
 def _step_table(order: list, ents: dict, P: int) -> list[str]:
