@@ -475,3 +475,37 @@ def test_serve_workload_fits_the_context_length_and_a_refused_request_is_loud(sm
     with pytest.raises(RuntimeError, match="1 request.s. got no output .the first: #1, 8162 input tokens"):
         check_answered(rec, "run.jsonl")
     check_answered({**rec, "output_lens": [40, 3, 12]}, "run.jsonl")  # all answered: no error
+
+
+def test_a_server_whose_port_was_taken_is_started_again_on_another(tmp_path, monkeypatch):
+    """CI once saw uvicorn fail to bind the picked port ("address already in use") while the server lived on
+    and waited 12 min on its own warm-up. launched() now stops such a server at once and starts it again on
+    a new port; the ports come from below the kernel's ephemeral range."""
+    import subprocess
+    import sys
+
+    from sglang_cpp.bench import server
+
+    lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {server.free_port() for _ in range(20)}
+    assert all(p in server.PORTS and p < lo for p in ports) and len(ports) > 1
+    taken = "print(\"ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): address " \
+            "already in use\", flush=True); import time; time.sleep(600)"
+    healthy = ("import http.server as h\nclass H(h.BaseHTTPRequestHandler):\n def do_GET(self):\n"
+               "  self.send_response(200); self.end_headers()\nh.HTTPServer(('127.0.0.1', {port}), H).serve_forever()")
+    started = []
+
+    def start(spec, log_dir=None):
+        port = server.free_port()
+        code = (taken if not started else healthy).format(port=port)
+        log = tmp_path / f"server-{port}.log"
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        started.append(server.RunningServer(spec, port, proc, log))
+        return started[-1]
+
+    monkeypatch.setattr(server, "start", start)
+    with server.launched(server.ServerSpec("unused"), timeout=60) as srv:  # without the retry: 60 s, then an error
+        assert srv is started[1] and srv.proc.poll() is None
+        assert started[0].proc.poll() is not None  # the one whose port was taken is stopped
+    assert srv.proc.poll() is not None and len(started) == 2

@@ -107,13 +107,16 @@ def generate(base_url: str, *, input_ids=None, text=None, max_new_tokens: int = 
     return GenResult(ttft, e2e, last.get("text", ""), last.get("output_ids", []), last.get("meta_info", {}))
 
 
-def wait_healthy(base_url: str, timeout: float, proc=None) -> None:
-    """Poll /health until it answers 200; fail early if the server process died."""
+def wait_healthy(base_url: str, timeout: float, proc=None, failed=None) -> None:
+    """Poll /health until it answers 200; fail early if the server process died, or once `failed()` says
+    it cannot come up (e.g. its log shows that its port was taken)."""
     s = _session()
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             raise ServerError(f"server process exited with code {proc.returncode} before becoming healthy")
+        if failed is not None and failed():
+            raise ServerError(f"server at {base_url} cannot become healthy (its log says why)")
         try:
             if s.get(f"{base_url}/health", timeout=5).status_code == 200:
                 return

@@ -24,7 +24,24 @@ from ..machine import CPU_DTYPE
 from .client import ServerError, wait_healthy
 
 
-def free_port() -> int:
+PORTS = range(12000, 22000)  # below the kernel's ephemeral range and SGLang's own NCCL ports (22000-29999)
+
+
+def free_port(attempts: int = 64) -> int:
+    """A port free now, for a server that binds it only after loading the model. Not from bind(0): that
+    hands out ephemeral ports, the range every later bind(0) and outgoing connection draws from, so a port
+    picked there can be taken before the server binds it (seen in CI: uvicorn's "address already in use",
+    the server then waited 12 min on its own warm-up). SGLang picks its late-bound ports the same way
+    (utils/network.py: get_free_port_below_ephemeral)."""
+    import random
+
+    for port in random.sample(PORTS, attempts):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -140,22 +157,35 @@ def _echo(path: Path, needle: str, done: threading.Event, prefix: str) -> None:
                 return
 
 
+def port_taken(srv: "RunningServer") -> bool:
+    """uvicorn's bind error for the server's own port in its log (errno 98): it will never be healthy."""
+    return f"('127.0.0.1', {srv.port}): address already in use" in srv.log()
+
+
 @contextlib.contextmanager
 def launched(spec: ServerSpec, timeout: float = 900.0, log_dir: str | None = None, echo: str = ""):
     """A healthy server for the `with` body; torn down on exit, whatever happens. With `echo`, the log
     lines that contain it are printed until the server is healthy."""
-    srv = start(spec, log_dir)
-    done = threading.Event()
-    if echo:
-        threading.Thread(target=_echo, args=(srv.log_path, echo, done, "[server] "), daemon=True).start()
-    try:
+    for attempt in range(3):  # a port taken between free_port and the server's bind: again on another
+        srv = start(spec, log_dir)
+        done = threading.Event()
+        if echo:
+            threading.Thread(target=_echo, args=(srv.log_path, echo, done, "[server] "), daemon=True).start()
         try:
-            wait_healthy(srv.base_url, timeout, srv.proc)
+            wait_healthy(srv.base_url, timeout, srv.proc, failed=lambda: port_taken(srv))
+            break
         except ServerError as exc:
+            srv.stop()
+            if port_taken(srv) and attempt < 2:
+                continue
             tail = "\n".join(srv.log().splitlines()[-40:])
             raise ServerError(f"{exc}\n--- last lines of {srv.log_path} ---\n{tail}") from None
+        except BaseException:
+            srv.stop()
+            raise
         finally:
             done.set()
+    try:
         yield srv
     finally:
         srv.stop()
