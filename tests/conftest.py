@@ -106,6 +106,20 @@ def pp1(smollm2) -> dict:
         return {"chat": chat, "cached": cached, "mixed": mixed, "pd_long": pd_long, "log": srv.log()}
 
 
+def walk(sizer, rid, n, prefix):
+    """Drive a sizer the way SGLang does: first chunk via decide(first=True), then predict()."""
+    cur = {"req": (rid, n)}
+    sizer.current_req = lambda: cur["req"]
+    L, out = prefix, []
+    c = sizer.decide(rid, n, L, first=True)
+    while True:
+        out.append(c)
+        L += c
+        if L >= n:
+            return out
+        c = sizer.predict(L)
+
+
 def read_events(path: Path, event: str) -> list[dict]:
     """The `event` records of one stage's decision log (none while it does not exist yet)."""
     return files.read_events([path], event) if path.exists() else []

@@ -14,6 +14,8 @@ from sglang_cpp.core.refine import Refiner
 from sglang_cpp.plugin.decision_log import DecisionLog
 from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
 
+from conftest import walk
+
 N = 32000
 CFG = PlanConfig.from_server(pp_size=2, chunk_size=4096, max_prefill_tokens=16384, page_size=1, context_len=1 << 20)
 A = CostModel(c0=5, b=0.02, e=4e-6, f=2e-6)  # the model in force first
@@ -82,18 +84,6 @@ def test_a_bad_margin_is_refused(margin):
         Incumbents().choose(plan_equal_time(N, A, CFG), A, CFG, margin)
 
 
-def _walk(sizer, rid, n):
-    out, L = [], 0
-    sizer.current_req = lambda: (rid, n)
-    c = sizer.decide(rid, n, 0, first=True)
-    while True:
-        out.append(c)
-        L += c
-        if L >= n:
-            return out
-        c = sizer.predict(L)
-
-
 def test_every_stage_keeps_and_moves_alike_through_set_model(tmp_path):
     """The sizer as the plugin drives it: requests of one length, refined models applied between them
     (online.apply calls set_model with the update's held-back error) on both stages."""
@@ -103,12 +93,12 @@ def test_every_stage_keeps_and_moves_alike_through_set_model(tmp_path):
         cfg = SizerConfig(policy="plan", pp_size=2, pp_rank=r, chunk_size=4096, max_prefill_tokens=16384,
                           page_size=1, context_len=1 << 20)
         s = CppChunkSizer(cfg, cost=A, log=DecisionLog(r, str(logs[r])))
-        seq = [_walk(s, "r0", N)]
+        seq = [walk(s, "r0", N, 0)]
         s.set_model(NEAR, 0.03)
-        seq.append(_walk(s, "r1", N))
-        seq.append(_walk(s, "r2", N // 2))  # a length not seen: NEAR's own plan
+        seq.append(walk(s, "r1", N, 0))
+        seq.append(walk(s, "r2", N // 2, 0))  # a length not seen: NEAR's own plan
         s.set_model(FAR, 0.03)
-        seq.append(_walk(s, "r3", N))
+        seq.append(walk(s, "r3", N, 0))
         runs.append(seq)
     assert runs[0] == runs[1]
     a, kept, other, far = runs[0]

@@ -11,6 +11,8 @@ from sglang_cpp.core.upstream import UpstreamPredictor
 from sglang_cpp.plugin.decision_log import DecisionLog
 from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
 
+from conftest import walk
+
 COST = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20), CostModel(c0=10, b=0.04, d=1e-7, e=2e-6, f=1e-6)))
 
 
@@ -18,20 +20,6 @@ def cfg(rank=0, **kw):
     base = dict(policy="plan", pp_size=2, pp_rank=rank, chunk_size=4096, max_prefill_tokens=16384,
                 page_size=1, context_len=1 << 20)
     return SizerConfig(**{**base, **kw})
-
-
-def walk(sizer, rid, n, prefix):
-    """Drive a sizer the way SGLang does: first chunk via decide(first=True), then predict()."""
-    cur = {"req": (rid, n)}
-    sizer.current_req = lambda: cur["req"]
-    L, out = prefix, []
-    c = sizer.decide(rid, n, L, first=True)
-    while True:
-        out.append(c)
-        L += c
-        if L >= n:
-            return out
-        c = sizer.predict(L)
 
 
 def test_two_stages_decide_identically(tmp_path):
