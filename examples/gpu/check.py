@@ -10,9 +10,13 @@ Steps, each a row of the results file (results/gpu_check.md), each PASS / FAIL w
               d L^2 term is a small share of the longest sample's time
   6. predict  a model fitted on half of the samples predicts the other half (8K-64K), median error
   7. pp2      only with 2+ GPUs: a PP=2 server's startup calibration ran on CUDA events
+  8. kernels  torch only (kernels.py): t(L, x) of a Llama-shaped stack from cuBLAS GEMMs and torch's fused
+              attention up to 128K, its FlashAttention shape, held-out error and small-chunk efficiency
+              (results/gpu_kernels.md). Runs with or without SGLang: the lent GPU machines have none.
 
-Needs a GPU machine with `pip install sglang==0.5.23` and this checkout installed (`pip install -e .`);
-no model hub (the model is a random-init Llama built here). Usage: bash examples/gpu/check.sh [--out DIR]
+Steps 2 and 4-7 need `pip install sglang==0.5.23`; without it env FAILs, they are NOT RUN, and timer and
+kernels still run. No model hub (the model is a random-init Llama built here).
+Usage: bash examples/gpu/check.sh [--out FILE]
 """
 from __future__ import annotations
 
@@ -70,10 +74,17 @@ def _row(rows: list, step: str, ok: bool, figure: str) -> bool:
 
 def check_env(rows: list) -> dict:
     import torch
-    from importlib.metadata import entry_points, version
+    from importlib.metadata import PackageNotFoundError, entry_points, version
 
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "sglang": version("sglang"),
-            "sglang_cpp": version("sglang-cpp"), "python": sys.version.split()[0]}
+    def installed(pkg: str) -> str:
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return "not installed"
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "sglang": installed("sglang"),
+            "sglang_cpp": installed("sglang-cpp"), "python": sys.version.split()[0]}
+    info["cuda_ok"] = torch.cuda.is_available()
     info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     info["gpus"] = torch.cuda.device_count()
     eps = [ep.value for ep in entry_points(group="sglang.srt.plugins")]
@@ -100,9 +111,9 @@ def check_timer(rows: list) -> bool:
     for _ in range(3):
         a @ a
     ratios = []
-    for _ in range(5):
-        timer = DeviceTimer("cuda")
-        timer.sync()
+    for _ in range(5):  # torch's events passed in, as SGLang's get_device_module() would give on CUDA
+        timer = DeviceTimer("cuda", event_factory=lambda: torch.cuda.Event(enable_timing=True))
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         timer.start()
         for _ in range(20):
@@ -180,6 +191,33 @@ def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
     _row(rows, "pp2", ok, f"PP=2 startup calibration on CUDA: {'done' if ok else 'missing'}; {len(events)} log events")
 
 
+def check_kernels(rows: list, out: Path) -> None:
+    """Step 8: kernels.py's measurement (JSON beside `out`), then kernels_report.py's fit and verdicts."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import kernels
+
+    cfg = kernels.KernelsConfig()
+    doc = kernels.new_doc(torch, cfg, "cuda", "python examples/gpu/check.py (step kernels)")
+    js = out.with_name("gpu_kernels.json")
+    try:
+        kernels.measure(torch, doc, list(kernels.SHAPES), cfg, "cuda", js)
+        import kernels_report
+
+        text, verdicts = kernels_report.report(doc, doc["commit"], f"python examples/gpu/kernels_report.py {js}")
+    except Exception as exc:  # a row, not a crash: what was measured is in the JSON already
+        _row(rows, "kernels", False, f"{type(exc).__name__}: {str(exc)[-400:]}")
+        return
+    out.with_name("gpu_kernels.md").write_text(text)
+    for shape, v in verdicts:
+        _row(rows, f"kernels {shape}", v["fa_ok"] and v["predict_ok"],
+             f"d L^2 {v['fa_share']:.1%} of t (bound {FA_SHARE:.0%}), e/f {v['e_over_f']:.2f}, held-out median "
+             f"error {v['predict_err']:.1%} (bound {PREDICT_ERR:.0%}), c0 {v['c0_ms']:.3f} ms; "
+             + ", ".join(f"{k.replace('ratio_6k_18k_L', '6K/18K per token at L=')} {val:.3f}"
+                         for k, val in v.items() if k.startswith("ratio_")) + " (gpu_kernels.md)")
+
+
 def write_results(path: Path, rows: list, info: dict, cmd: str, samples: list) -> None:
     lines = [f"# GPU check ({info.get('device')})", "",
              f"- date: {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')}",
@@ -203,9 +241,13 @@ def main(argv=None) -> int:
     rows: list = []
     info = check_env(rows)
     samples: list = []
-    if rows[-1][1] == "PASS":
-        check_hooks(rows)
+    if info["cuda_ok"]:
         check_timer(rows)
+    if info["cuda_ok"] and info["sglang"] != "0.5.23":
+        rows.append(("hooks, server, fit, predict, pp2", "NOT RUN",
+                     f"sglang {info['sglang']}: they need SGLang 0.5.23 (pip install sglang==0.5.23)"))
+    elif rows[0][1] == "PASS":
+        check_hooks(rows)
         with tempfile.TemporaryDirectory(prefix="sglang-cpp-gpu-") as tmp:
             work = Path(tmp)
             model = build_model(work / "model")
@@ -217,6 +259,8 @@ def main(argv=None) -> int:
                 check_pp2(rows, model, work, info["gpus"])
             except Exception as exc:
                 _row(rows, "pp2", False, f"{type(exc).__name__}: {str(exc)[-400:]}")
+    if info["cuda_ok"]:
+        check_kernels(rows, Path(a.out))
     write_results(Path(a.out), rows, info, " ".join([os.path.relpath(sys.argv[0], ROOT), *(argv or sys.argv[1:])]),
                   samples)
     return 0 if all(r in ("PASS", "SKIPPED") for _, r, _ in rows) else 1
