@@ -214,8 +214,8 @@ def check_kernels(rows: list, out: Path) -> None:
         _row(rows, f"kernels {shape}", v["fa_ok"] and v["predict_ok"],
              f"d L^2 {v['fa_share']:.1%} of t (bound {FA_SHARE:.0%}), e/f {v['e_over_f']:.2f}, held-out median "
              f"error {v['predict_err']:.1%} (bound {PREDICT_ERR:.0%}), c0 {v['c0_ms']:.3f} ms; "
-             + ", ".join(f"{k.replace('ratio_6k_18k_L', '6K/18K per token at L=')} {val:.3f}"
-                         for k, val in v.items() if k.startswith("ratio_")) + " (gpu_kernels.md)")
+             + ", ".join(f"L={k[len('knee_L'):]}: within 5% of the analytic model from x={val}"
+                         for k, val in v.items() if k.startswith("knee_")) + " (gpu_kernels.md)")
 
 
 def write_results(path: Path, rows: list, info: dict, cmd: str, samples: list) -> None:

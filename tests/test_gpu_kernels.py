@@ -1,0 +1,85 @@
+"""examples/gpu/kernels.py and kernels_report.py (the torch-only GPU step): the report's fit verdicts, FLOP
+counts and small-chunk ratios on samples written by hand, and the measurement's code path on CPU at toy sizes."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[1] / "examples" / "gpu"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(GPU))
+    spec = importlib.util.spec_from_file_location(name, GPU / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses resolve their annotations through it
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _t(L, x):  # a FlashAttention-shaped stage: c0 + b x + f x (2L + x), in ms
+    return 1.0 + 0.01 * x + 1e-7 * x * (2 * L + x)
+
+
+def _doc(gpu: str = "NVIDIA H100 80GB HBM3") -> dict:
+    spec = {"num_layers": 8, "hidden_size": 2048, "num_heads": 16, "num_kv_heads": 4, "head_dim": 128,
+            "intermediate_size": 5632, "vocab_size": 32000, "name": "check-llama"}
+    grid = [{"L": L, "x": x, "kind": "grid", "ms": _t(L, x), "spread": (_t(L, x), _t(L, x))}
+            for L in (0, 16384, 32768, 65536, 98304) for x in (1024, 2048, 4096, 8192, 16384)]
+    small = [{"L": L, "x": x, "kind": "small", "ms": _t(L, x), "spread": (_t(L, x), _t(L, x)),
+              "linear_ms": 0.01 * x, "attention_ms": 1e-7 * x * (2 * L + x)}
+             for L in (0, 65536) for x in (512, 1024, 6144, 18432)]
+    return {"env": {"gpu": gpu, "torch": "2.11", "cuda": "13.0", "python": "3.12", "date": "2026-11-26"},
+            "config": {"repeats": 5}, "command": "python examples/gpu/kernels.py", "commit": "abc1234",
+            "shapes": [{"shape": "check-llama", "spec": spec, "layers": 8,
+                        "attention": {"backend": "FLASH_ATTENTION", "gqa": True, "kv_heads": 4},
+                        "samples": grid + small}]}
+
+
+def test_the_report_fits_a_flash_shaped_stage_and_counts_flops_and_small_chunk_cost_by_hand():
+    rep = _load("kernels_report")
+    text, verdicts = rep.report(_doc(), "abc1234", "python examples/gpu/kernels_report.py x.json")
+    (shape, v), = verdicts
+    assert shape == "check-llama" and v["fa_ok"] and v["fa_share"] < 0.01 and v["predict_ok"]
+    assert abs(v["e_over_f"] - 2.0) < 0.05 and abs(v["c0_ms"] - 1.0) < 0.05
+    for L in (0, 65536):  # GEMMs and attention exactly proportional to their FLOPs: the analytic model at the
+        # 18432 row's efficiencies is t - c0, so measured / analytic = t / (t - 1), above 1.05 only while t < 21
+        assert abs(v[f"analytic_6k_L{L}"] - _t(L, 6144) / (_t(L, 6144) - 1.0)) < 1e-9
+    # t(0, 1024) = 11.3 ms, t(0, 6144) = 66.2 ms; t(65536, 512) = 12.9 ms, t(65536, 1024) = 24.8 ms
+    assert v["knee_L0"] == 6144 and v["knee_L65536"] == 1024
+    # GEMM FLOPs of one check-llama layer: q, o 2 * 2048 * 2048; k, v 2 * 2048 * 512; FFN 3 * 2048 * 5632
+    params = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 5632
+    gemm = 2 * 1024 * params * 8 / (0.01 * 1024) / 1e9 / 989.0  # x = 1024 on the H100's dense bf16 peak
+    attn = 16 * 256 * 1024 * (2 * 65536 + 1024) * 8 / (1e-7 * 1024 * (2 * 65536 + 1024)) / 1e9 / 989.0
+    row = next(r for r in text.splitlines() if r.startswith("| 1024 |") and f"{attn:.1%}" in r)
+    assert f"{gemm:.1%}" in row
+    assert "NVIDIA H100 80GB HBM3" in text and "abc1234" in text and "FLASH_ATTENTION" in text
+
+
+def test_the_report_names_no_efficiency_for_a_gpu_without_a_preset():
+    rep = _load("kernels_report")
+    assert rep.device_spec("NVIDIA H200").name == "H200" and rep.device_spec("NVIDIA H20").name == "H20"
+    assert rep.device_spec("Tesla T4") is None
+    text, _ = rep.report(_doc("Tesla T4"), "abc1234", "cmd")
+    assert "| 1024 |" in text and "| — | — | — |" in text
+
+
+def test_the_measurement_runs_every_configured_point_on_cpu_at_toy_sizes():
+    torch = pytest.importorskip("torch")
+    ker = _load("kernels")
+    from sglang_cpp.whatif.analytic import ModelSpec
+
+    cfg = ker.KernelsConfig(max_len=256, chunks=(16, 32), prefixes=(0, 64, 224), small=(16, 48),
+                            small_prefixes=(0, 128), repeats=2, warmup=1)
+    tiny = (ModelSpec(2, 64, 4, 2, 16, 128, 100, name="tiny"), 2)
+    out = ker.measure_shape(torch, "tiny", cfg, "cpu", progress=lambda *a, **k: None, shape=tiny)
+    got = {(s["L"], s["x"], s["kind"]) for s in out["samples"]}
+    assert got == {(0, 16, "grid"), (0, 32, "grid"), (64, 16, "grid"), (64, 32, "grid"), (224, 16, "grid"),
+                   (224, 32, "grid"), (0, 16, "small"), (0, 48, "small"), (128, 16, "small"), (128, 48, "small")}
+    assert out["attention"]["backend"] in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION") and out["layers"] == 2
+    for s in out["samples"]:
+        assert s["ms"] > 0 and s["spread"][0] <= s["ms"] <= s["spread"][1]
+        assert ("linear_ms" in s and s["linear_ms"] > 0 and s["attention_ms"] > 0) == (s["kind"] == "small")
