@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from sglang_cpp.core.costmodel import CostModel, fit_cost_model
-from sglang_cpp.core.hysteresis import Incumbents
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, fit_cost_model
+from sglang_cpp.core.hysteresis import Incumbents, unmeasured_chunks
 from sglang_cpp.core.planner import PlanConfig, plan_equal_time
 from sglang_cpp.core.refine import Refiner
+from sglang_cpp.core.regimes import PiecewiseCost
 from sglang_cpp.plugin.decision_log import DecisionLog
 from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
 
@@ -125,3 +126,49 @@ def test_the_refiners_error_is_its_held_back_error():
     held = list(r.stages[0].held)
     want = float(np.median([abs(float(r.model.time(L, x)) / m - 1) for L, x, m in held]))
     assert r.error == pytest.approx(want) and r.error < 0.05
+
+
+def _two_regimes(chunks):
+    """FAR's times with a chunk-size switch above every chunk of `chunks`: regime 0 holds them all."""
+    x = PiecewiseCost((max(chunks) + 1,), (FAR, FAR), axis="x")
+    return PipelineCost((x, x))
+
+
+def test_a_plan_moves_only_into_chunk_sizes_whose_regimes_served_forwards_measured(tmp_path):
+    """Issue 25 at 32K: refits that had measured one chunk-size regime priced another one cheap, and the move
+    ran 1.40x its prediction. FAR's plan is predicted far faster than A's (beyond any margin here), and it
+    moves only once served forwards measured the regime of its chunks on every stage."""
+    inc = Incumbents()
+    a = inc.choose(plan_equal_time(N, A, CFG), A, CFG, 0.03)[0]
+    far = plan_equal_time(N, FAR, CFG)
+    cost = _two_regimes(far.chunks)
+    assert plan_equal_time(N, cost, CFG).chunks == far.chunks != a.chunks
+    sizes = sorted(set(far.chunks))
+    for measured in ([[1], [1]], [[0, 1], [1]], [[0], []]):  # some stage never measured regime 0
+        kept, info = inc.choose(plan_equal_time(N, cost, CFG), cost, CFG, 0.03, measured)
+        assert kept.chunks == a.chunks and info["kept"] and info["unmeasured"] == sizes
+        assert info["new_ms"] < 0.8 * info["kept_ms"]  # kept for the regime, not for the margin
+    moved, info = inc.choose(plan_equal_time(N, cost, CFG), cost, CFG, 0.03, [[0], [0, 1]])
+    assert moved.chunks == far.chunks and not info["kept"] and "unmeasured" not in info
+    assert unmeasured_chunks(far.chunks, cost, None) == []  # no refit yet: no restriction
+    # the sizer as online.apply drives it: the update's measured regimes reach the choice
+    s = CppChunkSizer(SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=4096, max_prefill_tokens=16384,
+                                  page_size=1, context_len=1 << 20), cost=A, log=DecisionLog(0, str(tmp_path / "d")))
+    first = walk(s, "r0", N, 0)
+    s.set_model(cost, 0.03, [[1], [1]])
+    assert walk(s, "r1", N, 0) == first
+    s.set_model(cost, 0.03, [[0], [0]])
+    assert tuple(walk(s, "r2", N, 0)) == far.chunks
+
+
+def test_the_refiner_names_the_regimes_its_served_forwards_measured_per_stage():
+    x = PiecewiseCost((768,), (A, A), axis="x")
+    r = Refiner(PipelineCost((x, CostModel(c0=5, b=0.02))), [])
+    assert r.measured == [[], []]
+    for L in (0, 1024, 2048):
+        r.add(0, L, 1024, float(A.time(L, 1024)))
+    assert r.measured == [[1], []] and not r.stages[0].held
+    r.add(0, 4096, 512, float(A.time(4096, 512)))  # a stage's 4th forward is held back: it counts too
+    assert list(r.stages[0].held) == [(4096, 512, float(A.time(4096, 512)))]
+    r.add(1, 0, 100, 7.0)  # a stage without switches has one regime
+    assert r.measured == [[0, 1], [0]]

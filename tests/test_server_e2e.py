@@ -448,8 +448,10 @@ def test_a_repeated_prompt_keeps_its_plan_unless_the_refit_predicts_a_gain_beyon
     """Plan hysteresis on the real PP=2 server: the first prompt length comes back after the refits. Each
     repeat whose new plan differs from the last one run for that length is weighed on the model in force:
     the last chunks priced on it, kept unless the new plan is predicted faster by more than the margin the
-    refit sent (its held-back error), and then run as they ran before. Both stages weigh and decide alike."""
+    refit sent (its held-back error) into chunk sizes whose regimes served forwards measured, and then run as
+    they ran before. Both stages weigh and decide alike."""
     from sglang_cpp.core.costmodel import model_from_dict
+    from sglang_cpp.core.regimes import x_bounds_of
 
     d = online_run["dir"]
     logs = [d / f"dec_{r}.jsonl" for r in (0, 1)]
@@ -478,7 +480,12 @@ def test_a_repeated_prompt_keeps_its_plan_unless_the_refit_predicts_a_gain_beyon
         stages = model_from_dict(refit["cost"]).stages
         assert e["kept_ms"] == pytest.approx(_flow_shop_ms(ran[prev], stages), abs=2e-3)
         assert e["kept_chunks"] == len(ran[prev])
-        keep = e["new_ms"] >= e["kept_ms"] * (1 - e["margin"])
+        # chunk sizes of the new plan in a regime (the stage model's x switches) no served forward measured on
+        # some stage, by the refit's own list of measured regimes: such a plan is never moved to
+        for c in e.get("unmeasured", []):
+            assert any(int(np.searchsorted(x_bounds_of(m), c, side="right")) not in refit["measured"][k]
+                       for k, m in enumerate(stages))
+        keep = e["new_ms"] >= e["kept_ms"] * (1 - e["margin"]) or bool(e.get("unmeasured"))
         assert e["event"] == ("plan_kept" if keep else "plan_moved")
         assert (ran[rid] == ran[prev]) == keep and (keep or e["new_chunks"] == len(ran[rid]))
     # the startup model (the cheap profile plus the probe's overhead) cuts the first length into 256s; the

@@ -8,6 +8,12 @@ planner remembers the chunks it last planned per (prompt length, cached prefix);
 has changed since, it prices those chunks on the new model and keeps them unless the new plan is predicted
 faster by more than the model's own error on forwards it did not fit (the refit's held-back error).
 
+That error only speaks for the chunk sizes the served forwards measured. A piecewise model (core/regimes.py)
+fits one coefficient per chunk-size regime, and a refit on forwards of one regime (a host that slowed down,
+measured at 1024-token chunks) leaves the others at the calibration's level, so they look cheap. At 32K on
+long-llama such a refit moved a plan of 32 x 1024 to 64 x 512, priced 7.0% faster; it ran 1.40x its
+prediction (issue 25). So a plan moves only to chunks whose regimes served forwards measured on every stage.
+
 Every stage holds its own copy and feeds it the same plans in the same order, on the same models (the
 updates ride in the request stream), so every stage keeps or moves alike. Pure Python and numpy.
 """
@@ -16,8 +22,25 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
+from .costmodel import PipelineCost
 from .plan import ChunkPlan
 from .planner_base import PlanConfig, make_plan, makespan
+from .regimes import regime_index, x_bounds_of
+
+
+def unmeasured_chunks(chunks, cost, measured) -> list[int]:
+    """The chunk sizes that lie, on some stage, in a chunk-size regime (x_bounds_of that stage's model) where
+    no served forward measured it: `measured[s]` lists stage s's measured regime indices (Refiner.measured).
+    None: no restriction (no refit has spoken yet)."""
+    if measured is None:
+        return []
+    stages = cost.stages if isinstance(cost, PipelineCost) else (cost,)
+    sizes = sorted({int(c) for c in chunks})
+    out = set()
+    for s, m in enumerate(stages):
+        seen = set(measured[s]) if s < len(measured) else set()
+        out.update(c for c, i in zip(sizes, regime_index(x_bounds_of(m), sizes)) if int(i) not in seen)
+    return sorted(out)
 
 
 class Incumbents:
@@ -36,10 +59,12 @@ class Incumbents:
         """Forget every plan (the planner's bounds changed: old chunks may not fit them)."""
         self._chunks.clear()
 
-    def choose(self, plan: ChunkPlan, cost, cfg: PlanConfig, margin: float) -> tuple[ChunkPlan, dict | None]:
+    def choose(self, plan: ChunkPlan, cost, cfg: PlanConfig, margin: float,
+               measured: list | None = None) -> tuple[ChunkPlan, dict | None]:
         """`plan` (just made on `cost`), or the incumbent for its prompt priced on `cost` if the new plan is
-        not predicted faster by more than `margin` (a fraction, e.g. 0.03). Returns the plan to run and, when
-        the two differ, what was weighed (for the decision log); either way the result becomes the incumbent."""
+        not predicted faster by more than `margin` (a fraction, e.g. 0.03) or runs chunks in a regime no served
+        forward measured (`measured`, see unmeasured_chunks). Returns the plan to run and, when the two differ,
+        what was weighed (for the decision log); either way the result becomes the incumbent."""
         if not (margin >= 0 and math.isfinite(margin)):
             raise ValueError(f"plan hysteresis margin {margin!r} must be a finite fraction >= 0")
         key = (plan.prompt_len, plan.prefix_len)
@@ -48,9 +73,11 @@ class Incumbents:
         if old is not None and old != plan.chunks:
             t_old = makespan(old, plan.prefix_len, cost, cfg.pp_size, cfg.overhead_ms)
             t_new = makespan(plan.chunks, plan.prefix_len, cost, cfg.pp_size, cfg.overhead_ms)
-            keep = t_new >= t_old * (1.0 - margin)
+            unmeasured = unmeasured_chunks(plan.chunks, cost, measured)
+            keep = t_new >= t_old * (1.0 - margin) or bool(unmeasured)
             info = {"kept": keep, "kept_ms": round(t_old, 3), "new_ms": round(t_new, 3),
-                    "kept_chunks": len(old), "new_chunks": len(plan.chunks), "margin": round(margin, 5)}
+                    "kept_chunks": len(old), "new_chunks": len(plan.chunks), "margin": round(margin, 5),
+                    **({"unmeasured": unmeasured} if unmeasured else {})}
             if keep:
                 plan = make_plan(old, plan.prompt_len, plan.prefix_len, cost, cfg, plan.policy)
         self._chunks[key] = plan.chunks
@@ -60,4 +87,4 @@ class Incumbents:
         return plan, info
 
 
-__all__ = ["Incumbents"]
+__all__ = ["Incumbents", "unmeasured_chunks"]

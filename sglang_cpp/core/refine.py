@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .costmodel import COEFS, CostModel, PiecewiseCost, PipelineCost, fit_piecewise
-from .regimes import x_bounds_of
+from .regimes import regime_index, x_bounds_of
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,16 @@ class Refiner:
         difference below it is one the model cannot resolve (core/hysteresis.py)."""
         errs = [st.err for st in self.stages if math.isfinite(st.err)]
         return max(errs, default=0.0)
+
+    @property
+    def measured(self) -> list[list[int]]:
+        """Per stage, the chunk-size regimes (x_bounds_of its model) of the served forwards it holds: what
+        its refits can speak for. A plan moves only into these (core/hysteresis.py)."""
+        out = []
+        for st, m in zip(self.stages, self.models):
+            xs = [x for _, x, _ in (*st.fitted, *st.held)]
+            out.append(sorted({int(i) for i in regime_index(x_bounds_of(m), xs)}) if xs else [])
+        return out
 
     @property
     def model(self):

@@ -42,6 +42,7 @@ class ModelUpdate:
     covered: int  # the longest L + x the refined model has seen
     notes: list = field(default_factory=list)
     error: float = 0.0  # its held-back error (Refiner.error): the smallest predicted gain that moves a plan
+    measured: list | None = None  # per stage, the chunk-size regimes served forwards measured (Refiner.measured)
 
 
 class Online:
@@ -164,7 +165,7 @@ class Online:
             with self._lock:
                 self._pending = ModelUpdate(self.refiner.version, self.refiner.model.to_dict(),
                                             [st.overhead_ms for st in self.refiner.stages], self.covered, notes,
-                                            self.refiner.error)
+                                            self.refiner.error, self.refiner.measured)
 
     def take_update(self) -> ModelUpdate | None:
         """The accepted model not yet sent (world rank 0, when it pulls requests from the tokenizer)."""
@@ -176,12 +177,12 @@ class Online:
 def apply(update: ModelUpdate, sizer, batch, log) -> None:
     """Every rank, at the same point of the request stream: plan new requests on the refined model."""
     cost = model_from_dict(update.model, f"online model v{update.version}")
-    sizer.set_model(cost, update.error)
+    sizer.set_model(cost, update.error, update.measured)
     sizer.calibrated_len = max(sizer.calibrated_len, int(update.covered))
     if batch is not None:
         batch.cost = cost
     log.write("refit", version=update.version, cost=update.model, overheads_ms=update.overheads,
-              covered=update.covered, notes=update.notes, error=round(update.error, 5))
+              covered=update.covered, notes=update.notes, error=round(update.error, 5), measured=update.measured)
 
 
 def side_group(dist, world_size: int):

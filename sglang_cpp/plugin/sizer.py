@@ -100,6 +100,7 @@ class CppChunkSizer:
         self._max_plans = max_plans
         self.incumbents = Incumbents(max_plans)  # the last plan per prompt shape (core/hysteresis.py)
         self.margin = 0.0  # the model in force's held-back error: a smaller predicted gain keeps the plan
+        self.measured = None  # per stage, the chunk-size regimes its refits measured: a plan moves only into them
         self.calibrated_len = calibrated_len  # longest L+x the cost model measured (0: unknown)
         self._align_source = align_source  # read once, at the first plan (see _settle_align)
 
@@ -118,11 +119,13 @@ class CppChunkSizer:
             self._plans.clear()
             self.incumbents.clear()
 
-    def set_model(self, cost, error: float = 0.0) -> None:
+    def set_model(self, cost, error: float = 0.0, measured: list | None = None) -> None:
         """A refined model (online.apply, every rank at the same point of the request stream): new requests
-        plan on it, and a plan changes only where it predicts a gain beyond `error` (its held-back error)."""
+        plan on it, and a plan changes only where it predicts a gain beyond `error` (its held-back error)
+        and into chunk sizes whose regimes served forwards `measured` (core/hysteresis.py)."""
         self.cost = cost
         self.margin = float(error)
+        self.measured = measured
 
     # -- planning ----------------------------------------------------------------------------
     def plan_for(self, rid: str, prompt_len: int, prefix_len: int) -> ChunkPlan:
@@ -132,7 +135,7 @@ class CppChunkSizer:
         if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None:
             fn = plan_dp if self.plan_cfg.method == "dp" else plan_equal_time
             plan, weighed = self.incumbents.choose(fn(prompt_len, self.cost, self.plan_cfg, prefix_len),
-                                                   self.cost, self.plan_cfg, self.margin)
+                                                   self.cost, self.plan_cfg, self.margin, self.measured)
             if weighed is not None:
                 self.log.write("plan_kept" if weighed["kept"] else "plan_moved", rid=rid, prompt_len=prompt_len,
                                prefix=prefix_len, **{k: v for k, v in weighed.items() if k != "kept"})
