@@ -76,7 +76,7 @@ class Stack:
     """`layers` decoder layers of `spec` with a KV cache of max_len tokens (random: only shapes matter)."""
 
     def __init__(self, torch, spec: ModelSpec, layers: int, max_len: int, most: int, device: str, attn: dict):
-        self.t, self.spec, self.attn, self.device = torch, spec, attn, device
+        self.t, self.spec, self.attn = torch, spec, attn
         H, nq, kv, hd, ff = spec.hidden_size, spec.num_heads, attn["kv_heads"], spec.head_dim, spec.intermediate_size
         g = torch.Generator(device=device).manual_seed(0)
 

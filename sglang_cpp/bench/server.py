@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -33,8 +34,6 @@ def free_port(attempts: int = 64) -> int:
     picked there can be taken before the server binds it (seen in CI: uvicorn's "address already in use",
     the server then waited 12 min on its own warm-up). SGLang picks its late-bound ports the same way
     (utils/network.py: get_free_port_below_ephemeral)."""
-    import random
-
     for port in random.sample(PORTS, attempts):
         with socket.socket() as s:
             try:
