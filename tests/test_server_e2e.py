@@ -140,12 +140,51 @@ def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_
             for got, cal in zip(_rows(served[st]), _rows(calib[st])):
                 assert got["c0"] == pytest.approx(cal["c0"] + o[st], abs=1e-3)
                 assert got["b"] == cal["b"]
+    assert "per-chunk overhead measured in the pipeline" in plan_run["log"]
 
 
 def _rows(model: dict) -> list:
     """A stage model's coefficient rows, regime by regime (a CPU server's is piecewise in the chunk size)."""
     return [model["coeffs"]] if "coeffs" in model else [r for g in model["regimes"] for r in _rows(g)]
-    assert "per-chunk overhead measured in the pipeline" in plan_run["log"]
+
+
+def test_plan_chunks_outside_the_calibrated_range_are_measured_before_serving(tiny, tmp_path):
+    """Issue 25 (at 16K the plan's first chunk, 3x the largest sampled one, ran 1.13x its prediction): a
+    calibration cached under SGLANG_CPP_MAX_CHUNK=128 sampled no chunk above 128. A start without that cap
+    plans bigger chunks, so before serving both stages measure the planned chunks that leave the samples,
+    at the prefixes where the plan runs them; the cache keeps them, and the chunks served lie among them."""
+    from sglang_cpp.bench.client import random_ids
+
+    cache = tmp_path / "cache"
+    base = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(cache), "SGLANG_CPP_CALIB_MAX_LEN": "2048",
+            "SGLANG_CPP_ONLINE": "0"}
+    capped = {**base, "SGLANG_CPP_MAX_CHUNK": "128", "SGLANG_CPP_DECISION_LOG": str(tmp_path / "capped_{rank}.jsonl")}
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=capped), TIMEOUT):
+        pass
+    (calib,) = sorted((cache / "calibration").glob("*.json"))
+    first = json.loads(calib.read_text())["samples"]
+    assert max(s["x"] for s in first) <= 128
+    env = {**base, "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env), TIMEOUT) as srv:
+        out = generate(srv.base_url, input_ids=random_ids(2000, seed=91), max_new_tokens=1)
+        log = srv.log()
+    assert "cost model from calibration cache" in log and "outside the calibrated (L, x) range" in log
+    rounds = [read_events(tmp_path / f"dec_{r}.jsonl", "coverage") for r in (0, 1)]
+    assert rounds[0] and [e["measured"] for e in rounds[0]] == [e["measured"] for e in rounds[1]]
+    measured = [tuple(s) for e in rounds[0] for s in e["measured"]]
+    assert max(x for _, x in measured) > 128 and any(L > 0 for L, x in measured if x > 128)
+    (kept,) = sorted((cache / "calibration").glob("*.json"))  # the same file, now with the measured shapes
+    after = json.loads(kept.read_text())["samples"]
+    for st in (0, 1):
+        assert set(measured) <= {(s["L"], s["x"]) for s in after if s["stage"] == st}
+    assert len(after) == len(first) + 2 * len(measured)
+    # the request's chunks above the old cap: each no bigger than the biggest measured at or below its prefix
+    rid = out.meta["id"]
+    ran = chunks_of(tmp_path / "dec_0.jsonl")[rid]
+    assert ran == chunks_of(tmp_path / "dec_1.jsonl")[rid] and max(x for _, x in ran) > 128
+    for L, x in ran:
+        if x > 128:
+            assert any(mL <= L + 64 and mx >= x - 64 for mL, mx in measured), (L, x, measured)
 
 
 def test_radix_hit_plans_only_the_suffix_from_the_cached_prefix(plan_run, pp1):

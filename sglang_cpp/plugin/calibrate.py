@@ -516,6 +516,42 @@ def _eta_s(levels: list[int], done: int, times: list[float]) -> float:
     return left
 
 
+def measure_gathered(sched, points: list, pp_rank: int, tp_rank: int, what: str, repeats: int, seed: int,
+                     warmup: bool = False, max_chunk: int = 0, warm_shapes: bool = False, prefix: str = "random",
+                     fault: bool = False) -> tuple[list[dict], float]:
+    """Every rank times its stage at `points` (measure_stage), then all ranks all-gather: (stage-tagged
+    samples, one copy per stage; the slowest rank's seconds). A failure on any rank fails every rank with
+    every rank's reason. Collective: every rank calls it with the same points."""
+    from .consensus import all_gather
+
+    t0 = time.time()
+    try:
+        if fault:
+            inject_fault(sched, pp_rank, tp_rank)
+        local = {"ok": True, "samples": [dict(s, stage=pp_rank) for s in
+                                         measure_stage(sched, points, repeats, seed=seed, warmup=warmup,
+                                                       max_chunk=max_chunk, warm_shapes=warm_shapes, prefix=prefix)]}
+    except Exception as exc:  # travel to every rank, then fail everywhere
+        logger.exception("[sglang-cpp] calibration failed on PP%d", pp_rank)
+        local = {"ok": False, "error": f"PP{pp_rank}: {exc!r}"}
+        note_error(local["error"])
+    local["t"] = time.time() - t0
+    tick(f"waiting for every rank's samples of {what} (a gather over the world group)")
+    gathered = all_gather(local)
+    tick(f"after {what}")
+    errors = [g["error"] for g in gathered if not g["ok"]]
+    if errors:
+        raise RuntimeError("sglang-cpp startup calibration failed: " + "; ".join(errors) +
+                           ". Fix the cause, or pass a profile with SGLANG_CPP_PROFILE=<json>.")
+    samples, stages = [], set()
+    for g in gathered:  # TP/DP ranks of one stage measure the same shapes: keep one copy per stage
+        st = g["samples"][0]["stage"] if g["samples"] else None
+        if st not in stages:
+            stages.add(st)
+            samples.extend(g["samples"])
+    return samples, max(g["t"] for g in gathered)
+
+
 def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0,
                          max_chunk: int = 0, align: int = 64, min_chunk: int = 0,
                          prefix: str = "random", plan_cfg=None, tp_rank: int = 0,
@@ -526,7 +562,7 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
     the first samples chunks up to `top_chunk` of the model fitted so far (world rank 0's, sent to all).
     `switches`, `chunk_switches`: kernel switches in L and in x (plugin/switches.py), sampled on both sides.
     repeats 0: default_repeats. Returns the stage-tagged samples and the length actually reached."""
-    from .consensus import all_gather, from_rank0
+    from .consensus import from_rank0
 
     auto_repeats, warm_shapes = default_repeats(str(sched.device))
     repeats = repeats or auto_repeats
@@ -544,32 +580,11 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
                 ", ".join(map(str, levels)), f"{budget_s:.0f}s" if budget_s else "none")
     for i, level in enumerate(levels):
         points = new_points(level, seen, align, top, min_chunk, switches, chunk_switches)
-        t_level = time.time()
-        try:
-            inject_fault(sched, pp_rank, tp_rank)
-            local = {"ok": True, "t": 0.0, "samples": [dict(s, stage=pp_rank) for s in
-                                                        measure_stage(sched, points, repeats, seed=level,
-                                                                      warmup=i == 0, max_chunk=max_chunk,
-                                                                      warm_shapes=warm_shapes, prefix=prefix)]}
-        except Exception as exc:  # travel to every rank, then fail everywhere
-            logger.exception("[sglang-cpp] calibration failed on PP%d", pp_rank)
-            local = {"ok": False, "error": f"PP{pp_rank}: {exc!r}"}
-            note_error(local["error"])
-        local["t"] = time.time() - t_level
-        tick(f"waiting for every rank's samples of calibration level {i + 1} (a gather over the world group)")
-        gathered = all_gather(local)
-        tick(f"after calibration level {i + 1}")
-        errors = [g["error"] for g in gathered if not g["ok"]]
-        if errors:
-            raise RuntimeError("sglang-cpp startup calibration failed: " + "; ".join(errors) +
-                               ". Fix the cause, or pass a profile with SGLANG_CPP_PROFILE=<json>.")
-        stages = set()
-        for g in gathered:  # TP/DP ranks of one stage measure the same shapes: keep one copy per stage
-            st = g["samples"][0]["stage"] if g["samples"] else None
-            if st not in stages:
-                stages.add(st)
-                samples.extend(g["samples"])
-        times.append(max(g["t"] for g in gathered))
+        got, t_level = measure_gathered(sched, points, pp_rank, tp_rank, f"calibration level {i + 1}", repeats,
+                                        seed=level, warmup=i == 0, max_chunk=max_chunk, warm_shapes=warm_shapes,
+                                        prefix=prefix, fault=True)
+        samples.extend(got)
+        times.append(t_level)
         eta = _eta_s(levels, i + 1, times)
         logger.info("[sglang-cpp] calibration level %d/%d: %d tokens, %d samples per stage, top chunk %s, in %.1fs "
                     "(%.0fs so far, ~%.0fs left)", i + 1, len(levels), level, len(points), cap_at(top, 0) or "uncapped",

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from .. import envs
 from ..machine import cpu_dtype_warning
 from .calibrate import speculative_warning
+from .coverage import cover_plan
 from .deadline import startup_deadline
 from .overhead import measure_overhead
 from .profiles import resolve_cost, resolve_upstream, save_served
@@ -126,12 +127,16 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
             logger.warning(spec)
         who = f"world rank {world_rank()} (PP{par.pp_rank}, TP{par.tp_rank})"
         with startup_deadline(envs.CALIB_DEADLINE_S.get(), who):  # no rank hangs in a peer's failed collective
-            cost, calibrated_len, samples = resolve_cost(self, cfg, max_context=min(g["max_context"] for g in gathered),
-                                                         kv_tokens=min(g["kv_tokens"] for g in gathered),
-                                                         tp_rank=int(par.tp_rank))
+            cost, calibrated_len, samples, refit = resolve_cost(
+                self, cfg, max_context=min(g["max_context"] for g in gathered),
+                kv_tokens=min(g["kv_tokens"] for g in gathered), tp_rank=int(par.tp_rank))
             probe = envs.OVERHEAD_PROBE.get()
             if probe:  # every rank: a pipelined run through the real P2P path
                 cost, over = measure_overhead(self, cfg, cost, probe, log=LOG)
+            # the chunks the served plans run, measured where the calibration did not reach (plugin/coverage.py)
+            cost, samples = cover_plan(self, cfg, cost, over, samples, calibrated_len, refit and refit["meta"],
+                                       log=LOG, save=refit and refit["save"])
+            if probe:
                 save_served(self, cfg, cost, over, calibrated_len)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self))

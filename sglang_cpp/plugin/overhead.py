@@ -96,7 +96,6 @@ def _commit(works) -> None:
 
 def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
     """`cost` with each stage's measured overhead added to its c0 (world rank 0's figures, on every rank)."""
-    from ..core.costmodel import PipelineCost, add_constant
     from .consensus import from_rank0, on_every_rank
 
     chunk = 2 * cfg.plan_config().align
@@ -109,6 +108,13 @@ def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
                 ", ".join(f"PP{s} {o:.2f} ms" for s, o in enumerate(over)))
     if log is not None:
         log.write("overhead", stages_ms=[round(o, 4) for o in over], chunks=n_chunks, chunk=chunk)
+    return with_overheads(cost, over), over
+
+
+def with_overheads(cost, over: list[float]):
+    """`cost` with each stage's overhead added to its c0 (one model for every stage: the largest)."""
+    from ..core.costmodel import PipelineCost, add_constant
+
     if isinstance(cost, PipelineCost) and len(cost.stages) == len(over):
-        return PipelineCost(tuple(add_constant(m, o) for m, o in zip(cost.stages, over))), over
-    return add_constant(cost, max(over)), over
+        return PipelineCost(tuple(add_constant(m, o) for m, o in zip(cost.stages, over)))
+    return add_constant(cost, max(over))

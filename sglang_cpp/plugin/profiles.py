@@ -192,9 +192,12 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
 
 
 def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: int = 0) -> tuple:
-    """(cost model, calibrated length, samples) for this server; the samples (what online refinement
-    starts from) are world rank 0's only, [] elsewhere. World rank 0 resolves the source (its own
-    profile file or cache), fits it, and every rank receives the coefficients: no rank fits alone, so
+    """(cost model, calibrated length, samples, refit) for this server; the samples (what online refinement
+    starts from) and `refit` are world rank 0's only, [] and None elsewhere. `refit` is what the plan
+    coverage (plugin/coverage.py) needs to refit a calibration with more samples and keep it: {"meta": the
+    fit's meta, "save": save(samples, cost)}; None for a profile the user gave (never refitted). World rank
+    0 resolves the source (its own profile file or cache), fits it, and every rank receives the
+    coefficients: no rank fits alone, so
     BLAS or scipy differences between nodes cannot give two stages different plans. A calibration runs
     on all ranks together, rank 0 fits the gathered samples and saves them."""
     from .calibrate import calibrate_all_stages, calibrated_switches
@@ -206,7 +209,7 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     if src["kind"] == "profile":
         cost = model_from_dict(src["model"], f"SGLANG_CPP_PROFILE={src['where']}")
         logger.info("[sglang-cpp] cost model from %s (world rank 0's fit): %s", src["where"], cost)
-        return cost, src["covered"], kept.get("samples", [])
+        return cost, src["covered"], kept.get("samples", []), None
     if src["kind"] == "cache":
         reached = src["covered"]
         logger.info("[sglang-cpp] cost model from calibration cache %s on world rank 0 (measured up to %d tokens)",
@@ -215,7 +218,9 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
             logger.warning("[sglang-cpp] the cached calibration reached %d of %d tokens (cut by the %.0fs "
                            "SGLANG_CPP_CALIB_BUDGET_S); raise the budget to measure further", reached,
                            src["max_len"], src["budget_s"])
-        return model_from_dict(src["model"], f"calibration cache {src['where']}"), reached, kept.get("samples", [])
+        refit = None if "meta" not in kept else {
+            "meta": kept["meta"], "save": lambda ss, c: _save_calibration(Path(src["where"]), ss, c, kept["meta"])}
+        return model_from_dict(src["model"], f"calibration cache {src['where']}"), reached, kept.get("samples", []), refit
     max_len, budget_s = src["max_len"], src["budget_s"]
     logger.info("[sglang-cpp] calibration target %d tokens, bounded by %s", max_len, src["bound"])
     pc = cfg.plan_config()
@@ -232,19 +237,27 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
                            "startup calibration")
     if not isinstance(cost, PipelineCost) and cfg.pp_size > 1:
         logger.warning("[sglang-cpp] calibration returned one stage for pp=%d", cfg.pp_size)
+    refit = None
     if world_rank() == 0:
         meta["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         out = cache_path(meta, reached)  # named by what was measured, not what was asked for
-        try:
-            save_profile(out, samples=samples, cost=cost,
-                         meta={**meta, "backend": "sglang-startup", "max_len": reached, "requested_max_len": max_len,
-                               "budget_s": budget_s})
-            logger.info("[sglang-cpp] saved calibration to %s", out)
-        except OSError as exc:  # the model is in hand: serve with it, and say the next start calibrates again
-            logger.warning("[sglang-cpp] could not save the calibration to %s (%s): this server uses it, the next "
-                           "start calibrates again; free the disk or point SGLANG_CPP_CACHE_DIR elsewhere", out,
-                           exc.strerror or exc)
-    return cost, reached, samples
+        meta = {**meta, "backend": "sglang-startup", "max_len": reached, "requested_max_len": max_len,
+                "budget_s": budget_s}
+        _save_calibration(out, samples, cost, meta)
+        refit = {"meta": meta, "save": lambda ss, c: _save_calibration(out, ss, c, meta)}
+    return cost, reached, samples, refit
+
+
+def _save_calibration(out: Path, samples: list, cost, meta: dict) -> None:
+    """World rank 0 keeps a calibration for the next start; a folder that cannot take it costs a WARNING
+    (the model is in hand: this server uses it, the next start calibrates again)."""
+    try:
+        save_profile(out, samples=samples, cost=cost, meta=meta)
+        logger.info("[sglang-cpp] saved calibration to %s", out)
+    except OSError as exc:
+        logger.warning("[sglang-cpp] could not save the calibration to %s (%s): this server uses it, the next "
+                       "start calibrates again; free the disk or point SGLANG_CPP_CACHE_DIR elsewhere", out,
+                       exc.strerror or exc)
 
 
 def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int, kept: dict) -> dict:
@@ -254,6 +267,8 @@ def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int, kept: dict)
     if src["kind"] == "calibrate":
         return src
     kept["samples"] = list(src["doc"].get("samples") or [])
+    if src["kind"] == "cache":
+        kept["meta"] = dict(src["doc"].get("meta") or {})
     return {**src, "doc": None}
 
 
