@@ -166,9 +166,9 @@ def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> tuple:
     replayed offline on its samples): one top for every prefix sampled the first chunk's size at every
     prefix (111-137 s); twice the largest chunk, rounded, per prefix, made the 32K level sample 16384 and
     8192 tokens over prefixes up to 10K for a first chunk of 4608 (110 s of 135 on CPU, where attention
-    grows with x^2). Where the model wants big chunks (a GPU), the tops stay at the cap. A chunk the plan
-    later wants above a top is extrapolated in x only (every prefix is sampled), and online refinement
-    fits it from the served forwards."""
+    grows with x^2). Where the model wants big chunks (a GPU), the tops stay at the cap. A chunk the served
+    plan wants above a top (it is cut with the per-chunk overhead, measured after the calibration) is
+    measured before serving (plugin/coverage.py)."""
     from ..core.planner import plan_dp, plan_equal_time
 
     fn = plan_dp if plan_cfg.method == "dp" else plan_equal_time
