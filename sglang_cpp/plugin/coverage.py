@@ -99,13 +99,15 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
 
     def outside() -> list:  # world rank 0: a profile of coefficients only has no samples to leave
         meta = fit_meta or {}
-        return [] if not samples else uncovered(plan_shapes(cost, pc, lengths), samples, tuple(meta.get("regime_bounds") or ()),
+        if not samples:
+            return []
+        return uncovered(plan_shapes(cost, pc, lengths), samples, tuple(meta.get("regime_bounds") or ()),
                          tuple(meta.get("chunk_switches") or ()), pc.align)
 
     repeats, warm = default_repeats(str(sched.device))
     repeats = envs.CALIB_REPEATS.get() or repeats
+    shapes, calibrated = [tuple(s) for s in from_rank0(outside)], None
     for k in range(ROUNDS if refit else 0):
-        shapes = [tuple(s) for s in from_rank0(outside)]
         if not shapes:
             break
         logger.info("[sglang-cpp] the plans for %s tokens run %d chunk(s) outside the calibrated (L, x) range; "
@@ -122,9 +124,10 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
         cost = with_overheads(calibrated, overheads)
         if log is not None:
             log.write("coverage", round=k + 1, measured=[list(s) for s in shapes], seconds=round(secs, 3))
-        if save is not None:
-            save(samples, calibrated)
-    left = from_rank0(outside)
+        shapes = [tuple(s) for s in from_rank0(outside)]
+    if calibrated is not None and save is not None:  # once, with every round's samples
+        save(samples, calibrated)
+    left = shapes
     if left:
         logger.warning("[sglang-cpp] the plans for %s tokens still run %d chunk(s) outside the calibrated (L, x) "
                        "range, so their times are extrapolated: %s. %s", lengths, len(left),
