@@ -59,6 +59,21 @@ def test_the_report_fits_a_flash_shaped_stage_and_counts_flops_and_small_chunk_c
     assert "NVIDIA H100 80GB HBM3" in text and "abc1234" in text and "FLASH_ATTENTION" in text
 
 
+def test_the_written_report_brings_each_shapes_profile_beside_it(tmp_path):
+    """check.py's kernels step and the report script write the same files: the report and, per shape, a
+    profile that `bench ttft --simulate` prices chunks with (what the lent GPU runs must bring back)."""
+    from sglang_cpp.core.costmodel import load_cost
+
+    rep = _load("kernels_report")
+    md = tmp_path / "out" / "gpu_kernels.md"
+    text, verdicts, profiles = rep.write_report(_doc(), md, "abc1234", "python examples/gpu/kernels_report.py x")
+    assert md.read_text() == text and [s for s, _ in verdicts] == ["check-llama"]
+    assert profiles == [tmp_path / "out" / "gpu_kernels-check-llama.profile.json"]
+    cost = load_cost(profiles[0])  # fitted on the 25 grid samples of _t alone, not the small-chunk rows
+    for L, x in ((0, 1024), (32768, 4096), (98304, 16384)):
+        assert abs(float(cost.time(L, x)) / _t(L, x) - 1.0) < 0.01
+
+
 def test_the_report_names_no_efficiency_for_a_gpu_without_a_preset():
     rep = _load("kernels_report")
     assert rep.device_spec("NVIDIA H200").name == "H200" and rep.device_spec("NVIDIA H20").name == "H20"

@@ -12,7 +12,8 @@ Steps, each a row of the results file (results/gpu_check.md), each PASS / FAIL w
   7. pp2      only with 2+ GPUs: a PP=2 server's startup calibration ran on CUDA events
   8. kernels  torch only (kernels.py): t(L, x) of a Llama-shaped stack from cuBLAS GEMMs and torch's fused
               attention up to 128K, its FlashAttention shape, held-out error and small-chunk efficiency
-              (results/gpu_kernels.md). Runs with or without SGLang: the lent GPU machines have none.
+              (results/gpu_kernels.md, and per shape results/gpu_kernels-<shape>.profile.json for
+              `bench ttft --simulate`). Runs with or without SGLang: the lent GPU machines have none.
 
 Steps 2 and 4-7 need `pip install sglang==0.5.23`; without it env FAILs, they are NOT RUN, and timer and
 kernels still run. No model hub (the model is a random-init Llama built here).
@@ -192,7 +193,8 @@ def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
 
 
 def check_kernels(rows: list, out: Path) -> None:
-    """Step 8: kernels.py's measurement (JSON beside `out`), then kernels_report.py's fit and verdicts."""
+    """Step 8: kernels.py's measurement (JSON beside `out`), then kernels_report.py's fit and verdicts, its
+    report and each shape's profile (gpu_kernels-<shape>.profile.json) beside `out` too."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -205,11 +207,12 @@ def check_kernels(rows: list, out: Path) -> None:
         kernels.measure(torch, doc, list(kernels.SHAPES), cfg, "cuda", js)
         import kernels_report
 
-        text, verdicts = kernels_report.report(doc, doc["commit"], f"python examples/gpu/kernels_report.py {js}")
+        _, verdicts, profiles = kernels_report.write_report(
+            doc, out.with_name("gpu_kernels.md"), doc["commit"], f"python examples/gpu/kernels_report.py {js}")
     except Exception as exc:  # a row, not a crash: what was measured is in the JSON already
         _row(rows, "kernels", False, f"{type(exc).__name__}: {str(exc)[-400:]}")
         return
-    out.with_name("gpu_kernels.md").write_text(text)
+    print("[gpu-check] profiles: " + ", ".join(str(p) for p in profiles), flush=True)
     for shape, v in verdicts:
         _row(rows, f"kernels {shape}", v["fa_ok"] and v["predict_ok"],
              f"d L^2 {v['fa_share']:.1%} of t (bound {FA_SHARE:.0%}), e/f {v['e_over_f']:.2f}, held-out median "

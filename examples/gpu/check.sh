@@ -4,8 +4,8 @@
 # and the torch-only kernel measurement (kernels.py). 10 minutes or less on one H100/H200. The SGLang steps need
 # SGLang 0.5.23 with its CUDA dependencies; without it they are NOT RUN and the torch-only steps still run.
 # With SGLang there, this checkout is installed (--no-deps) for its plugin entry point; without it, it is used in
-# place (PYTHONPATH). Writes results/gpu_check.md, gpu_kernels.md
-# and gpu_kernels.json (or beside --out FILE). Never part of CI.
+# place (PYTHONPATH). Writes results/gpu_check.md, gpu_kernels.md,
+# gpu_kernels.json and gpu_kernels-<shape>.profile.json (or beside --out FILE). Never part of CI.
 # Usage: bash examples/gpu/check.sh [--out FILE]    (PYTHON=... to pick the interpreter)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -133,6 +133,15 @@ def save_profiles(doc: dict, folder: Path) -> list[Path]:
     return out
 
 
+def write_report(doc: dict, md: Path, commit: str, command: str) -> tuple[str, list, list[Path]]:
+    """(text, verdicts, profiles): the report written to `md` and each shape's profile beside it, the one way
+    both this script and check.py's kernels step write them, so a GPU run brings back everything."""
+    text, verdicts = report(doc, commit, command)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(text)
+    return text, verdicts, save_profiles(doc, md.parent)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("samples", help="the JSON kernels.py wrote")
@@ -141,10 +150,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     doc = json.loads(Path(a.samples).read_text())
     cmd = " ".join(["python examples/gpu/kernels_report.py", *(argv if argv is not None else sys.argv[1:])])
-    text, verdicts = report(doc, a.commit or doc.get("commit", "unknown"), cmd)
-    Path(a.out).write_text(text)
+    text, _, profiles = write_report(doc, Path(a.out), a.commit or doc.get("commit", "unknown"), cmd)
     print(text)
-    for path in save_profiles(doc, Path(a.out).parent):
+    for path in profiles:
         print(f"profile: {path}")
     return 0
 
