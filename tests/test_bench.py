@@ -331,9 +331,19 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
         dec = spec.env["SGLANG_CPP_DECISION_LOG"]  # the steps each stage logs (a partial last line, as a kill leaves)
         for rank, (loop, plugin) in enumerate(((3.0, 0.2), (2.0, 0.1))):
             Path(dec.replace("{rank}", str(rank))).parent.mkdir(parents=True, exist_ok=True)
+            # the measured request's forwards at (prefix, chunk), by the served model 11.969 / 12.706 / 9.547 ms
+            # (below), run 1.2 / 1.1 / 0.9x that on PP0 and 1x on PP1; a warm-up request that never reaches the
+            # length and a two-request batch are not priced
+            fw = [("m", 0, 192, 11.969), ("m", 192, 192, 12.706), ("m", 384, 128, 9.547), ("w", 0, 100, 50.0)]
+            q = (1.2, 1.1, 0.9, 1.0) if rank == 0 else (1.0,) * 4
+            forwards = [{"event": "forward", "pp_rank": rank, "rids": [rid], "prefix": [pre], "chunk": [x],
+                         "ms": ms * k} for (rid, pre, x, ms), k in zip(fw, q)]
+            forwards.append({"event": "forward", "pp_rank": rank, "rids": ["m", "w"], "prefix": [0, 0],
+                             "chunk": [64, 64], "ms": 99.0})
             Path(dec.replace("{rank}", str(rank))).write_text("".join(json.dumps(
                 {"event": "step", "pp_rank": rank, "rid": "a", "gap_ms": 44.0 + i, "forward_ms": 40.0, "blocked_ms": 1.0,
-                 "loop_ms": loop + i, "plugin_ms": plugin}) + "\n" for i in range(3)) + '{"event": "step", "pp_r')
+                 "loop_ms": loop + i, "plugin_ms": plugin}) + "\n" for i in range(3))
+                + "".join(json.dumps(f) + "\n" for f in forwards) + '{"event": "step", "pp_r')
         yield SimpleNamespace(base_url=(planned if is_plan else plain).url, log_path=tmp_path / "log",
                               log=lambda: "")
 
@@ -365,6 +375,9 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
     # per chunk step and stage: forward, loop beyond forward and waits (median of 3, 4, 5 and of 2, 3, 4), plugin
     assert "| fixed C=128 | 12 | 40.0 | 4.00 | 0.200 | 40.0 | 3.00 | 0.100 |" in md
     assert "| sglang-cpp plan (C=4096) | 12 |" in md
+    # per forward, over 2 starts x 3 forwards x 2 stages: PP0's median of 1.2, 1.1, 0.9 (each start's too), PP1's 1
+    assert "| fixed C=128 | 12 | 128-192 | 1.100 (1.100-1.100) | 1.000 (1.000-1.000) |" in md
+    assert md.count(" | 12 | 128-192 | 1.100 (1.100-1.100) | 1.000 (1.000-1.000) |") == 5
     recs = [json.loads(x) for x in (tmp_path / "res" / "tf.jsonl").read_text().splitlines()]
     assert len(recs) == 10 and all("stale" not in r for r in recs)  # 5 configurations x 2 rounds, resumed once
     assert [r["chunk_plan"][0]["ran"] for r in recs if r["policy"].startswith("sglang-cpp plan")] == [ran] * 6

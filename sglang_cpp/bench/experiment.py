@@ -202,7 +202,8 @@ class Runner:
             log(f"{run.key}: FAILED: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         ent["seconds"] = round(time.time() - t0, 1)
         if dec and ent["status"] == "ok":
-            ent["steps"] = step_costs(sorted(Path(log_dir).glob(Path(dec).name.replace("{rank}", "*"))))
+            logs = sorted(Path(log_dir).glob(Path(dec).name.replace("{rank}", "*")))
+            ent["steps"], ent["forwards"] = step_costs(logs), forward_costs(logs)
         self.state["runs"][run.key] = ent
         self.save()
         if ent["status"] == "ok":
@@ -225,6 +226,19 @@ def step_costs(paths) -> dict:
                 "plugin_ms": round(float(np.median([e["plugin_ms"] for e in v])), 3),
                 "forward_ms": round(float(np.median([e["forward_ms"] for e in v])), 3)}
             for s, v in sorted(out.items())}
+
+
+def forward_costs(paths) -> dict:
+    """Per stage, every single-request extend forward a server logged, as [rid, prefix, chunk, ms]
+    (plugin/hooks.py's `forward` events): what the report prices forward by forward on the served model."""
+    from ..files import read_events
+
+    out: dict = {}
+    for e in read_events(paths, "forward"):
+        if len(e.get("rids") or ()) == 1 and e["chunk"][0] > 0:
+            out.setdefault(str(e["pp_rank"]), []).append(
+                [str(e["rids"][0]), int(e["prefix"][0]), int(e["chunk"][0]), round(float(e["ms"]), 3)])
+    return out
 
 
 def calibration_stages(cfg: ExperimentConfig, runner: Runner, plan_ents: list) -> tuple[Path | None, list | None, str]:

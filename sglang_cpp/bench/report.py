@@ -248,6 +248,7 @@ def render_tuning_free(cfg, order: list, ents: dict, stages, cal, cal_err: str, 
                        f"{'yes' if same else 'no'})")
         out.append("")
         out += _drift_table(cfg, order, ents, L, cost)
+        out += _forward_table(order, ents, L, stages, P)
     out += _step_table(order, ents, P)
     out += ["A difference inside a row's spread is a tie, whichever way it points. Raw records: the `.jsonl` beside "
             "this file."]
@@ -289,6 +290,41 @@ def _drift_table(cfg, order: list, ents: dict, L: int, cost) -> list[str]:
             "it ran (one model prices every start, so for the same chunks the ratio moves with the host alone):", "",
             "| start | config | round | chunks per request | measured / predicted per request | median |",
             "|---:|---|---:|---|---|---:|", *rows, "", "Start medians per configuration: " + "; ".join(per) + ".", ""]
+
+
+def _forward_table(order: list, ents: dict, L: int, stages, P: int) -> list[str]:
+    """Every forward of the requests that reached L, per stage, over the served model's prediction for its
+    (prefix, chunk): forwards alone, no per-chunk overhead. The drift table's TTFT ratio mixes the host with
+    the pipeline; this one shows which chunk sizes the model prices high or low (empty without logs)."""
+    import numpy as np
+
+    if not stages:
+        return []
+    rows = []
+    for r in order:
+        n, sizes, cells = 0, set(), []
+        for s in range(P):
+            model, starts = stages[min(s, len(stages) - 1)], []
+            for e in ents[r.key]:
+                fw = (e.get("forwards") or {}).get(str(s)) if e.get("status") == "ok" else None
+                reach: dict = {}
+                for rid, pre, x, _ in fw or ():
+                    reach[rid] = max(reach.get(rid, 0), pre + x)
+                got = [(x, ms / float(model.time(pre, x))) for rid, pre, x, ms in fw or () if reach[rid] >= L]
+                if got:
+                    starts.append([q for _, q in got])
+                    n, sizes = n + len(got), sizes | {x for x, _ in got}
+            meds = [float(np.median(v)) for v in starts]
+            cells.append(f"{np.median([q for v in starts for q in v]):.3f} ({min(meds):.3f}-{max(meds):.3f})"
+                         if starts else "—")
+        if n:
+            rows.append(f"| {r.label()} | {n} | {min(sizes)}-{max(sizes)} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    head = " | ".join(f"PP{s}: median (start medians)" for s in range(P))
+    return ["Per forward: each forward of these requests over the served model's prediction for its (prefix, "
+            "chunk) on its stage, forwards alone (no per-chunk overhead); above 1 the model prices the chunk low:", "",
+            f"| config | forwards | chunk sizes | {head} |", "|---|---:|---:|" + "---:|" * P, *rows, ""]
 
 
 def _step_table(order: list, ents: dict, P: int) -> list[str]:
