@@ -203,7 +203,7 @@ class Runner:
         ent["seconds"] = round(time.time() - t0, 1)
         if dec and ent["status"] == "ok":
             logs = sorted(Path(log_dir).glob(Path(dec).name.replace("{rank}", "*")))
-            ent["steps"], ent["forwards"] = step_costs(logs), forward_costs(logs)
+            ent["steps"], ent["forwards"] = log_costs(logs)
         self.state["runs"][run.key] = ent
         self.save()
         if ent["status"] == "ok":
@@ -212,33 +212,27 @@ class Runner:
         return ent
 
 
-def step_costs(paths) -> dict:
-    """Per stage, from a server's decision logs: its chunk steps' count and the medians of what a step cost
-    beyond forward and waits (loop_ms) and of the plugin's own hooks in it (plugin_ms) (plugin/steps.py)."""
+def log_costs(paths) -> tuple[dict, dict]:
+    """(steps, forwards) from a server's decision logs, read once. steps: per stage, its chunk steps' count
+    and the medians of what a step cost beyond forward and waits (loop_ms), of the plugin's own hooks in it
+    (plugin_ms) and of the forward (plugin/steps.py). forwards: per stage, every single-request extend
+    forward as [rid, prefix, chunk, ms] (plugin/hooks.py), which the report prices on the served model."""
     import numpy as np
 
     from ..files import read_events
 
-    out: dict = {}
-    for e in read_events(paths, "step"):
-        out.setdefault(str(e["pp_rank"]), []).append(e)
-    return {s: {"steps": len(v), "loop_ms": round(float(np.median([e["loop_ms"] for e in v])), 3),
-                "plugin_ms": round(float(np.median([e["plugin_ms"] for e in v])), 3),
-                "forward_ms": round(float(np.median([e["forward_ms"] for e in v])), 3)}
-            for s, v in sorted(out.items())}
-
-
-def forward_costs(paths) -> dict:
-    """Per stage, every single-request extend forward a server logged, as [rid, prefix, chunk, ms]
-    (plugin/hooks.py's `forward` events): what the report prices forward by forward on the served model."""
-    from ..files import read_events
-
-    out: dict = {}
-    for e in read_events(paths, "forward"):
-        if len(e.get("rids") or ()) == 1 and e["chunk"][0] > 0:
-            out.setdefault(str(e["pp_rank"]), []).append(
+    steps: dict = {}
+    forwards: dict = {}
+    for e in read_events(paths, "step", "forward"):
+        if e["event"] == "step":
+            steps.setdefault(str(e["pp_rank"]), []).append(e)
+        elif len(e.get("rids") or ()) == 1 and e["chunk"][0] > 0:
+            forwards.setdefault(str(e["pp_rank"]), []).append(
                 [str(e["rids"][0]), int(e["prefix"][0]), int(e["chunk"][0]), round(float(e["ms"]), 3)])
-    return out
+    return ({s: {"steps": len(v), "loop_ms": round(float(np.median([e["loop_ms"] for e in v])), 3),
+                 "plugin_ms": round(float(np.median([e["plugin_ms"] for e in v])), 3),
+                 "forward_ms": round(float(np.median([e["forward_ms"] for e in v])), 3)}
+             for s, v in sorted(steps.items())}, forwards)
 
 
 def calibration_stages(cfg: ExperimentConfig, runner: Runner, plan_ents: list) -> tuple[Path | None, list | None, str]:

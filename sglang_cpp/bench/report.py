@@ -298,22 +298,23 @@ def _forward_table(order: list, ents: dict, L: int, stages, P: int) -> list[str]
     the pipeline; this one shows which chunk sizes the model prices high or low (empty without logs)."""
     import numpy as np
 
+    def priced(fw: list, model) -> list[tuple[int, float]]:  # (chunk, measured / predicted) of requests reaching L
+        reach: dict = {}
+        for rid, pre, x, _ in fw:
+            reach[rid] = max(reach.get(rid, 0), pre + x)
+        return [(x, ms / float(model.time(pre, x))) for rid, pre, x, ms in fw if reach[rid] >= L]
+
     if not stages:
         return []
     rows = []
     for r in order:
         n, sizes, cells = 0, set(), []
         for s in range(P):
-            model, starts = stages[min(s, len(stages) - 1)], []
-            for e in ents[r.key]:
-                fw = (e.get("forwards") or {}).get(str(s)) if e.get("status") == "ok" else None
-                reach: dict = {}
-                for rid, pre, x, _ in fw or ():
-                    reach[rid] = max(reach.get(rid, 0), pre + x)
-                got = [(x, ms / float(model.time(pre, x))) for rid, pre, x, ms in fw or () if reach[rid] >= L]
-                if got:
-                    starts.append([q for _, q in got])
-                    n, sizes = n + len(got), sizes | {x for x, _ in got}
+            model = stages[min(s, len(stages) - 1)]
+            got = [priced((e.get("forwards") or {}).get(str(s)) or [], model) for e in ents[r.key]
+                   if e.get("status") == "ok"]
+            starts = [[q for _, q in g] for g in got if g]
+            n, sizes = n + sum(map(len, starts)), sizes | {x for g in got for x, _ in g}
             meds = [float(np.median(v)) for v in starts]
             cells.append(f"{np.median([q for v in starts for q in v]):.3f} ({min(meds):.3f}-{max(meds):.3f})"
                          if starts else "—")
