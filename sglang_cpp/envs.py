@@ -103,6 +103,10 @@ MAX_CHUNK = EnvVar("SGLANG_CPP_MAX_CHUNK", int, 0,
                    "Largest chunk the planner may use (0: SGLang's prefill-buffer ceiling, max(C, "
                    "--max-prefill-tokens, 1.25 C) with dynamic chunking on PP).")
 PLANNER = EnvVar("SGLANG_CPP_PLANNER", str, "equal-time", "Planner: equal-time or dp.", ("equal-time", "dp"))
+QUEUE_AWARE = EnvVar("SGLANG_CPP_QUEUE_AWARE", _bool, True,
+                     "Plan each prompt with the chunks in flight ahead of it and the prompts waiting behind it "
+                     "(core/queue_plan.py), replanning its remaining chunks when the waiting queue changes; 0: "
+                     "every prompt planned as if alone in an empty pipeline.")
 DECISION_LOG = EnvVar("SGLANG_CPP_DECISION_LOG", str, "",
                       "JSONL file each scheduler appends its chunk decisions and measured forward times to "
                       "({rank}: world rank, {pp_rank}, {tp_rank}).", node_local=True)
@@ -150,6 +154,6 @@ PD_EARLY_KV = EnvVar("SGLANG_CPP_PD_EARLY_KV", _bool, False,
                      "for the final send at result time (plugin/pd_kv.py). Off under the staging buffer, overlap "
                      "scheduling or attention CP > 1.")
 
-ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER,
+ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER, QUEUE_AWARE,
        DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, ONLINE, CALIB_DEADLINE_S,
        CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN, PD_FAST_RING, PD_EARLY_KV)

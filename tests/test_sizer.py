@@ -275,3 +275,52 @@ def test_time_budget_gives_a_chunk_over_a_long_prefix_fewer_tokens(tmp_path):
     rows = [[{k: v for k, v in json.loads(line).items() if k not in ("t", "pp_rank")}
              for line in open(tmp_path / f"dec_{r}.jsonl")] for r in (0, 1)]
     assert rows[0] == rows[1] and [r["event"] for r in rows[0]] == ["batch", "batch_chunk", "batch_chunk", "batch", "batch_chunk"]
+
+
+def test_a_queue_aware_sizer_replans_at_the_boundary_after_an_arrival_alike_on_every_stage(tmp_path):
+    """Two stages fed the same view at the same points: the first chunk is planned alone (nothing in view);
+    after two chunks three prompts arrive, and the next boundary replans the remaining chunks on the queue
+    (a `queue_plan` event with replan=True naming what it replaced); the stages log identical decisions."""
+    from sglang_cpp.core.queue_plan import QueueView, plan_in_queue
+
+    fa, big = CostModel.fa(a=1e-6, b=0.05, c0=20.0), dict(pp_size=4)  # a plan whose chunks shrink to its end
+    n, arrivals = 65536, ((65536, 0), (65536, 0), (30000, 4096))
+    logs = [tmp_path / f"d{r}.jsonl" for r in (0, 1)]
+    seqs = []
+    for r in (0, 1):
+        state = {"waiting": ()}
+        view = lambda rid, st=state: QueueView(waiting=st["waiting"], ids=tuple(f"w{i}" for i in range(len(st["waiting"]))))  # noqa: E731
+        s = CppChunkSizer(cfg(r, **big), cost=fa, log=DecisionLog(r, str(logs[r])), queue_view=view)
+        s.current_req = lambda: ("a", n)
+        L, seq = 0, [s.decide("a", n, 0, first=True)]
+        L += seq[-1]
+        for k in range(40):
+            if L >= n:
+                break
+            if k == 1:
+                state["waiting"] = arrivals
+            seq.append(s.predict(L))
+            L += seq[-1]
+        seqs.append(seq)
+    assert seqs[0] == seqs[1] and sum(seqs[0]) == n
+    alone = plan_equal_time(n, fa, cfg(**big).plan_config()).chunks
+    assert tuple(seqs[0][:2]) == alone[:2]
+    at = sum(seqs[0][:2])
+    want = plan_in_queue(n, fa, cfg(**big).plan_config(), at, QueueView(waiting=arrivals),
+                         alone=plan_equal_time(n, fa, cfg(**big).plan_config(), at)).chunks
+    assert tuple(seqs[0][2:]) == want and want != alone[2:]
+    events = [[json.loads(x) for x in f.read_text().splitlines() if '"queue_plan"' in x] for f in logs]
+    for e in events:
+        for d in e:
+            d.pop("t"), d.pop("pp_rank")
+    assert events[0] == events[1] and len(events[0]) == 1
+    ev = events[0][0]
+    assert ev["replan"] and ev["prefix"] == at and ev["replaced"] == list(alone[2:])
+    assert ev["waiting"] == [list(w) for w in arrivals] and ev["chunks"] == list(want)
+
+
+def test_a_sizer_with_the_queue_off_plans_every_prompt_alone():
+    calls = []
+    s = CppChunkSizer(cfg(queue_aware=False), cost=COST, queue_view=lambda rid: calls.append(rid))
+    assert tuple(walk(s, "r", 150000, 0)) == plan_equal_time(150000, COST, cfg().plan_config()).chunks
+    assert calls == []

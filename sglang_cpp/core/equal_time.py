@@ -241,12 +241,20 @@ def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: fl
 def _threshold_walks(cost, coefs, L0: int, R: int, cfg: PlanConfig, T_hi: float, k_cap: int,
                      n: int = 64, span: tuple = (0.7, 1.0)) -> list[tuple[float, list[int]]]:
     """The exact DP's own shape, for thresholds just under T_hi: for each of `n` targets M, the greedy
-    walk of the largest aligned chunks whose time stays <= M (the last chunk takes the rest), scored on
-    sum + (P-1) max. Equal-time boundaries rounded to the nearest aligned point can put one chunk a unit
-    above the target, which the (P-1) max term then multiplies; rounding down under a threshold never
-    does. One numpy pass per chunk for all targets together; a walk not done within `k_cap` chunks is dropped."""
-    lo, hi, al, P, o = cfg.lo, cfg.hi, cfg.align, cfg.pp_size, cfg.overhead_ms
-    M = T_hi * np.linspace(*span, n)
+    walk of the largest aligned chunks whose time stays <= M (`walks`), scored on sum + (P-1) max.
+    Equal-time boundaries rounded to the nearest aligned point can put one chunk a unit above the target,
+    which the (P-1) max term then multiplies; rounding down under a threshold never does."""
+    walked = walks(coefs, L0, R, cfg, T_hi * np.linspace(*span, n), k_cap)
+    return [(ttft(ch, L0, cost, cfg.pp_size, cfg.overhead_ms), ch) for ch in walked if ch is not None]
+
+
+def walks(coefs, L0: int, R: int, cfg: PlanConfig, M, k_cap: int) -> list[list[int] | None]:
+    """For each target time in `M`, the greedy walk over R tokens after a prefix L0 of the largest aligned
+    chunks (within [lo, hi]) whose time stays <= the target on every row of `coefs`, the last chunk taking
+    the rest; None for a walk not done within `k_cap` chunks. One numpy pass per chunk for all targets."""
+    lo, hi, al = cfg.lo, cfg.hi, cfg.align
+    M = np.asarray(M, float)
+    n = M.size
     cols = _cols(coefs, 1)
     L, live = np.full(n, float(L0)), np.ones(n, bool)
     chunks = np.zeros((k_cap, n), np.int64)
@@ -259,11 +267,15 @@ def _threshold_walks(cost, coefs, L0: int, R: int, cfg: PlanConfig, T_hi: float,
             live &= L < L0 + R
             if not live.any():
                 break
-    out = []
-    for j in np.flatnonzero(~live):
-        ch = [int(c) for c in chunks[:, j] if c > 0]
-        out.append((ttft(ch, L0, cost, P, o), ch))
-    return out
+    return [None if live[j] else [int(c) for c in chunks[:, j] if c > 0] for j in range(n)]
+
+
+def search_rows(cost, L0: int, R: int):
+    """The rows a plan over [L0, L0 + R] is searched on: every stage's rows per regime for a piecewise model,
+    else the stages that can pace this prompt (`_pacing_rows`), in the form `walks` and `_x_of` take."""
+    if is_piecewise(cost):
+        return regime_rows(cost)
+    return _as_coefs(_pacing_rows(cost, L0, R, R))
 
 
 def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
@@ -497,4 +509,4 @@ def _refine(chunks: list[int], j: float, L0: int, R: int, cost, cfg: PlanConfig,
     return ttft(out, L0, cost, P, o), out, moves
 
 
-__all__ = ["plan_equal_time", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS"]
+__all__ = ["plan_equal_time", "walks", "search_rows", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS"]

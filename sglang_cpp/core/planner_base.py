@@ -119,24 +119,62 @@ def ttft(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0.0) 
     return float(t.sum() + (pp_size - 1) * t.max())
 
 
-def makespan(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0.0) -> float:
-    """Exact TTFT of a chunk list on P stages that may differ: the flow-shop recurrence
-    C[k, s] = max(C[k-1, s], C[k, s-1]) + t_s(k) (the simulator's, with free P2P). For equal stages it
-    is sum + (P-1) * max (`ttft`); stages that differ (the embedding on the first, the LM head on the
-    last, uneven layer counts) make that formula an upper bound that can rank plans wrongly.
+def flow_shop(t, start=None) -> np.ndarray:
+    """Completion times on the last stage of jobs run in order through P stages: the permutation flow shop
+    C[k, s] = max(C[k-1, s], C[k, s-1]) + t[s, k], for `t` shaped (..., P, K) (leading axes: independent
+    sequences, e.g. candidate plans), each stage free from `start[..., s]` (default 0). With equal stages
+    from an empty pipe, job j completes at sum_{i<=j} t_i + (P-1) max_{i<=j} t_i. A zero-time job is
+    transparent (it completes with the job before it), so sequences of different lengths can be padded."""
+    return _scan(t, start)[-1]
 
-    Per stage the recurrence is a max-plus scan, C_s = S + cummax(C_{s-1} - S + t_s) with S the running
-    sum of t_s, so it costs P numpy passes, not K * P Python steps."""
+
+def advance(t, start=None) -> np.ndarray:
+    """When each stage is free again after jobs `t` (..., P, K), from free times `start` (..., P): the
+    flow-shop state a sequence leaves behind, shaped (..., P). The map is max-plus linear in `start`:
+    from a state F the stages end at max_s' (F[s'] + D[s', s]), D the ends from a start 0 at stage s' only."""
+    return np.stack([C[..., -1] for C in _scan(t, start)], axis=-1)
+
+
+def _scan(t, start) -> list[np.ndarray]:
+    """Per stage, the completion of every job: a max-plus scan per stage, C_s = S + max(F_s, cummax(C_{s-1}
+    - S + t_s)) with S the running sum of t_s: P numpy passes, not K * P Python steps."""
+    t = np.asarray(t, float)
+    P = t.shape[-2]
+    F = np.zeros(P) if start is None else np.asarray(start, float)
+    lead = np.broadcast_shapes(t.shape[:-2], F.shape[:-1])
+    t, F = np.broadcast_to(t, lead + t.shape[-2:]), np.broadcast_to(F, lead + (P,))
+    out, C = [], None
+    with np.errstate(invalid="ignore"):
+        for s in range(P):
+            ts = t[..., s, :]
+            S = np.cumsum(ts, axis=-1)
+            best = F[..., s, None] if C is None else np.maximum(F[..., s, None], np.maximum.accumulate(C - S + ts, axis=-1))
+            C = S + best
+            out.append(C)
+    return out
+
+
+def stage_times(cost, L, x, pp_size: int) -> np.ndarray:
+    """Every stage's time of chunks (L, x), shaped (P,) + L's shape: a per-stage model (`cost.stages`, one
+    per stage) prices each stage apart, one shared model prices every stage alike."""
+    stages = getattr(cost, "stages", None)
+    L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
+    if stages and len(stages) == pp_size and hasattr(cost, "stage_times"):
+        return np.asarray(cost.stage_times(L, x), float)
+    return np.broadcast_to(np.asarray(cost.time(L, x), float), (pp_size,) + L.shape)
+
+
+def makespan(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0.0) -> float:
+    """Exact TTFT of a chunk list on P stages that may differ: the flow-shop recurrence (`flow_shop`, the
+    simulator's with free P2P). For equal stages it is sum + (P-1) * max (`ttft`); stages that differ (the
+    embedding on the first, the LM head on the last, uneven layer counts) make that formula an upper
+    bound that can rank plans wrongly."""
     stages = getattr(cost, "stages", None)
     if not stages or len(stages) != pp_size or all(m == stages[0] for m in stages[1:]):
         return ttft(chunks, prefix_len, cost, pp_size, overhead_ms)
     x = np.asarray(chunks, float)
     L = prefix_len + np.concatenate([[0.0], np.cumsum(x)[:-1]])
-    C = np.zeros(len(x))
-    for t in cost.stage_times(L, x) + overhead_ms:
-        S = np.cumsum(t)
-        C = S + np.maximum.accumulate(C - S + t)
-    return float(C[-1])
+    return float(flow_shop(stage_times(cost, L, x, pp_size) + overhead_ms)[-1])
 
 
 def fixed_candidates(cfg: PlanConfig, n_tokens: int = 0) -> list[int]:
@@ -170,4 +208,4 @@ def plan_fixed(prompt_len: int, cost, cfg: PlanConfig, chunk: int, prefix_len: i
     return make_plan(fixed_split(R, chunk), prompt_len, prefix_len, cost, cfg, "fixed")
 
 
-__all__ = ["PlanConfig", "METHODS", "prefill_buffer_tokens", "make_plan", "ttft", "makespan", "fixed_split", "fixed_candidates", "plan_fixed"]
+__all__ = ["PlanConfig", "METHODS", "prefill_buffer_tokens", "make_plan", "ttft", "makespan", "flow_shop", "advance", "stage_times", "fixed_split", "fixed_candidates", "plan_fixed"]

@@ -139,7 +139,8 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
             if probe:
                 save_served(self, cfg, cost, over, calibrated_len)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
-                          log=LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self))
+                          log=LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self),
+                          queue_view=lambda rid: _queue_view(self, rid))
     self.dynamic_chunk_sizer = sizer
     ACTIVE = sizer
     if BATCH is not None:
@@ -230,9 +231,10 @@ def Scheduler__get_new_batch_prefill_raw(original, self, *args, **kwargs):
 
 
 def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
-    """With SGLANG_CPP_EVEN_DECODES under PP: note which micro-batch slot is being scheduled (the index of
-    its running batch in running_mbs), for the admission cap below."""
-    if BATCH is not None and BATCH.cfg.even_decodes:
+    """Under PP, note which micro-batch slot is being scheduled (the index of its running batch in
+    running_mbs): the queue-aware plan's chunks in flight are the other slots' batches, and
+    SGLANG_CPP_EVEN_DECODES caps the slot's admissions (below)."""
+    if (BATCH is not None and BATCH.cfg.even_decodes) or (ACTIVE is not None and ACTIVE.cfg.queue_aware):
         running = kwargs.get("running_batch", args[0] if args else None)
         self.sglang_cpp_slot = next((i for i, b in enumerate(getattr(self, "running_mbs", ()))
                                      if b is running), None)
@@ -250,6 +252,50 @@ def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwar
     if BATCH is None or slot is None:
         return res
     return min(res, BATCH.admit_cap(slot_loads(self, slot, running_bs), slot, len(self.waiting_queue)))
+
+
+_SKIPPED: set = set()  # waiting requests already named in a WARNING (once each)
+
+
+def _queue_view(sched, rid: str):
+    """What every stage shares when it plans request `rid` at this loop index (core/queue_plan.py): the
+    prefill chunks of the batches issued in the other micro-batch slots (SGLang's `mbs`, oldest first: the
+    chunks still in the pipe ahead of it) and the requests waiting behind it in the scheduler's order
+    (`waiting_queue`, sorted by calc_priority before the adder runs), up to MAX_WAITING, each with its
+    matched prefix. A waiting request that cannot be planned (longer than the context) is left out with one
+    WARNING naming it."""
+    from ..core.queue_plan import MAX_WAITING, QueueView
+
+    mbs, slot = getattr(sched, "mbs", None) or [], getattr(sched, "sglang_cpp_slot", None)
+    inflight = []
+    if slot is not None:
+        for k in range(1, len(mbs)):
+            b = mbs[(slot + k) % len(mbs)]
+            if b is None or not b.reqs or not b.forward_mode.is_extend():
+                continue
+            prefix = list(getattr(b, "prefix_lens", None) or [r.prefix_len for r in b.reqs])
+            ext = list(getattr(b, "extend_lens", None) or [])
+            inflight += [(int(p), int(x)) for p, x in zip(prefix, ext) if int(x) > 0]
+    queue = list(getattr(sched, "waiting_queue", ()) or ())
+    at = next((i for i, r in enumerate(queue) if r.rid == rid), None)
+    waiting, ids = [], []
+    ctx = int(sched.model_config.context_len)
+    for req in queue[(at + 1) if at is not None else 0:]:
+        if len(waiting) >= MAX_WAITING:
+            break
+        n = len(req.origin_input_ids)
+        p = min(int(req.prefix_len or 0) + int(getattr(req, "host_hit_length", 0) or 0), max(n - 1, 0))
+        if not 1 <= n <= ctx:
+            if req.rid not in _SKIPPED:
+                _SKIPPED.add(req.rid)
+                logger.warning("[sglang-cpp] PP%d queue-aware plan leaves out waiting request rid=%s: its %d-token "
+                               "prompt is outside [1, the context length %d]", _PP_RANK, req.rid, n, ctx)
+            continue
+        waiting.append((n, p))
+        ids.append(req.rid)
+    while len(_SKIPPED) > 4096:
+        _SKIPPED.pop()
+    return QueueView(tuple(inflight), tuple(waiting), tuple(ids))
 
 
 def _waiting_tokens(sched) -> int:

@@ -16,6 +16,7 @@ from .. import envs
 from ..core.hysteresis import Incumbents
 from ..core.plan import ChunkPlan
 from ..core.planner import DP_MAX_UNITS, PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
+from ..core.queue_plan import QueueView, plan_in_queue
 from ..core.upstream import UpstreamPredictor, check_sigma
 from .decision_log import DecisionLog
 
@@ -42,6 +43,7 @@ class SizerConfig:
     align: int = 64  # SGLang's chunk grid (hooks._align): lcm of page, 64, truncation and mamba grids
     buffer_tokens: int = 0  # SGLang's prefill-buffer ceiling (runtime_context.max_prefill_buffer_tokens); 0: derived
     dynamic: bool = True  # --enable-dynamic-chunking (without it nothing is planned)
+    queue_aware: bool = True  # SGLANG_CPP_QUEUE_AWARE: plans see the chunks in flight and the waiting prompts
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -72,7 +74,7 @@ class SizerConfig:
         server.setdefault("policy", envs.POLICY.get())
         return cls(sigma=check_sigma(sigma), min_chunk=envs.MIN_CHUNK.get(),
                    max_chunk=envs.MAX_CHUNK.get(), overhead_ms=envs.CHUNK_OVERHEAD_MS.get(),
-                   method=envs.PLANNER.get(), **server)
+                   method=envs.PLANNER.get(), queue_aware=envs.QUEUE_AWARE.get(), **server)
 
     def plan_config(self) -> PlanConfig:
         return PlanConfig.from_server(pp_size=self.pp_size, chunk_size=self.chunk_size,
@@ -87,7 +89,8 @@ class CppChunkSizer:
 
     def __init__(self, cfg: SizerConfig, *, cost=None, upstream: Optional[UpstreamPredictor] = None,
                  current_req: Callable[[], Optional[tuple]] = lambda: None, log: DecisionLog | None = None,
-                 max_plans: int = 4096, calibrated_len: int = 0, align_source: Callable[[], int] | None = None):
+                 max_plans: int = 4096, calibrated_len: int = 0, align_source: Callable[[], int] | None = None,
+                 queue_view: Callable[[str], Optional[QueueView]] = lambda rid: None):
         if cfg.policy == "plan" and cost is None:
             raise ValueError("plan policy needs a cost model")
         if cfg.policy == "quadratic" and upstream is None:
@@ -95,8 +98,10 @@ class CppChunkSizer:
         self.cfg, self.cost, self.upstream = cfg, cost, upstream
         self.plan_cfg = cfg.plan_config()
         self.current_req = current_req
+        self.queue_view = queue_view  # rid -> what is in the pipe ahead of it and waiting behind it (hooks.py)
         self.log = log or DecisionLog(cfg.pp_rank)
         self._plans: OrderedDict[str, ChunkPlan] = OrderedDict()
+        self._waiting: dict[str, tuple] = {}  # rid -> the waiting prompts its plan saw (a change replans)
         self._max_plans = max_plans
         self.incumbents = Incumbents(max_plans)  # the last plan per prompt shape (core/hysteresis.py)
         self.margin = 0.0  # the model in force's held-back error: a smaller predicted gain keeps the plan
@@ -129,28 +134,64 @@ class CppChunkSizer:
 
     # -- planning ----------------------------------------------------------------------------
     def plan_for(self, rid: str, prompt_len: int, prefix_len: int) -> ChunkPlan:
+        """The plan this request runs: made at its first chunk, from the chunks in flight and the prompts
+        waiting behind it (queue-aware), and made again for its remaining chunks at a chunk boundary where the
+        waiting prompts changed (an arrival, a departure). Every stage sees the same view at the same loop
+        index, so every stage replans alike."""
         if self._align_source is not None:
             self._settle_align()
+        view = self.queue_view(rid) if self.cfg.queue_aware else None
         plan = self._plans.get(rid)
-        if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None:
-            fn = plan_dp if self.plan_cfg.method == "dp" else plan_equal_time
-            plan, weighed = self.incumbents.choose(fn(prompt_len, self.cost, self.plan_cfg, prefix_len),
-                                                   self.cost, self.plan_cfg, self.margin, self.measured)
-            if weighed is not None:
-                self.log.write("plan_kept" if weighed["kept"] else "plan_moved", rid=rid, prompt_len=prompt_len,
-                               prefix=prefix_len, **{k: v for k, v in weighed.items() if k != "kept"})
-            if self.calibrated_len and prompt_len > 2 * self.calibrated_len:
-                factor = prompt_len / self.calibrated_len
-                logger.warning("[sglang-cpp] PP%d plan for rid=%s extrapolates the cost model %.1fx beyond its "
-                               "calibrated length (%d tokens, prompt %d); calibrate longer "
-                               "(SGLANG_CPP_CALIB_MAX_LEN, SGLANG_CPP_CALIB_BUDGET_S) or pass SGLANG_CPP_PROFILE",
-                               self.cfg.pp_rank, rid, factor, self.calibrated_len, prompt_len)
-                self.log.write("extrapolation", rid=rid, prompt_len=prompt_len, calibrated_len=self.calibrated_len,
-                               factor=round(factor, 3))
+        replan = (plan is not None and view is not None and plan.prompt_len == prompt_len
+                  and plan.next_chunk(prefix_len) is not None and self._waiting.get(rid) != view.queue_key)
+        if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None or replan:
+            old = plan
+            plan = self._alone(rid, prompt_len, prefix_len, mid=replan)
+            if view is not None and not view.empty:
+                plan = self._in_queue(rid, plan, view, old if replan else None)
+            self._waiting[rid] = view.queue_key if view is not None else ()
             self._plans[rid] = plan
             self._plans.move_to_end(rid)
             while len(self._plans) > self._max_plans:
-                self._plans.popitem(last=False)
+                self._waiting.pop(self._plans.popitem(last=False)[0], None)
+        return plan
+
+    def _alone(self, rid: str, prompt_len: int, prefix_len: int, mid: bool) -> ChunkPlan:
+        """The single-prompt plan (an empty pipeline), through plan hysteresis at a prompt's start."""
+        fn = plan_dp if self.plan_cfg.method == "dp" else plan_equal_time
+        plan = fn(prompt_len, self.cost, self.plan_cfg, prefix_len)
+        if mid:  # a replan of the remaining chunks: no incumbent for a mid-prompt start
+            return plan
+        plan, weighed = self.incumbents.choose(plan, self.cost, self.plan_cfg, self.margin, self.measured)
+        if weighed is not None:
+            self.log.write("plan_kept" if weighed["kept"] else "plan_moved", rid=rid, prompt_len=prompt_len,
+                           prefix=prefix_len, **{k: v for k, v in weighed.items() if k != "kept"})
+        if self.calibrated_len and prompt_len > 2 * self.calibrated_len:
+            factor = prompt_len / self.calibrated_len
+            logger.warning("[sglang-cpp] PP%d plan for rid=%s extrapolates the cost model %.1fx beyond its "
+                           "calibrated length (%d tokens, prompt %d); calibrate longer "
+                           "(SGLANG_CPP_CALIB_MAX_LEN, SGLANG_CPP_CALIB_BUDGET_S) or pass SGLANG_CPP_PROFILE",
+                           self.cfg.pp_rank, rid, factor, self.calibrated_len, prompt_len)
+            self.log.write("extrapolation", rid=rid, prompt_len=prompt_len, calibrated_len=self.calibrated_len,
+                           factor=round(factor, 3))
+        return plan
+
+    def _in_queue(self, rid: str, alone: ChunkPlan, view: QueueView, old: ChunkPlan | None) -> ChunkPlan:
+        """The queue-aware plan (core/queue_plan.py), logged as a `queue_plan` event; a view the planner
+        cannot use leaves the single-prompt plan in force with one WARNING (the scheduler never stops here)."""
+        try:
+            plan = plan_in_queue(alone.prompt_len, self.cost, self.plan_cfg, alone.prefix_len, view, alone=alone)
+        except ValueError as exc:
+            logger.warning("[sglang-cpp] PP%d rid=%s planned alone: its queue view cannot be planned (%s)",
+                           self.cfg.pp_rank, rid, exc)
+            return alone
+        q = plan.meta.get("queue", {})
+        self.log.write("queue_plan", rid=rid, prompt_len=plan.prompt_len, prefix=plan.prefix_len,
+                       chunks=list(plan.chunks), replan=old is not None, inflight=[list(c) for c in view.inflight],
+                       waiting=[list(w) for w in view.waiting], alone_chunks=len(alone.chunks),
+                       mean_completion_ms=q.get("mean_completion_ms"),
+                       alone_mean_completion_ms=q.get("alone_mean_completion_ms"),
+                       **({"replaced": list(old.chunks[old.index_of(plan.prefix_len):])} if old is not None else {}))
         return plan
 
     def decide(self, rid: str, prompt_len: int, prefix_len: int, first: bool) -> Optional[int]:
@@ -167,6 +208,7 @@ class CppChunkSizer:
             size = chunk
             if prefix_len + chunk >= prompt_len:
                 self._plans.pop(rid, None)
+                self._waiting.pop(rid, None)
         self.log.write("decision", rid=rid, prefix=prefix_len, chunk=chunk, prompt_len=prompt_len,
                        predicted_ms=pred, policy=self.cfg.policy, first=first)
         return size

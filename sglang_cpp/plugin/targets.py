@@ -103,6 +103,21 @@ INTERNALS = (
 )
 
 
+# Scheduler state the plugin reads without calling anything (SGLang 0.5.23 lines), so an upgrade that moves it
+# is found here. The queue-aware plan's view (hooks._queue_view):
+STATE_READS = {
+    "Scheduler.mbs, Scheduler.running_mbs": "managers/scheduler_pp_mixin.py:561-570 (init_pp_loop_state), "
+        "131-153 (event_loop_pp: slot mb_id's batch is replaced at its turn; the other slots hold the batches "
+        "of the last pp_loop_size - 1 iterations, whose results PP0 has not processed yet)",
+    "Scheduler.waiting_queue order": "managers/scheduler.py:4128-4147 (calc_priority sorts it, then the dynamic "
+        "chunk sizer's predict runs), 4204-4270 (add_one_req in that order)",
+    "Req.prefix_len, Req.host_hit_length": "mem_cache/common.py:244-251 (match_kv_cache, run by calc_priority "
+        "for every waiting request)",
+    "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
+        "(prepare_for_extend)",
+}
+
+
 # The hooks on the scheduler's per-step path: their own time is the plugin's cost per step (plugin/steps.py).
 # Not timed: start-up, compute that replaces SGLang's (attention, KV copies) and the waits themselves.
 STEP_PATH = frozenset({

@@ -1,0 +1,162 @@
+"""Queue-aware plans (core/queue_plan.py): the flow-shop objective over the chunks in flight, this prompt
+and the prompts behind it, checked against a plain double loop written here; alone, today's plan exactly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.planner import PlanConfig, fixed_split, plan_equal_time
+from sglang_cpp.core.planner_base import advance, flow_shop
+from sglang_cpp.core.queue_plan import QueueView, completions, mean_completion, plan_in_queue
+
+GPU = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
+UNEVEN = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20.0), CostModel.fa(a=1.3e-6, b=0.06, c0=25.0),
+                       CostModel.fa(a=0.9e-6, b=0.04, c0=15.0), CostModel.fa(a=1.1e-6, b=0.05, c0=30.0)))
+
+
+def naive_ends(jobs, cost, P, o=0.0):
+    """Completion on the last stage of every job (L, x), by the textbook double loop."""
+    stages = getattr(cost, "stages", None) or (cost,) * P
+    C = [[0.0] * P for _ in jobs]
+    for k, (L, x) in enumerate(jobs):
+        for s in range(P):
+            t = float(stages[s].time(L, x)) + o
+            C[k][s] = max(C[k - 1][s] if k else 0.0, C[k][s - 1] if s else 0.0) + t
+    return [c[-1] for c in C]
+
+
+def jobs_of(chunks, start):
+    out, L = [], start
+    for x in chunks:
+        out.append((L, x))
+        L += x
+    return out
+
+
+def naive_completions(inflight, segments, cost, P, o=0.0):
+    """The completion of each segment (start, chunks) run after the chunks in flight, one after another."""
+    jobs, ends = list(inflight), []
+    for start, chunks in segments:
+        jobs += jobs_of(chunks, start)
+        ends.append(len(jobs) - 1)
+    C = naive_ends(jobs, cost, P, o)
+    return [C[e] for e in ends]
+
+
+def test_flow_shop_of_equal_stages_is_sum_plus_p_minus_1_max():
+    t = np.array([5.0, 1.0, 7.0, 2.0, 2.0])
+    P = 4
+    want = np.cumsum(t) + (P - 1) * np.maximum.accumulate(t)
+    assert np.allclose(flow_shop(np.tile(t, (P, 1))), want)
+
+
+def test_flow_shop_and_advance_match_the_double_loop_from_any_start():
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 10, size=(3, 5, 9))  # 3 sequences, 5 stages, 9 jobs
+    F = rng.uniform(0, 30, size=(3, 5))
+    for i in range(3):
+        C = np.zeros((9, 5))
+        for k in range(9):
+            for s in range(5):
+                C[k, s] = max(C[k - 1, s] if k else F[i, s], C[k, s - 1] if s else -np.inf) + t[i, s, k]
+        assert np.allclose(flow_shop(t[i], F[i]), C[:, -1])
+        assert np.allclose(advance(t[i], F[i]), C[-1])
+
+
+@pytest.mark.parametrize("cost,P", [(GPU, 4), (UNEVEN, 4)])
+def test_the_objective_is_the_flow_shop_over_every_chunk_in_order(cost, P):
+    cfg = PlanConfig(pp_size=P, max_chunk=8192, overhead_ms=2.0)
+    view = QueueView(inflight=((0, 4096), (4096, 4096), (8192, 2048)), waiting=((20000, 0), (9000, 1024)))
+    cur = [6144, 4096, 4096, 3000]
+    behind = [[8192, 8192, 3616], fixed_split(9000 - 1024, 2048)]
+    got = completions([(cur, behind)], 12288, view, cost, P, 2.0)[0]
+    want = naive_completions(view.inflight, [(12288, cur), (0, behind[0]), (1024, behind[1])], cost, P, 2.0)
+    assert np.allclose(got, want)
+    assert mean_completion(cur, 12288 + sum(cur), 12288, view, behind, cost, cfg) == pytest.approx(np.mean(want))
+
+
+@pytest.mark.parametrize("cost", [GPU, UNEVEN])
+@pytest.mark.parametrize("n,prefix", [(131072, 0), (50000, 8192), (3000, 0)])
+def test_alone_is_todays_plan_exactly(cost, n, prefix):
+    cfg = PlanConfig(pp_size=4, max_chunk=16384, overhead_ms=2.0)
+    alone = plan_equal_time(n, cost, cfg, prefix)
+    for view in (None, QueueView()):
+        got = plan_in_queue(n, cost, cfg, prefix, view)
+        assert got.chunks == alone.chunks and got.policy == alone.policy
+
+
+def burst_mean(first, rest, n, cost, P, o):
+    """Mean completion of a burst: the first prompt cut as `first`, every other as `rest`."""
+    return float(np.mean(naive_completions((), [(0, first)] + [(0, rest)] * n, cost, P, o)))
+
+
+@pytest.mark.parametrize("cost", [GPU, UNEVEN])
+def test_with_prompts_waiting_the_plan_beats_planning_every_prompt_alone(cost):
+    """A burst of 8 long prompts on PP4: cutting the first as the queue-aware plan does (and the others at
+    its pacing time, as it assumes) completes the burst sooner on average than every prompt running the
+    single-prompt plan with its small tail chunks, priced by the double loop here."""
+    P, n = 4, 65536
+    cfg = PlanConfig(pp_size=P, max_chunk=16384, overhead_ms=5.0)
+    alone = plan_equal_time(n, cost, cfg)
+    view = QueueView(waiting=((n, 0),) * 7)
+    q = plan_in_queue(n, cost, cfg, 0, view)
+    assert q.policy == "plan:queue" and q.chunks != alone.chunks
+    assert len(q.chunks) < len(alone.chunks)  # bigger chunks: less per-chunk work, no drain to shorten
+    everyone_alone = burst_mean(list(alone.chunks), list(alone.chunks), 7, cost, P, 5.0)
+    assert q.meta["queue"]["alone_mean_completion_ms"] <= everyone_alone * (1 + 1e-9)
+    assert q.meta["queue"]["mean_completion_ms"] < 0.99 * everyone_alone
+
+
+def test_the_last_prompt_behind_big_chunks_in_flight_does_not_shrink_below_them():
+    """Nothing waits, but a 16K chunk and its like are still in the pipe: chunks faster than the running max
+    shorten nobody's drain, so the last prompt's plan completes no later than the single-prompt plan would
+    after those chunks, and uses fewer chunks."""
+    P = 4
+    cfg = PlanConfig(pp_size=P, max_chunk=16384, overhead_ms=5.0)
+    inflight = tuple((L, 16384) for L in (65536, 81920, 98304))
+    n = 32768
+    alone = plan_equal_time(n, GPU, cfg)
+    q = plan_in_queue(n, GPU, cfg, 0, QueueView(inflight=inflight))
+    t_alone = naive_completions(inflight, [(0, alone.chunks)], GPU, P, 5.0)[0]
+    t_q = naive_completions(inflight, [(0, q.chunks)], GPU, P, 5.0)[0]
+    assert t_q < t_alone and len(q.chunks) < len(alone.chunks)
+    assert q.meta["queue"]["mean_completion_ms"] == pytest.approx(t_q, abs=1e-3)  # rounded to 1 us
+
+
+costs = st.builds(CostModel, c0=st.floats(0.5, 50), g=st.floats(0, 0.01), b=st.floats(0.001, 0.5),
+                  d=st.floats(0, 1e-8), e=st.floats(0, 2e-5), f=st.floats(1e-9, 1e-5))
+
+
+@settings(max_examples=25, deadline=None)
+@given(costs, st.integers(2000, 60000), st.integers(1, 8), st.integers(0, 4), st.integers(0, 3),
+       st.floats(0, 20))
+def test_queue_plans_are_valid_and_the_last_prompt_never_finishes_later_than_alone(cost, n, P, n_in, n_wait, o):
+    cfg = PlanConfig(pp_size=P, max_chunk=8192, overhead_ms=o)
+    inflight = tuple((4096 * i, 4096) for i in range(n_in))
+    view = QueueView(inflight=inflight, waiting=tuple((n // (i + 1) + 64, 0) for i in range(n_wait)))
+    q = plan_in_queue(n, cost, cfg, 0, view)
+    assert sum(q.chunks) == n
+    for c in q.chunks[:-1]:
+        assert c % cfg.align == 0 and cfg.lo <= c <= cfg.hi
+    assert 1 <= q.chunks[-1] <= cfg.hi
+    if n_wait == 0:  # nothing behind: its own completion after the chunks in flight, by the double loop
+        alone = plan_equal_time(n, cost, cfg)
+        t_q = naive_completions(inflight, [(0, q.chunks)], cost, P, o)[0]
+        assert t_q <= naive_completions(inflight, [(0, alone.chunks)], cost, P, o)[0] * (1 + 1e-9)
+
+
+def test_a_bad_view_names_the_entry():
+    with pytest.raises(ValueError, match=r"waiting prompt \(prompt_len 10, prefix_len 10\)"):
+        QueueView(waiting=((10, 10),))
+    with pytest.raises(ValueError, match=r"chunk in flight \(prefix -1, chunk 64\)"):
+        QueueView(inflight=((-1, 64),))
+    with pytest.raises(ValueError, match="2 request ids for 1 waiting prompts"):
+        QueueView(waiting=((10, 0),), ids=("a", "b"))
+
+
+def test_a_view_round_trips_through_json():
+    v = QueueView(inflight=((0, 512),), waiting=((900, 64),))
+    assert QueueView.from_dict(v.to_dict()) == v
