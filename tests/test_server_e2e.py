@@ -46,10 +46,33 @@ def plan_run(smollm2, tmp_path_factory):
         # `bench ttft` records the chunks each request ran, from the server's meta_info
         ttft_rc = cli_main(["bench", "ttft", "--base-url", srv.base_url, "--input-lens", "2500", "--num-requests", "1",
                             "--warmup", "0", "--output-jsonl", str(d / "ttft.jsonl")])
+        queued = _arrivals_mid_prompt(srv.base_url, d / "dec_0.jsonl")
         log = srv.log()
     calib = sorted((d / "cache" / "calibration").glob("*.json"))
     return {"dir": d, "chat": chat, "log": log, "calib": calib, "cached": cached,
-            "profile": (rc, prof), "ttft": (ttft_rc, d / "ttft.jsonl")}
+            "profile": (rc, prof), "ttft": (ttft_rc, d / "ttft.jsonl"), "queued": queued}
+
+
+QUEUE_LENS = (6000, 2000, 2000)  # a long prompt, then two more sent once its first chunk is decided
+
+
+def _arrivals_mid_prompt(url: str, log0) -> list:
+    """Send a QUEUE_LENS[0]-token prompt, wait until stage 0 logged its first chunk's decision (decision
+    lines are written at once), then send the other two: they reach the waiting queue while it is mid-prompt."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sglang_cpp.bench.client import random_ids
+
+    ids = [random_ids(n, 4400 + i) for i, n in enumerate(QUEUE_LENS)]
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(generate, url, input_ids=ids[0], timeout=TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while not any(e.get("prompt_len") == QUEUE_LENS[0] for e in read_events(log0, "decision")):
+            assert not first.done() and time.monotonic() < deadline, "the long prompt was never planned"
+            time.sleep(0.02)
+        rest = [pool.submit(generate, url, input_ids=x, timeout=TIMEOUT) for x in ids[1:]]
+        return [f.result() for f in [first, *rest]]
 
 
 def test_pp2_plan_greedy_output_equals_pp1(plan_run, pp1):
@@ -119,6 +142,40 @@ def test_bench_ttft_records_the_chunks_the_server_ran(plan_run):
     ran = {rid: [c for _, c in v] for rid, v in chunks_of(plan_run["dir"] / "dec_0.jsonl").items()}
     assert sum(plan["ran"]) == 2500 and len(plan["ran"]) > 1
     assert plan["ran"] in ran.values() and plan["ran"] == plan["chunks"]
+
+
+def test_arrivals_replan_the_running_prompt_alike_on_both_stages(plan_run):
+    """Issue 44: two prompts arrive while a long one is mid-prompt. At its next chunk boundary both stages
+    replan its remaining chunks on the waiting queue (`queue_plan`, replan=True), identically, and run
+    exactly those chunks; the next prompt is planned with the long one's last chunk still in flight and
+    the third waiting behind it; every stage logs the same queue plans and decisions, nothing hangs."""
+    d = plan_run["dir"]
+    res = plan_run["queued"]
+    rids = [r.meta["id"] for r in res]
+    assert [r.meta["prompt_tokens"] for r in res] == list(QUEUE_LENS)
+    plans = []
+    for rank in (0, 1):
+        ev = [{k: v for k, v in e.items() if k not in ("t", "pp_rank")}
+              for e in read_events(d / f"dec_{rank}.jsonl", "queue_plan") if e["rid"] in rids]
+        plans.append(ev)
+    assert plans[0] == plans[1], "PP stages made different queue-aware plans"
+    dec = [[x for x in _decisions(d / f"dec_{rank}.jsonl") if x[0] in rids] for rank in (0, 1)]
+    assert dec[0] == dec[1] and len(dec[0]) >= 4
+    replans = [e for e in plans[0] if e["rid"] == rids[0] and e["replan"]]
+    assert replans, f"the long prompt was never replanned: {plans[0]}"
+    last = replans[-1]
+    assert 0 < last["prefix"] < QUEUE_LENS[0] and {tuple(w) for w in last["waiting"]} <= {(2000, 0)}
+    assert len(last["waiting"]) >= 1 and sum(last["chunks"]) == QUEUE_LENS[0] - last["prefix"]
+    for rank in (0, 1):
+        ran = chunks_of(d / f"dec_{rank}.jsonl")[rids[0]]
+        assert [c for p, c in ran if p >= last["prefix"]] == last["chunks"]
+    # the prompt that started next is planned with the long prompt's last chunks still in the pipe (the
+    # other PP slot's batch) and the third prompt waiting behind it
+    second = min(rids[1:], key=lambda r: next(i for i, x in enumerate(dec[0]) if x[0] == r))
+    (p2,) = [e for e in plans[0] if e["rid"] == second and not e["replan"]]
+    assert p2["inflight"] and p2["waiting"] == [[2000, 0]] and sum(p2["chunks"]) == 2000 - p2["prefix"]
+    for r in res:
+        assert len(r.output_ids) == 1
 
 
 def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_run):

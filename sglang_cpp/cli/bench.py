@@ -13,7 +13,8 @@ from ..bench import experiment
 from ..bench import serve as serve_bench
 from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
                           write_jsonl)
-from ..core.policy import POLICIES, chunks_for
+from ..core.policy import POLICIES
+from ..core.upstream import check_sigma
 from .common import add_attention_backend, add_experiment_args, run_experiment
 
 
@@ -34,11 +35,15 @@ def parse_policies(text: str) -> list[tuple[str, int | None]]:
 
 
 def simulate_ttft(args) -> list[dict]:
-    """Same records as run_ttft, from the simulator, for every --policy; closed loop at
-    --max-concurrency, FIFO."""
+    """Same records as run_ttft, from the simulator, for every --policy; closed loop at --max-concurrency,
+    FIFO. Each prompt runs the chunks its policy gives it when it starts (whatif/stream.py): for `plan`, the
+    plugin's queue-aware plan on the simulated chunks in flight and prompts waiting, replanned at the first
+    chunk boundary after an arrival; the others are the same for every prompt."""
     from ..core.costmodel import PipelineCost
+    from ..core.policy import plan_for
+    from ..whatif.simulator import SimConfig
+    from ..whatif.stream import StreamPolicy, plan_stream
     from .common import chunk_overhead_ms, cli_costs
-    from ..whatif.simulator import SimConfig, simulate_requests
 
     P = args.pp_size
     src = SimpleNamespace(profile=args.simulate, analytic=args.analytic if not args.simulate else None,
@@ -59,21 +64,31 @@ def simulate_ttft(args) -> list[dict]:
         hw = {"source": args.simulate and f"profile {args.simulate}" or args.analytic and
               f"analytic {args.analytic} on {args.device}" or f"coeffs {args.coeffs}", "pp_size": P, "tp": args.tp,
               "chunk_size": chunk, "sim_policy": policy, "chunk_overhead_ms": args.cpu_overhead_ms}
+        kw = dict(sigma=args.sigma, max_prefill=args.max_prefill_tokens, overhead_ms=args.cpu_overhead_ms,
+                  coeffs=args.coeffs, profile=args.simulate)
+        check_sigma(args.sigma)
         for L in args.input_lens:
-            chunks = chunks_for(policy, L, cost, P, chunk, sigma=args.sigma,
-                                max_prefill=args.max_prefill_tokens, overhead_ms=args.cpu_overhead_ms,
-                                coeffs=args.coeffs, profile=args.simulate)
-            arrivals = [0.0] * min(C, n)
-            res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
-            while len(arrivals) < n:  # the next request starts when the one C places earlier finished
-                j = len(arrivals) - C
-                arrivals.append(arrivals[j] + res.ttfts_ms[j])
-                res = simulate_requests([(a, chunks) for a in arrivals], stages, P, cfg)
+            memo = {}  # the policies other than plan give a prompt the same chunks whatever the queue
+
+            def chunks(m, prefix, view, policy=policy, chunk=chunk):
+                key = (m, prefix) if policy != "plan" else (m, prefix, view)
+                if key not in memo:
+                    memo[key] = list(plan_for(policy, m, cost, P, chunk, prefix_len=prefix, view=view, **kw).chunks)
+                return memo[key]
+
+            run = plan_stream([L] * n, StreamPolicy(policy, chunks, queue_aware=policy == "plan"), cost, P,
+                              max_concurrency=C, overhead_ms=args.cpu_overhead_ms, config=cfg)
+            res = run.sim
             ttfts = [t / 1e3 for t in res.ttfts_ms]
             rec = summarize(ttfts, [""] * n, L, res.makespan_ms / 1e3, ttfts)
             records.append({"backend": "sglang-cpp-simulator", "dataset_name": "random-ids", "max_concurrency": C,
                             "warmup": 0, **rec, "warmup_errors": [],
-                            "chunk_plan": {"policy": policy, "chunks": chunks}, "simulated_setup": hw, **meta})
+                            "chunk_plan": {"policy": policy, "chunks": list(run.chunks[0]),
+                                           "chunks_per_request": [list(c) for c in run.chunks],
+                                           "replanned_at": [list(r) for r in run.replans]},
+                            "simulated_setup": hw, **meta})
+            if getattr(args, "trace", None):
+                res.save_trace(str(args.trace).format(policy=policy, chunk=chunk, input_len=L))
     return records
 
 
@@ -144,6 +159,9 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     add_attention_backend(g.add_argument)
     g.add_argument("--max-prefill-tokens", type=int, default=16384)
+    g.add_argument("--trace", metavar="PATH",
+                   help="Perfetto/Chrome trace of each simulated run, every prompt's chunks tagged r<request>c<chunk> "
+                        "({policy}, {chunk} and {input_len} in PATH are filled in)")
     g.add_argument("--p2p-latency-ms", type=float, default=0.0)
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
     g.add_argument("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=None,

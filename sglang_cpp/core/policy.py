@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-POLICIES = ("plan", "quadratic", "fixed")
+POLICIES = ("plan", "plan-alone", "quadratic", "fixed")  # plan-alone: SGLANG_CPP_QUEUE_AWARE=0
 
 
 def upstream_coeffs(cost, coeffs: str | None, profile: str | None, chunk: int) -> tuple[float, float, float]:
@@ -28,12 +28,15 @@ def upstream_coeffs(cost, coeffs: str | None, profile: str | None, chunk: int) -
 def plan_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0.75, ctx: int | None = None,
              max_prefill: int = 16384, overhead_ms: float = 0.0, coeffs=None, profile=None, prefix_len: int = 0,
              page_size: int = 1, method: str = "equal-time", max_chunk: int = 0, min_chunk: int = 0,
-             align: int = 64):
+             align: int = 64, view=None):
     """The ChunkPlan a server with this policy runs for an L-token prompt after `prefix_len` cached
     tokens: fixed C, upstream's dynamic chunking (quadratic, its predicted times from `cost`), or the
-    sglang-cpp plan on the server's planner settings (`PlanConfig.from_server`, the plugin's mapping)."""
+    sglang-cpp plan on the server's planner settings (`PlanConfig.from_server`, the plugin's mapping):
+    `plan` sees `view` (core/queue_plan.QueueView: the chunks in flight and the prompts waiting behind),
+    `plan-alone` plans the prompt as if alone (the two agree when nothing is in view)."""
     from .plan import ChunkPlan
     from .planner import PlanConfig, make_plan, plan_dp, plan_equal_time, plan_fixed
+    from .queue_plan import plan_in_queue
     from .upstream import UpstreamPredictor
 
     if policy not in POLICIES:
@@ -43,8 +46,9 @@ def plan_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0
                                   max_chunk=max_chunk, min_chunk=min_chunk, align=align)
     if policy == "fixed":
         return plan_fixed(L, cost, pcfg, chunk, prefix_len)
-    if policy == "plan":
-        return (plan_dp if method == "dp" else plan_equal_time)(L, cost, pcfg, prefix_len)
+    if policy in ("plan", "plan-alone"):
+        alone = (plan_dp if method == "dp" else plan_equal_time)(L, cost, pcfg, prefix_len)
+        return plan_in_queue(L, cost, pcfg, prefix_len, view, alone=alone) if policy == "plan" else alone
     a, b, c = upstream_coeffs(cost, coeffs, profile, chunk)
     up = UpstreamPredictor(a=a, b=b, c=c, chunk_size=chunk, context_len=ctx or 1 << 62, sigma=sigma,
                            page_size=page_size, max_prefill_tokens=max_prefill)
