@@ -270,6 +270,38 @@ def walks(coefs, L0: int, R: int, cfg: PlanConfig, M, k_cap: int) -> list[list[i
     return [None if live[j] else [int(c) for c in chunks[:, j] if c > 0] for j in range(n)]
 
 
+class EqualCounts:
+    """Equal-time cuts of R tokens after a prefix L0 for a grid of target times, without walking chunk by
+    chunk: x(L, T) (the largest chunk within T on every row) on a grid of prefixes for every target in one
+    numpy call, the continuous chunk count n(T) = integral dL / x, and for a count K the boundaries that
+    split that integral evenly (`_equal_count_chunks`). A few numpy calls whatever the plan's length."""
+
+    def __init__(self, cost, L0: int, R: int, cfg: PlanConfig, targets):
+        self.L0, self.R, self.cfg = L0, R, cfg
+        self.targets = np.asarray(targets, float)
+        self.Lg = np.linspace(L0, L0 + R, 129)
+        r = _roots(_cols(search_rows(cost, L0, R), 2), self.Lg, self.targets[None, :, None])
+        self.x = np.clip(r.min(axis=0), cfg.lo, cfg.hi)  # (targets, grid)
+        trap = getattr(np, "trapezoid", None) or np.trapz
+        self.counts = np.maximum(trap(1.0 / self.x, self.Lg, axis=1), 1.0)  # falls as the target grows
+        self.k_min = max(1, -(-R // cfg.hi))
+
+    def at_count(self, K: int) -> list[int] | None:
+        """K chunks of equal time, on the profile of the target whose continuous count is nearest K."""
+        i = int(np.argmin(np.abs(self.counts - K)))
+        return self.cut(i, K)
+
+    def at_target(self, T: float) -> list[int] | None:
+        """The fewest equal-time chunks whose times stay near T (the grid target at or just above it)."""
+        i = min(int(np.searchsorted(self.targets, T)), len(self.targets) - 1)
+        return self.cut(i, max(self.k_min, int(math.ceil(self.counts[i] - 1e-9))))
+
+    def cut(self, i: int, K: int) -> list[int] | None:
+        if K <= 1:
+            return [self.R] if self.R <= self.cfg.hi else None
+        return _equal_count_chunks(self.Lg, self.x[i], self.L0, self.R, K, self.cfg)
+
+
 def search_rows(cost, L0: int, R: int):
     """The rows a plan over [L0, L0 + R] is searched on: every stage's rows per regime for a piecewise model,
     else the stages that can pace this prompt (`_pacing_rows`), in the form `walks` and `_x_of` take."""
@@ -509,4 +541,4 @@ def _refine(chunks: list[int], j: float, L0: int, R: int, cost, cfg: PlanConfig,
     return ttft(out, L0, cost, P, o), out, moves
 
 
-__all__ = ["plan_equal_time", "walks", "search_rows", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS"]
+__all__ = ["plan_equal_time", "walks", "search_rows", "EqualCounts", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS"]

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .equal_time import plan_equal_time, search_rows, walks
+from .equal_time import EqualCounts, plan_equal_time
 from .plan import ChunkPlan
 from .planner_base import PlanConfig, _check, _times, advance, fixed_candidates, fixed_split, make_plan, stage_times
 
 MAX_WAITING = 16  # prompts behind the current one that a plan looks at (planning time is linear in them)
-N_TARGETS = 32  # target times the walks try
-MAX_WALK_CHUNKS = 512  # a walk longer than this is dropped (it would be a worse plan than the fixed grid's)
+N_GRID = 64  # target times on which the equal-time cuts are read
+N_COUNTS = 20  # chunk counts tried for this prompt, from the fewest possible to the single-prompt plan's
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,10 @@ def _times_of(chunks: list[list], starts: list[int], cost, P: int, o: float) -> 
     for i, (ch, p) in enumerate(zip(chunks, starts)):
         x[i, :len(ch)] = ch
         L[i, :len(ch)] = p + np.concatenate([[0], np.cumsum(ch)[:-1]])
-    t = np.where(x > 0, stage_times(cost, L, np.maximum(x, 1.0), P) + o, 0.0)  # (P, n, K)
-    return np.moveaxis(t, 0, 1)
+    real = x > 0
+    t = np.zeros((len(chunks), P, K))
+    t.transpose(1, 0, 2)[:, real] = stage_times(cost, L[real], x[real], P) + o  # priced once per real chunk
+    return t
 
 
 def _transfer(chunks: list[list], start: int, cost, P: int, o: float) -> np.ndarray:
@@ -137,18 +139,15 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
     pace = lambda L, x: np.asarray(_times(cost, L, x, 0.0), float)  # noqa: E731  the slowest stage
     t_lo = float(min(alone.pred_ms)) if alone.pred_ms else float(pace(prefix_len, cfg.lo))
     t_hi = float(pace(prefix_len + R - hi, hi))
-    if view.inflight:  # the running max in the pipe: chunks up to it add no drain
-        t_in = float(np.max(pace(*np.array(view.inflight, float).T)))
-        targets = np.unique(np.concatenate([np.geomspace(max(t_lo, 1e-9), max(t_hi, t_lo, 1e-9), N_TARGETS),
-                                            [min(max(t_in, t_lo), t_hi)]]))
-    else:
-        targets = np.geomspace(max(t_lo, 1e-9), max(t_hi, t_lo, 1e-9), N_TARGETS)
-    rows = search_rows(cost, prefix_len, R)
-    k_cap = min(MAX_WALK_CHUNKS, max(64, 4 * len(alone.chunks)))
+    targets = np.geomspace(max(t_lo, 1e-9), max(t_hi, t_lo * 1.0001, 1e-9), N_GRID)
+    own = EqualCounts(cost, prefix_len, R, cfg, targets)
+    # this prompt: the single-prompt plan, fixed chunks, and equal-time cuts into fewer chunks than it (a busy
+    # pipe wants bigger chunks), counts from the fewest possible up, geometrically spaced
+    counts = np.unique(np.geomspace(own.k_min, max(own.k_min, len(alone.chunks)), N_COUNTS).round().astype(int))
     mine = [list(alone.chunks)] + [fixed_split(R, c) for c in fixed_candidates(cfg, R)]
-    mine += [ch for ch in walks(rows, prefix_len, R, cfg, targets, k_cap) if ch is not None]
+    mine += [ch for ch in (own.at_count(int(K)) for K in counts) if ch is not None]
     mine = list({tuple(ch): list(ch) for ch in mine}.values())  # unique, the single-prompt plan first
-    # each prompt behind is cut at this candidate's pacing time (one walk per distinct prompt shape)
+    # each prompt behind is cut into equal-time chunks at this candidate's pacing time (its running max)
     pacing = [float(np.max(pace(prefix_len + np.concatenate([[0], np.cumsum(ch)[:-1]]), np.asarray(ch))))
               for ch in mine]
     behind_of = {}
@@ -157,9 +156,8 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
         if Rb <= cfg.lo:
             behind_of[(n, p)] = [[Rb]] * len(mine)
             continue
-        rows_b = search_rows(cost, p, Rb)
-        got = walks(rows_b, p, Rb, cfg, pacing, MAX_WALK_CHUNKS)
-        behind_of[(n, p)] = [ch if ch is not None else fixed_split(Rb, cfg.hi) for ch in got]
+        theirs = EqualCounts(cost, p, Rb, cfg, np.geomspace(targets[0], max(targets[-1], max(pacing)), N_GRID))
+        behind_of[(n, p)] = [theirs.at_target(T) or fixed_split(Rb, cfg.hi) for T in pacing]
     cands = [(ch, [behind_of[w][i] for w in view.waiting]) for i, ch in enumerate(mine)]
     done = completions(cands, prefix_len, view, cost, P, o)
     total = done.sum(axis=1)

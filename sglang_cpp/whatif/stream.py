@@ -85,7 +85,8 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
         if i + C < N:  # the closed loop: the next request goes out when this one finished
             arrivals[i + C] = float(F[-1])
     chunks = [[x for r, x in out if r == i] for i in range(N)]
-    sim = simulate_requests([(a, ch) for a, ch in zip(arrivals, chunks)], cost, P, config or SimConfig())
+    sim = simulate_requests([(a, ch) for a, ch in zip(arrivals, chunks)], cost, P,
+                            config or SimConfig(cpu_overhead_ms=overhead_ms))
     return StreamResult(tuple(map(tuple, chunks)), tuple(arrivals), tuple(replans), sim)
 
 
