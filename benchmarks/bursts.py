@@ -33,9 +33,9 @@ from sglang_cpp.machine import provenance_lines
 LEN = 131072
 BURSTS = (1, 4, 16)
 OVERHEADS = (2.0, 20.0)
-FIXED = (2048, 4096, 6144, 8192, 12288, 16384, 20480)
-DCK_C = (8192, 12288, 16384, 18432, 20480)
-DCK_SIGMA = (0.5, 0.75, 0.9)
+FIXED = (1024, 2048, 4096, 6144, 8192, 12288, 16384, 20480)
+DCK_C = (4096, 8192, 12288, 16384, 20480)
+DCK_SIGMA = (0.5, 0.8, 0.95)
 PLAN_C = 16384  # --chunked-prefill-size of the plan: a memory cap (chunks up to 1.25 C = 20480, as fixed's largest)
 SOURCES = {
     "measured: check-llama stage, 8 layers, H100 (torch kernels)":

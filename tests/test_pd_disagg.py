@@ -199,6 +199,7 @@ def pd_run(smollm2, tmp_path_factory):
                    host_hits=[read_events(tmp / f"prefill_{r}.jsonl", "host_hit") for r in (0, 1)],
                    releases=[read_events(tmp / f"prefill_{r}.jsonl", "release") for r in (0, 1)],
                    forwards=[read_events(tmp / f"prefill_{r}.jsonl", "forward") for r in (0, 1)],
+                   aborts=[read_events(tmp / f"prefill_{r}.jsonl", "chunked_abort") for r in (0, 1)],
                    transferred=[read_events(tmp / f"prefill_{r}.jsonl", "transferred") for r in (0, 1)],
                    early=[read_events(tmp / f"prefill_{r}.jsonl", "kv_early") for r in (0, 1)],
                    chunks_sent=[read_events(tmp / f"prefill_{r}.jsonl", "kv_chunk") for r in (0, 1)],
@@ -340,16 +341,23 @@ def _stopped(res: dict) -> str:
 
 
 def test_an_aborted_request_is_released_on_every_stage_and_the_pair_serves_on(pd_run, pp1):
-    """Issue 31 item 4 (fast ring and early KV on): a request aborted after its first chunk is stopped for
-    the client. SGLang 0.5.23 lets a chunked prefill run to its last chunk and then retires it as aborted:
-    both stages ran the same chunks of it, neither sent its last chunk's KV (early KV skips an aborted
-    request; no final send), and both returned every KV slot and request slot (the fixture waits for an
-    idle pass, where SGLang's strict pool check raises on a leak: test_no_scheduler_crash_in_pd_logs and the
-    log check below). The next request's output is the reference's."""
+    """Issues 31 item 4 and 44 item 5 (fast ring and early KV on): a request aborted after its first chunk is
+    stopped for the client, and its prefill stops: SGLang 0.5.23's PD PP loop never stopped an aborted chunked
+    prefill (it ran every chunk to the end); the plugin stops it at one loop index on every stage (a
+    `chunked_abort` event at the same index), and no stage runs a chunk of it from that index on. Both stages
+    ran the same chunks of it, fewer than its prompt; neither sent its last chunk's KV (early KV skips an
+    aborted request; no final send), and both returned every KV slot and request slot (the fixture waits for
+    an idle pass, where SGLang's strict pool check raises on a leak: test_no_scheduler_crash_in_pd_logs and
+    the log check below). The next request's output is the reference's."""
     _stopped(pd_run["abort"])
-    runs = [[(L, x) for e in pd_run["forwards"][r] for rid, L, x in zip(e["rids"], e["prefix"], e["chunk"])
+    runs = [[(e["it"], L, x) for e in pd_run["forwards"][r] for rid, L, x in zip(e["rids"], e["prefix"], e["chunk"])
              if rid == ABORT_RID] for r in (0, 1)]
     assert runs[0] and runs[0] == runs[1], runs
+    stops = [[(e["it"], e["computed"]) for e in pd_run["aborts"][r] if e["rid"] == ABORT_RID] for r in (0, 1)]
+    assert len(stops[0]) == 1 and stops[0] == stops[1], stops
+    (it, computed), = stops[0]
+    assert all(i < it for i, _, _ in runs[0])  # no chunk launched at or after the stop
+    assert runs[0][-1][1] + runs[0][-1][2] == computed < CUT  # its last chunk ended there, short of its end
     for r in (0, 1):
         assert not [e for e in pd_run["early"][r] if e["rid"] == ABORT_RID], r
         assert not [e for e in pd_run["chunks_sent"][r] if e["rid"] == ABORT_RID and e["last"]], r

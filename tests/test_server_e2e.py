@@ -47,13 +47,14 @@ def plan_run(smollm2, tmp_path_factory):
         ttft_rc = cli_main(["bench", "ttft", "--base-url", srv.base_url, "--input-lens", "2500", "--num-requests", "1",
                             "--warmup", "0", "--output-jsonl", str(d / "ttft.jsonl")])
         queued = _arrivals_mid_prompt(srv.base_url, d / "dec_0.jsonl")
+        aborted = _abort_mid_prompt(srv.base_url, d / "dec_0.jsonl")
         log = srv.log()
     calib = sorted((d / "cache" / "calibration").glob("*.json"))
     return {"dir": d, "chat": chat, "log": log, "calib": calib, "cached": cached,
-            "profile": (rc, prof), "ttft": (ttft_rc, d / "ttft.jsonl"), "queued": queued}
+            "profile": (rc, prof), "ttft": (ttft_rc, d / "ttft.jsonl"), "queued": queued, "aborted": aborted}
 
 
-QUEUE_LENS = (6000, 2000, 2000)  # a long prompt, then two more sent once its first chunk is decided
+QUEUE_LENS = (6000, 3000, 3000)  # a long prompt, then two multi-chunk ones sent once its first chunk is decided
 
 
 def _arrivals_mid_prompt(url: str, log0) -> list:
@@ -144,6 +145,63 @@ def test_bench_ttft_records_the_chunks_the_server_ran(plan_run):
     assert plan["ran"] in ran.values() and plan["ran"] == plan["chunks"]
 
 
+ABORT_RID, ABORT_LEN = "sglang-cpp-pp-abort", 6000
+
+
+def _abort_mid_prompt(url: str, log0) -> dict:
+    """A ABORT_LEN-token prompt aborted once stage 0 logged its first chunk's decision; then two idle passes
+    (SGLang flushes only an idle scheduler, and its strict pool check at idle raises on a leaked KV slot),
+    then the chat prompt."""
+    import threading
+    import time
+
+    from sglang_cpp.bench.client import ServerError, _session, flush_cache, random_ids
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["out"] = generate(url, input_ids=random_ids(ABORT_LEN, 4500), timeout=TIMEOUT, stream=False,
+                                  extra={"rid": ABORT_RID})
+        except ServerError as exc:
+            box["error"] = str(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + TIMEOUT
+    while not any(e.get("rid") == ABORT_RID for e in read_events(log0, "decision")):
+        assert t.is_alive() and time.monotonic() < deadline, "the prompt to abort was never planned"
+        time.sleep(0.02)
+    _session().post(f"{url}/abort_request", json={"rid": ABORT_RID}, timeout=30)
+    t.join(TIMEOUT)
+    idle = []
+    for _ in range(2):
+        while not flush_cache(url):
+            assert time.monotonic() < deadline, "the server never went idle after the abort"
+            time.sleep(0.1)
+        idle.append(True)
+    box["after"] = generate(url, text=CHAT, max_new_tokens=16).text
+    box["idle"] = idle
+    return box
+
+
+def test_an_aborted_prompt_stops_on_both_stages_and_the_server_serves_on(plan_run, pp1):
+    """Issue 44 item 5, plain PP: a long prompt aborted after its first chunk's decision reaches the client
+    as aborted, both stages ran the same chunks of it and stopped short of its end (SGLang's PP loop stops an
+    aborted chunked prefill at the top of the next batch formation, on every stage at one loop index), every
+    KV slot came back (two idle passes, SGLang's strict pool check), and the next prompt's output equals
+    PP=1's."""
+    box = plan_run["aborted"]
+    reason = box["out"].meta.get("finish_reason") or {} if "out" in box else {"type": "abort"}
+    assert reason.get("type") == "abort", box
+    ran = [[(p, c) for r, p, c in _decisions(plan_run["dir"] / f"dec_{k}.jsonl") if r == ABORT_RID] for k in (0, 1)]
+    assert ran[0] and ran[0] == ran[1]
+    fw = [chunks_of(plan_run["dir"] / f"dec_{k}.jsonl").get(ABORT_RID, []) for k in (0, 1)]
+    assert fw[0] == fw[1] and sum(c for _, c in fw[0]) < ABORT_LEN
+    assert box["idle"] == [True, True] and "memory leak" not in plan_run["log"]
+    assert box["after"] == pp1["chat"]
+
+
 def test_arrivals_replan_the_running_prompt_alike_on_both_stages(plan_run):
     """Issue 44: two prompts arrive while a long one is mid-prompt. At its next chunk boundary both stages
     replan its remaining chunks on the waiting queue (`queue_plan`, replan=True), identically, and run
@@ -164,7 +222,7 @@ def test_arrivals_replan_the_running_prompt_alike_on_both_stages(plan_run):
     replans = [e for e in plans[0] if e["rid"] == rids[0] and e["replan"]]
     assert replans, f"the long prompt was never replanned: {plans[0]}"
     last = replans[-1]
-    assert 0 < last["prefix"] < QUEUE_LENS[0] and {tuple(w) for w in last["waiting"]} <= {(2000, 0)}
+    assert 0 < last["prefix"] < QUEUE_LENS[0] and {tuple(w) for w in last["waiting"]} <= {(QUEUE_LENS[1], 0)}
     assert len(last["waiting"]) >= 1 and sum(last["chunks"]) == QUEUE_LENS[0] - last["prefix"]
     for rank in (0, 1):
         ran = chunks_of(d / f"dec_{rank}.jsonl")[rids[0]]
@@ -173,7 +231,7 @@ def test_arrivals_replan_the_running_prompt_alike_on_both_stages(plan_run):
     # other PP slot's batch) and the third prompt waiting behind it
     second = min(rids[1:], key=lambda r: next(i for i, x in enumerate(dec[0]) if x[0] == r))
     (p2,) = [e for e in plans[0] if e["rid"] == second and not e["replan"]]
-    assert p2["inflight"] and p2["waiting"] == [[2000, 0]] and sum(p2["chunks"]) == 2000 - p2["prefix"]
+    assert p2["inflight"] and p2["waiting"] == [[QUEUE_LENS[2], 0]] and sum(p2["chunks"]) == QUEUE_LENS[1] - p2["prefix"]
     for r in res:
         assert len(r.output_ids) == 1
 

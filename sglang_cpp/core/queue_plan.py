@@ -132,7 +132,7 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
     R = _check(prompt_len, prefix_len, cfg)
     if alone is None:
         alone = plan_equal_time(prompt_len, cost, cfg, prefix_len)
-    if view is None or view.empty:
+    if view is None or view.empty or len(alone.chunks) == 1:  # nothing in view, or nothing to choose
         return alone
     view = QueueView(view.inflight, view.waiting[:MAX_WAITING], view.ids[:MAX_WAITING])
     P, o, hi = cfg.pp_size, cfg.overhead_ms, min(cfg.hi, R)

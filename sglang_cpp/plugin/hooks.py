@@ -140,7 +140,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                 save_served(self, cfg, cost, over, calibrated_len)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self),
-                          queue_view=lambda rid: _queue_view(self, rid))
+                          queue_view=lambda rid: _queue_view(self, rid, int(par.pp_size)))
     self.dynamic_chunk_sizer = sizer
     ACTIVE = sizer
     if BATCH is not None:
@@ -231,10 +231,9 @@ def Scheduler__get_new_batch_prefill_raw(original, self, *args, **kwargs):
 
 
 def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
-    """Under PP, note which micro-batch slot is being scheduled (the index of its running batch in
-    running_mbs): the queue-aware plan's chunks in flight are the other slots' batches, and
-    SGLANG_CPP_EVEN_DECODES caps the slot's admissions (below)."""
-    if (BATCH is not None and BATCH.cfg.even_decodes) or (ACTIVE is not None and ACTIVE.cfg.queue_aware):
+    """With SGLANG_CPP_EVEN_DECODES under PP: note which micro-batch slot is being scheduled (the index of
+    its running batch in running_mbs), for the admission cap below."""
+    if BATCH is not None and BATCH.cfg.even_decodes:
         running = kwargs.get("running_batch", args[0] if args else None)
         self.sglang_cpp_slot = next((i for i, b in enumerate(getattr(self, "running_mbs", ()))
                                      if b is running), None)
@@ -257,33 +256,55 @@ def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwar
 _SKIPPED: set = set()  # waiting requests already named in a WARNING (once each)
 
 
-def _queue_view(sched, rid: str):
+def _inflight(sched, pp_size: int) -> list:
+    """The prefill batches issued in the last pp_size - 1 loop iterations (SGLang's other micro-batch slots,
+    oldest first; with pp_async_batch_depth the older slots have left the pipe), each folded into one job
+    (prefix of its longest chunk, all its new prompt tokens): one forward per batch. Decode rows (a mixed
+    batch's running decodes, DP attention's 1-token extends) are left out. The slot being scheduled is the
+    one whose running batch the loop made current (`running_batch is running_mbs[mb_id]`, set before the
+    batch is formed in event_loop_pp and event_loop_pp_disagg_prefill alike)."""
+    mbs, running = getattr(sched, "mbs", None) or [], getattr(sched, "running_mbs", None) or []
+    slot = next((i for i, b in enumerate(running) if b is sched.running_batch), None)
+    if slot is None or len(mbs) != len(running):
+        return []
+    out = []
+    for k in range(max(1, len(mbs) - (pp_size - 1)), len(mbs)):
+        b = mbs[(slot + k) % len(mbs)]
+        if b is None or not b.reqs or not b.forward_mode.is_extend():
+            continue
+        prefix, ext = getattr(b, "prefix_lens", None), getattr(b, "extend_lens", None)
+        if not isinstance(prefix, list) or not isinstance(ext, list):
+            continue
+        rows = [(int(p), int(x)) for r, p, x in zip(b.reqs, prefix, ext)
+                if int(x) > 0 and int(p) < len(r.origin_input_ids)]
+        if rows:
+            out.append((max(rows, key=lambda px: px[1])[0], sum(x for _, x in rows)))
+    return out
+
+
+def _queue_view(sched, rid: str, pp_size: int):
     """What every stage shares when it plans request `rid` at this loop index (core/queue_plan.py): the
-    prefill chunks of the batches issued in the other micro-batch slots (SGLang's `mbs`, oldest first: the
-    chunks still in the pipe ahead of it) and the requests waiting behind it in the scheduler's order
-    (`waiting_queue`, sorted by calc_priority before the adder runs), up to MAX_WAITING, each with its
-    matched prefix. A waiting request that cannot be planned (longer than the context) is left out with one
-    WARNING naming it."""
+    prefill batches still in the pipe ahead of it (`_inflight`) and the requests waiting behind it in the
+    scheduler's order (`waiting_queue`, sorted by calc_priority before the adder runs; the requests after
+    `rid` when it is still there, at its first chunk), up to MAX_WAITING, each with the prefix SGLang last
+    matched for it (under FCFS, SGLang 0.5.23 matches a waiting request only when it is admitted, so a new
+    arrival counts as uncached until then: the same on every rank). A waiting request that cannot be planned
+    (longer than the context) is left out with one WARNING naming it."""
+    from itertools import islice
+
     from ..core.queue_plan import MAX_WAITING, QueueView
 
-    mbs, slot = getattr(sched, "mbs", None) or [], getattr(sched, "sglang_cpp_slot", None)
-    inflight = []
-    if slot is not None:
-        for k in range(1, len(mbs)):
-            b = mbs[(slot + k) % len(mbs)]
-            if b is None or not b.reqs or not b.forward_mode.is_extend():
-                continue
-            prefix = list(getattr(b, "prefix_lens", None) or [r.prefix_len for r in b.reqs])
-            ext = list(getattr(b, "extend_lens", None) or [])
-            inflight += [(int(p), int(x)) for p, x in zip(prefix, ext) if int(x) > 0]
-    queue = list(getattr(sched, "waiting_queue", ()) or ())
-    at = next((i for i, r in enumerate(queue) if r.rid == rid), None)
+    queue = getattr(sched, "waiting_queue", None) or []
+    chunked = getattr(sched, "chunked_req", None)
+    start = 0
+    if chunked is None or chunked.rid != rid:  # a first chunk: the request is still in the queue
+        start = next((i + 1 for i, r in enumerate(queue) if r.rid == rid), 0)
     waiting, ids = [], []
     ctx = int(sched.model_config.context_len)
-    for req in queue[(at + 1) if at is not None else 0:]:
+    for req in islice(queue, start, None):
         if len(waiting) >= MAX_WAITING:
             break
-        n = len(req.origin_input_ids)
+        n = len(req.origin_input_ids) + len(getattr(req, "output_ids", None) or ())  # a retracted one re-prefills
         p = min(int(req.prefix_len or 0) + int(getattr(req, "host_hit_length", 0) or 0), max(n - 1, 0))
         if not 1 <= n <= ctx:
             if req.rid not in _SKIPPED:
@@ -295,7 +316,7 @@ def _queue_view(sched, rid: str):
         ids.append(req.rid)
     while len(_SKIPPED) > 4096:
         _SKIPPED.pop()
-    return QueueView(tuple(inflight), tuple(waiting), tuple(ids))
+    return QueueView(tuple(_inflight(sched, pp_size)), tuple(waiting), tuple(ids))
 
 
 def _waiting_tokens(sched) -> int:
@@ -508,6 +529,13 @@ def Scheduler__pp_pd_get_prefill_transferred_ids(original, self):
     """PD prefill, PP > 1: the release ring's forward pass, once per loop index (plugin/pd_ring.py: the
     index count and, with SGLANG_CPP_PD_FAST_RING, the fast release)."""
     return pd_ring.transferred_ids(original, self, LOG)
+
+
+def Scheduler_process_prefill_chunk(original, self, *args, **kwargs):
+    """AROUND, every pass of a PD prefill loop: an abort pending on the chunked request stops it first, at one
+    loop index on every stage (pd_ring.chunked_abort; SGLang's PD PP loop never did)."""
+    pd_ring.chunked_abort(self, LOG)
+    return original(self, *args, **kwargs)
 
 
 def Scheduler_process_disagg_prefill_inflight_queue(result, self, *args, **kwargs):

@@ -160,6 +160,28 @@ def transferred_ids(original, self, log=None):
     return out
 
 
+def chunked_abort(sched, log=None) -> None:
+    """Before `process_prefill_chunk`, every pass of a PD prefill loop: an abort that reached this stage's
+    chunked request stops it here. SGLang 0.5.23's plain PP loop and its PP=1 PD loop do this at the top of
+    their batch formation (`process_pending_chunked_abort`: scheduler.py:3897, disaggregation/prefill.py:654,
+    before that path's `process_prefill_chunk`); its PD PP loop (scheduler_pp_mixin.py:217-300) never calls
+    it, so an aborted long prompt ran every remaining chunk and held the pipe for the prompts behind it.
+    `abort_request` marks the request on every stage at the same loop index (the AbortReq rides the request
+    relay), so every stage stops it at the same index: no stage launches a chunk of it from there on, the
+    chunks already launched drain through result processing (its `is_aborted` drop), and SGLang's own
+    teardown runs once per stage (KV freed, the sender aborted, the metadata buffer returned). In the PP=1 PD
+    loop SGLang has already run it by then, and this finds nothing pending."""
+    req = getattr(sched, "_pending_chunked_abort_req", None)
+    if req is None:
+        return
+    running = sched.chunked_req is req
+    done = len(getattr(req, "fill_ids", None) or ())
+    sched.process_pending_chunked_abort()
+    log = _log(log)
+    if log is not None and running:
+        log.write("chunked_abort", it=LOOP.it, rid=req.rid, computed=done)
+
+
 def released(result, log=None) -> None:
     """Observe only: the requests this stage freed, at which loop index."""
     log = _log(log)
@@ -186,4 +208,4 @@ def kv_status(bootstrap_room, status, log=None) -> None:
     return None
 
 
-__all__ = ["transferred_ids", "released", "kv_chunk", "kv_status", "fast_release_ok", "LOOP"]
+__all__ = ["transferred_ids", "chunked_abort", "released", "kv_chunk", "kv_status", "fast_release_ok", "LOOP"]

@@ -140,10 +140,11 @@ class CppChunkSizer:
         index, so every stage replans alike."""
         if self._align_source is not None:
             self._settle_align()
-        view = self.queue_view(rid) if self.cfg.queue_aware else None
+        view = self._view(rid) if self.cfg.queue_aware else None
         plan = self._plans.get(rid)
         replan = (plan is not None and view is not None and plan.prompt_len == prompt_len
-                  and plan.next_chunk(prefix_len) is not None and self._waiting.get(rid) != view.queue_key)
+                  and plan.next_chunk(prefix_len) is not None
+                  and not set(view.queue_key) <= set(self._waiting.get(rid, ())))  # an arrival, not a re-sort
         if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None or replan:
             old = plan
             plan = self._alone(rid, prompt_len, prefix_len, mid=replan)
@@ -155,6 +156,16 @@ class CppChunkSizer:
             while len(self._plans) > self._max_plans:
                 self._waiting.pop(self._plans.popitem(last=False)[0], None)
         return plan
+
+    def _view(self, rid: str) -> Optional[QueueView]:
+        """The queue view, or None (plan alone) with one WARNING when reading it failed: the scheduler never
+        stops on the planner's account, and every rank reads the same state, so every rank falls back alike."""
+        try:
+            return self.queue_view(rid)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("[sglang-cpp] PP%d rid=%s planned alone: reading the queue failed (%s: %s)",
+                           self.cfg.pp_rank, rid, type(exc).__name__, exc)
+            return None
 
     def _alone(self, rid: str, prompt_len: int, prefix_len: int, mid: bool) -> ChunkPlan:
         """The single-prompt plan (an empty pipeline), through plan hysteresis at a prompt's start."""
@@ -179,11 +190,13 @@ class CppChunkSizer:
     def _in_queue(self, rid: str, alone: ChunkPlan, view: QueueView, old: ChunkPlan | None) -> ChunkPlan:
         """The queue-aware plan (core/queue_plan.py), logged as a `queue_plan` event; a view the planner
         cannot use leaves the single-prompt plan in force with one WARNING (the scheduler never stops here)."""
+        if len(alone.chunks) == 1:  # one chunk: nothing to choose, whatever is in the pipe
+            return alone
         try:
             plan = plan_in_queue(alone.prompt_len, self.cost, self.plan_cfg, alone.prefix_len, view, alone=alone)
-        except ValueError as exc:
-            logger.warning("[sglang-cpp] PP%d rid=%s planned alone: its queue view cannot be planned (%s)",
-                           self.cfg.pp_rank, rid, exc)
+        except Exception as exc:  # noqa: BLE001  (every rank fails alike on the same view)
+            logger.warning("[sglang-cpp] PP%d rid=%s planned alone: its queue view cannot be planned (%s: %s)",
+                           self.cfg.pp_rank, rid, type(exc).__name__, exc)
             return alone
         q = plan.meta.get("queue", {})
         self.log.write("queue_plan", rid=rid, prompt_len=plan.prompt_len, prefix=plan.prefix_len,

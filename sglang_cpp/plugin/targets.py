@@ -42,6 +42,9 @@ TARGETS = {
     # and, observe only, releases, KV sends and transfer statuses per loop index (plugin/pd_ring.py)
     f"{SCHED}._pp_pd_get_prefill_transferred_ids": ("Scheduler__pp_pd_get_prefill_transferred_ids", "AROUND"),
     f"{SCHED}.process_disagg_prefill_inflight_queue": ("Scheduler_process_disagg_prefill_inflight_queue", "AFTER"),
+    # ... and an abort of the chunked request stops it at one loop index on every stage (SGLang's PD PP loop,
+    # scheduler_pp_mixin.py:217-300, never calls process_pending_chunked_abort; pd_ring.chunked_abort)
+    f"{SCHED}.process_prefill_chunk": ("Scheduler_process_prefill_chunk", "AROUND"),
     f"{SCHED}.send_kv_chunk": ("Scheduler_send_kv_chunk", "AFTER"),
     "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status": ("CommonKVManager_update_status", "AFTER"),
     "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register": ("alloc_with_host_register_cpu", "AROUND"),
@@ -106,15 +109,22 @@ INTERNALS = (
 # Scheduler state the plugin reads without calling anything (SGLang 0.5.23 lines), so an upgrade that moves it
 # is found here. The queue-aware plan's view (hooks._queue_view):
 STATE_READS = {
-    "Scheduler.mbs, Scheduler.running_mbs": "managers/scheduler_pp_mixin.py:561-570 (init_pp_loop_state), "
-        "131-153 (event_loop_pp: slot mb_id's batch is replaced at its turn; the other slots hold the batches "
-        "of the last pp_loop_size - 1 iterations, whose results PP0 has not processed yet)",
+    "Scheduler.mbs, Scheduler.running_mbs, Scheduler.running_batch": "managers/scheduler_pp_mixin.py:561-570 "
+        "(init_pp_loop_state: pp_size + pp_async_batch_depth slots, distinct running batches), 131-153 and "
+        "256-290 (event_loop_pp, event_loop_pp_disagg_prefill: running_batch = running_mbs[mb_id] before the "
+        "batch is formed; slot mb_id's batch is replaced at its turn, the other slots hold the batches of the "
+        "last iterations, results not processed yet, 196-204)",
     "Scheduler.waiting_queue order": "managers/scheduler.py:4128-4147 (calc_priority sorts it, then the dynamic "
-        "chunk sizer's predict runs), 4204-4270 (add_one_req in that order)",
-    "Req.prefix_len, Req.host_hit_length": "mem_cache/common.py:244-251 (match_kv_cache, run by calc_priority "
-        "for every waiting request)",
+        "chunk sizer's predict runs), 4204-4270 (add_one_req in that order); the same on every stage "
+        "(requests relayed at the same index, scheduler_pp_mixin.py:138-147)",
+    "Req.prefix_len, Req.host_hit_length": "mem_cache/common.py:244-251 (match_kv_cache). calc_priority runs it "
+        "on waiting requests only for cache-aware policies (schedule_policy.py:223-243; "
+        "supports_fast_match_prefix is False in 0.5.23), so under FCFS a waiting request's prefix is 0 until "
+        "it is admitted: stale, but the same on every rank. The plugin never matches one itself (that moves "
+        "the radix cache's LRU order)",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
-        "(prepare_for_extend)",
+        "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
+        "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",
 }
 
 
@@ -125,6 +135,7 @@ STEP_PATH = frozenset({
     "PrefillAdder_add_chunked_req", "Scheduler_get_next_batch_to_run", "Scheduler_get_num_allocatable_reqs",
     "Scheduler_run_batch", "SchedulerRequestReceiver__pull_raw_reqs", "Scheduler_process_input_requests",
     "GroupCoordinator_recv_tensor_dict", "Scheduler__pp_launch_batch", "MooncakeKVSender_send",
+    "Scheduler_process_prefill_chunk",
 })
 
 
