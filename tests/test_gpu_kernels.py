@@ -98,3 +98,56 @@ def test_the_measurement_runs_every_configured_point_on_cpu_at_toy_sizes():
     for s in out["samples"]:
         assert s["ms"] > 0 and s["spread"][0] <= s["ms"] <= s["spread"][1]
         assert ("linear_ms" in s and s["linear_ms"] > 0 and s["attention_ms"] > 0) == (s["kind"] == "small")
+
+
+TINY_MOE = dict(num_experts=8, top_k=2, moe_intermediate_size=32, num_shared_experts=1)
+TINY_MLA = dict(kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["moe", "mla-moe"])
+def test_moe_and_mla_stages_run_every_configured_point_on_cpu_at_toy_sizes(mla):
+    """Issue 44 item 3: the blog's stage kinds (MoE with GQA; MLA, its prefix rebuilt from the latent cache,
+    with MoE) measured as one TP rank's share, at toy sizes on CPU (a smoke run, not a measurement)."""
+    torch = pytest.importorskip("torch")
+    ker = _load("kernels")
+    from sglang_cpp.whatif.analytic import ModelSpec
+
+    cfg = ker.KernelsConfig(max_len=256, chunks=(16, 32), prefixes=(0, 224), small=(16,), small_prefixes=(128,),
+                            repeats=1, warmup=1)
+    spec = ModelSpec(2, 64, 4, 4 if mla else 2, 24 if mla else 16, 128, 100, **TINY_MOE, **(TINY_MLA if mla else {}),
+                     name="tiny")
+    out = ker.measure_shape(torch, "tiny", cfg, "cpu", progress=lambda *a, **k: None, shape=(spec, 2, 2))
+    assert out["tp"] == 2 and out["spec"]["num_heads"] == 2 and out["spec"]["moe_intermediate_size"] == 16
+    assert out["moe_kernel"] in ("grouped_mm", "per-expert loop")
+    assert {(s["L"], s["x"], s["kind"]) for s in out["samples"]} == {
+        (0, 16, "grid"), (0, 32, "grid"), (224, 16, "grid"), (224, 32, "grid"), (128, 16, "small")}
+    for s in out["samples"]:
+        assert s["ms"] > 0
+
+
+def test_the_moe_layer_routes_each_token_to_its_top_k_experts_weighted_by_the_router():
+    """kernels_layers.mlp against a per-token loop written here: each token's output is the router-weighted sum
+    of its top-k experts' SwiGLU plus the shared expert's; the grouped GEMM (where torch runs it) and the
+    per-expert loop agree with it."""
+    torch = pytest.importorskip("torch")
+    kl = _load("kernels_layers")
+    from sglang_cpp.whatif.analytic import ModelSpec
+
+    spec = ModelSpec(2, 32, 4, 2, 8, 64, 100, num_experts=4, top_k=2, moe_intermediate_size=16, num_shared_experts=1)
+    g = torch.Generator().manual_seed(1)
+    w = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.bfloat16) * 0.3  # noqa: E731
+    lay = kl.make_layer(torch, spec, w, 64, {"kv_heads": 2})
+    a = w(10, 32)
+    F = torch.nn.functional
+
+    def swiglu(h, gu, down):
+        gate, up = (h.float() @ gu.float()).chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ down.float()
+
+    prob = torch.softmax(a.float() @ lay["router"].float(), dim=-1)
+    want = torch.stack([sum(prob[t, e] * swiglu(a[t:t + 1], lay["gu_e"][e], lay["down_e"][e])[0]
+                            for e in prob[t].topk(2).indices.tolist()) for t in range(10)])
+    want = want + swiglu(a, lay["gu"], lay["down"])
+    for grouped in {None, kl.pick_grouped_mm(torch, "cpu")}:
+        got = kl.mlp(torch, spec, lay, a, grouped).float()
+        assert torch.allclose(got, want, rtol=0.05, atol=0.05 * float(want.abs().max())), grouped

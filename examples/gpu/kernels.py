@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # the checkout, installed or not (the GPU machine cannot pip install)
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]  # the checkout (the GPU machine cannot pip install)
 
 from sglang_cpp.machine import source_commit  # noqa: E402
 from sglang_cpp.plugin.timing import DeviceTimer  # noqa: E402  (pure python: no SGLang import)
@@ -43,53 +43,70 @@ class KernelsConfig:
     warmup: int = 1
 
 
-SHAPES = {  # (model, layers timed per forward); check-llama is the random-init model check.py serves
-    "check-llama": (ModelSpec(8, 2048, 16, 4, 128, 5632, 32000, name="check-llama"), 8),
-    "llama3-8b": (MODELS["llama3-8b"], 2),  # production-sized GEMMs; 2 layers keep the run short
+SHAPES = {  # name: (model, layers timed per forward, TP); check-llama is the random-init model check.py serves
+    "check-llama": (ModelSpec(8, 2048, 16, 4, 128, 5632, 32000, name="check-llama"), 8, 1),
+    "llama3-8b": (MODELS["llama3-8b"], 2, 1),  # production-sized GEMMs; 2 layers keep the run short
+    # the blog's models as one TP rank runs a stage's layers (issue 44 item 3): MoE layers of Qwen3-235B-A22B
+    # at TP4 (128 experts, top-8, FlashAttention GQA), MLA + MoE layers of DeepSeek-V3 at TP8 (the prefix's K/V
+    # rebuilt from the latent cache every chunk); 2 layers each, bf16 (DeepSeek's fp8 GEMMs are not timed)
+    "qwen3-235b-a22b-tp4": (MODELS["qwen3-235b-a22b"], 2, 4),
+    "deepseek-v3-tp8": (MODELS["deepseek-v3"], 2, 8),
 }
 
 
 def pick_attention(torch, device: str, spec: ModelSpec) -> dict:
     """The first (backend, GQA) that runs a lower-right causal chunk-over-prefix attention; never the math
-    backend, which would materialise x * (L + x) scores and is not what a serving engine runs."""
+    backend, which would materialise x * (L + x) scores and is not what a serving engine runs. MLA: 192-dim
+    q/k and 128-dim v, v zero-padded to 192 where the kernel wants one head size."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
     errors = []
+    qk, vd = spec.qk_dim, spec.v_dim
     for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
-        for gqa in (True, False):
+        for gqa, pad in ((True, False), (False, False), (False, True)):
+            if (gqa and spec.is_mla) or (pad and not spec.is_mla):
+                continue
             kv = spec.num_kv_heads if gqa else spec.num_heads
-            q = torch.randn(1, spec.num_heads, 64, spec.head_dim, device=device, dtype=torch.bfloat16)
-            k = torch.randn(1, kv, 192, spec.head_dim, device=device, dtype=torch.bfloat16)
+            q = torch.randn(1, spec.num_heads, 64, qk, device=device, dtype=torch.bfloat16)
+            k = torch.randn(1, kv, 192, qk, device=device, dtype=torch.bfloat16)
+            v = torch.randn(1, kv, 192, qk if pad else vd, device=device, dtype=torch.bfloat16)
             try:
                 with sdpa_kernel([getattr(SDPBackend, name)]):
                     out = torch.nn.functional.scaled_dot_product_attention(
-                        q, k, k, attn_mask=causal_lower_right(64, 192), **({"enable_gqa": True} if gqa else {}))
-                assert out.shape == q.shape
-                return {"backend": name, "gqa": gqa, "kv_heads": kv}
+                        q, k, v, attn_mask=causal_lower_right(64, 192), **({"enable_gqa": True} if gqa else {}))
+                assert out.shape[:3] == q.shape[:3]
+                return {"backend": name, "gqa": gqa, "kv_heads": kv, **({"pad_v": True} if pad else {})}
             except Exception as exc:  # the next (backend, gqa): the chosen one is written to the results
-                errors.append(f"{name} gqa={gqa}: {type(exc).__name__}: {str(exc)[:120]}")
+                errors.append(f"{name} gqa={gqa} pad_v={pad}: {type(exc).__name__}: {str(exc)[:120]}")
     raise RuntimeError("no fused attention kernel runs a lower-right causal mask here: " + " | ".join(errors))
 
 
 class Stack:
-    """`layers` decoder layers of `spec` with a KV cache of max_len tokens (random: only shapes matter)."""
+    """`layers` decoder layers of `spec` (one TP rank's share) with a KV cache of max_len tokens (random:
+    only shapes matter); the layers themselves are kernels_layers.py's."""
 
     def __init__(self, torch, spec: ModelSpec, layers: int, max_len: int, most: int, device: str, attn: dict):
-        self.t, self.spec, self.attn = torch, spec, attn
-        H, nq, kv, hd, ff = spec.hidden_size, spec.num_heads, attn["kv_heads"], spec.head_dim, spec.intermediate_size
+        import kernels_layers as kl
+
+        self.t, self.spec, self.attn, self.kl = torch, spec, attn, kl
         g = torch.Generator(device=device).manual_seed(0)
 
         def w(*shape):
             return (torch.randn(*shape, generator=g, device=device, dtype=torch.bfloat16) * 0.02)
 
-        self.w = [dict(qkv=w(H, (nq + 2 * kv) * hd), o=w(nq * hd, H), gu=w(H, 2 * ff), down=w(ff, H))
-                  for _ in range(layers)]
-        self.k = [w(1, kv, max_len, hd) for _ in range(layers)]
-        self.v = [w(1, kv, max_len, hd) for _ in range(layers)]
-        self.h = w(most, H)
-        self.qkv = w(most, (nq + 2 * kv) * hd)  # the attention-only pass reads its q, k, v from here
-        self.o_in = w(most, nq * hd)  # and the linear-only pass its attention output
+        self.w = [kl.make_layer(torch, spec, w, max_len, attn) for _ in range(layers)]
+        self.grouped = kl.pick_grouped_mm(torch, device) if spec.num_experts else None
+        self.h = w(most, spec.hidden_size)
+        self.fake = w(max_len * 4, 1)  # the linear-free pass reads its projections' outputs from here
+
+    def fake_t(self, *shape):
+        n = 1
+        for d in shape:
+            n *= d
+        if n > self.fake.numel():
+            self.fake = self.t.zeros(n, 1, device=self.fake.device, dtype=self.fake.dtype)
+        return self.fake.view(-1)[:n].view(*shape)
 
     def forward(self, L: int, x: int, linear: bool = True, attention: bool = True):
         """One chunk of x tokens over a prefix of L: every layer's norms, projections, attention and MLP.
@@ -99,28 +116,22 @@ class Stack:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.attention.bias import causal_lower_right
 
-        nq, kv, hd = s.num_heads, self.attn["kv_heads"], s.head_dim
-        h = self.h[:x]
         mask = causal_lower_right(x, L + x)
-        gqa = {"enable_gqa": True} if self.attn["gqa"] and kv != nq else {}
-        for w, kc, vc in zip(self.w, self.k, self.v):
+        gqa = {"enable_gqa": True} if self.attn["gqa"] and self.attn["kv_heads"] != s.num_heads else {}
+
+        def sdpa(q, k, v):
+            if not attention:
+                return self.fake_t(*q.shape[:3], v.shape[-1])
+            with sdpa_kernel([getattr(SDPBackend, self.attn["backend"])]):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **gqa)
+
+        h = self.h[:x]
+        for lay in self.w:
             a = F.rms_norm(h, (s.hidden_size,))
-            qkv = a @ w["qkv"] if linear else self.qkv[:x]
-            q, k, v = qkv.split([nq * hd, kv * hd, kv * hd], dim=1)
-            kc[0, :, L:L + x] = k.view(x, kv, hd).transpose(0, 1)
-            vc[0, :, L:L + x] = v.view(x, kv, hd).transpose(0, 1)
-            if attention:
-                with sdpa_kernel([getattr(SDPBackend, self.attn["backend"])]):
-                    o = F.scaled_dot_product_attention(q.view(1, x, nq, hd).transpose(1, 2), kc[:, :, :L + x],
-                                                       vc[:, :, :L + x], attn_mask=mask, **gqa)
-                o = o.transpose(1, 2).reshape(x, nq * hd)
-            else:
-                o = self.o_in[:x]
-            h = h + (o @ w["o"] if linear else self.h[:x])
-            a = F.rms_norm(h, (s.hidden_size,))
+            h = h + self.kl.attention(t, s, lay, self.attn, a, L, x, sdpa, linear, self.fake_t,
+                                      lambda n: self.h[:n])
             if linear:
-                gate, up = (a @ w["gu"]).chunk(2, dim=1)
-                h = h + (F.silu(gate) * up) @ w["down"]
+                h = h + self.kl.mlp(t, s, lay, F.rms_norm(h, (s.hidden_size,)), self.grouped)
         return h
 
 
@@ -143,9 +154,14 @@ def time_ms(torch, device: str, fn, repeats: int, warmup: int) -> list[float]:
 def measure_shape(torch, name: str, cfg: KernelsConfig, device: str, progress=print, shape=None) -> dict:
     """Every (L, x) of the grid (whole forwards, for the fit) and of the small-chunk sweep (also GEMMs alone
     and attention alone). shape: (ModelSpec, layers), default SHAPES[name]."""
-    spec, layers = shape or SHAPES[name]
+    import kernels_layers as kl
+
+    spec, layers, *tp = shape or SHAPES[name]
+    tp = tp[0] if tp else 1
+    spec = kl.shard(spec, tp)
     attn = pick_attention(torch, device, spec)
     stack = Stack(torch, spec, layers, cfg.max_len, max(cfg.chunks + cfg.small), device, attn)
+    moe = None if not spec.num_experts else ("grouped_mm" if stack.grouped is not None else "per-expert loop")
     rows = []
     grid = sorted({(L, x, "grid") for L in cfg.prefixes for x in cfg.chunks if L + x <= cfg.max_len}
                   | {(L, x, "small") for L in cfg.small_prefixes for x in cfg.small if L + x <= cfg.max_len})
@@ -164,7 +180,8 @@ def measure_shape(torch, name: str, cfg: KernelsConfig, device: str, progress=pr
     del stack
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return {"shape": name, "spec": asdict(spec), "layers": layers, "attention": attn, "samples": rows}
+    return {"shape": name, "spec": asdict(spec), "layers": layers, "tp": tp, "attention": attn,
+            **({"moe_kernel": moe} if moe else {}), "samples": rows}
 
 
 def env_info(torch, device: str) -> dict:

@@ -33,8 +33,12 @@ def device_spec(gpu: str):
 
 
 def flops(spec: ModelSpec, layers: int, L: float, x: float) -> tuple[float, float]:
-    """(GEMM FLOPs, attention-core FLOPs) of one forward of `layers` layers, as the analytic model counts them."""
-    return 2.0 * x * spec.layer_params(0) * layers, float(spec.attn_coef) * x * (2 * L + x) * layers
+    """(GEMM FLOPs, attention-core FLOPs) of one forward of `layers` layers, as the analytic model counts them;
+    MLA adds the prefix's K/V rebuilt from the latent cache (kv_b_proj over all L + x tokens, every chunk)."""
+    gemm = 2.0 * x * spec.layer_params(0)
+    if spec.is_mla:
+        gemm += 2.0 * (L + x) * spec.kv_lora_rank * spec.num_heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+    return gemm * layers, float(spec.attn_coef) * x * (2 * L + x) * layers
 
 
 def shape_section(sh: dict, dev) -> tuple[list[str], dict]:
@@ -51,7 +55,10 @@ def shape_section(sh: dict, dev) -> tuple[list[str], dict]:
     att = sh["attention"]
     out = [f"## {sh['shape']}: {layers} layers of hidden {spec.hidden_size}, {spec.num_heads} query heads / "
            f"{spec.num_kv_heads} KV heads ({'GQA' if att['gqa'] else 'K/V per query head'}) of {spec.head_dim}, "
-           f"FFN {spec.intermediate_size}; attention kernel {att['backend']}", "",
+           (f"MoE {spec.num_experts} experts top-{spec.top_k} of {spec.moe_intermediate_size} "
+            f"({sh.get('moe_kernel', '?')}){', MLA' if spec.is_mla else ''}" if spec.num_experts else
+            f"FFN {spec.intermediate_size}") + f"; attention kernel {att['backend']}"
+           + (f"; one TP{sh['tp']} rank's share" if sh.get("tp", 1) > 1 else ""), "",
            f"- fit over {len(grid)} (L, x) samples (x {min(r['x'] for r in grid)}-{max(r['x'] for r in grid)}, "
            f"L + x up to {max(r['L'] + r['x'] for r in grid)}): {model}",
            f"- FlashAttention shape: d L^2 is {share:.1%} of t at L={longest['L']}, x={longest['x']} (check.py's "

@@ -538,6 +538,12 @@ def Scheduler_process_prefill_chunk(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+def Scheduler_abort_request(result, self, *args, **kwargs):
+    """AFTER: note the chunked request an AbortReq from the request relay marked (pd_ring.abort_requested)."""
+    pd_ring.abort_requested(self)
+    return None
+
+
 def Scheduler_process_disagg_prefill_inflight_queue(result, self, *args, **kwargs):
     """Observe only: a `release` event, the requests this stage freed (pd_ring.py)."""
     pd_ring.released(result, LOG)

@@ -172,14 +172,28 @@ def chunked_abort(sched, log=None) -> None:
     teardown runs once per stage (KV freed, the sender aborted, the metadata buffer returned). In the PP=1 PD
     loop SGLang has already run it by then, and this finds nothing pending."""
     req = getattr(sched, "_pending_chunked_abort_req", None)
-    if req is None:
-        return
+    if req is None or req is not getattr(sched, "sglang_cpp_relayed_abort", None):
+        return  # none, or one this rank set alone (run_batch's external-linker failure, scheduler.py:4928-4931)
+    sched.sglang_cpp_relayed_abort = None
     running = sched.chunked_req is req
     done = len(getattr(req, "fill_ids", None) or ())
+    if str(getattr(sched, "device", "")).startswith("cuda"):
+        # under PP the scheduler stream is not the forward stream (scheduler.py:1995-2004) and the PP loops set
+        # no WAR barrier: the request's chunks still on the device must finish before its slots are reused
+        sched.schedule_stream.wait_stream(sched.forward_stream)
     sched.process_pending_chunked_abort()
     log = _log(log)
     if log is not None and running:
         log.write("chunked_abort", it=LOOP.it, rid=req.rid, computed=done)
+
+
+def abort_requested(sched) -> None:
+    """After `abort_request`: the chunked request it marked for abort (scheduler.py:5676-5678). The AbortReq
+    rides the request relay, so every stage and TP rank marks the same request at the same loop index; only
+    such a mark is acted on in `chunked_abort`."""
+    pending = getattr(sched, "_pending_chunked_abort_req", None)
+    if pending is not None:
+        sched.sglang_cpp_relayed_abort = pending
 
 
 def released(result, log=None) -> None:
@@ -208,4 +222,4 @@ def kv_status(bootstrap_room, status, log=None) -> None:
     return None
 
 
-__all__ = ["transferred_ids", "chunked_abort", "released", "kv_chunk", "kv_status", "fast_release_ok", "LOOP"]
+__all__ = ["transferred_ids", "chunked_abort", "abort_requested", "released", "kv_chunk", "kv_status", "fast_release_ok", "LOOP"]

@@ -45,6 +45,7 @@ TARGETS = {
     # ... and an abort of the chunked request stops it at one loop index on every stage (SGLang's PD PP loop,
     # scheduler_pp_mixin.py:217-300, never calls process_pending_chunked_abort; pd_ring.chunked_abort)
     f"{SCHED}.process_prefill_chunk": ("Scheduler_process_prefill_chunk", "AROUND"),
+    f"{SCHED}.abort_request": ("Scheduler_abort_request", "AFTER"),
     f"{SCHED}.send_kv_chunk": ("Scheduler_send_kv_chunk", "AFTER"),
     "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status": ("CommonKVManager_update_status", "AFTER"),
     "sglang.srt.mem_cache.pool_host.common.alloc_with_host_register": ("alloc_with_host_register_cpu", "AROUND"),
@@ -122,6 +123,10 @@ STATE_READS = {
         "supports_fast_match_prefix is False in 0.5.23), so under FCFS a waiting request's prefix is 0 until "
         "it is admitted: stale, but the same on every rank. The plugin never matches one itself (that moves "
         "the radix cache's LRU order)",
+    "Scheduler._pending_chunked_abort_req, schedule_stream, forward_stream": "managers/scheduler.py:5675-5678 "
+        "(abort_request marks the chunked request), 4928-4931 (run_batch marks one on this rank alone), "
+        "3778-3828 (process_pending_chunked_abort), 1995-2004 (PP: a scheduler stream apart from the forward "
+        "stream); pd_ring.chunked_abort",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
         "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
         "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",
