@@ -55,7 +55,7 @@ def shape_section(sh: dict, dev) -> tuple[list[str], dict]:
     att = sh["attention"]
     out = [f"## {sh['shape']}: {layers} layers of hidden {spec.hidden_size}, {spec.num_heads} query heads / "
            f"{spec.num_kv_heads} KV heads ({'GQA' if att['gqa'] else 'K/V per query head'}) of {spec.head_dim}, "
-           (f"MoE {spec.num_experts} experts top-{spec.top_k} of {spec.moe_intermediate_size} "
+           + (f"MoE {spec.num_experts} experts top-{spec.top_k} of {spec.moe_intermediate_size} "
             f"({sh.get('moe_kernel', '?')}){', MLA' if spec.is_mla else ''}" if spec.num_experts else
             f"FFN {spec.intermediate_size}") + f"; attention kernel {att['backend']}"
            + (f"; one TP{sh['tp']} rank's share" if sh.get("tp", 1) > 1 else ""), "",
