@@ -115,7 +115,8 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
                     listed(shapes))
         got, secs = measure_gathered(sched, shapes, cfg.pp_rank, 0, f"plan coverage round {k + 1}", repeats,
                                      seed=7 * (k + 1), warmup=False, warm_shapes=warm or repeats > 1,
-                                     prefix=envs.CALIB_PREFIX.get())
+                                     prefix=envs.CALIB_PREFIX.get(), max_chunk=pc.max_chunk)  # as calibration:
+        # a computed prefix is walked in forwards no longer than the plan's largest chunk (the prefill buffer)
         if world_rank() == 0:  # the samples are world rank 0's (resolve_cost)
             samples.extend(got)
         calibrated = model_from_dict(from_rank0(lambda: cost_from_profile(

@@ -97,6 +97,9 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                                 even_decodes=envs.EVEN_DECODES.get())
     except ValueError as exc:  # every rank fails, below, with every rank's reason
         error = "; ".join(filter(None, (missing, str(exc))))
+    from sglang.srt.runtime_context import get_disagg
+
+    error = "; ".join(filter(None, (error, pd_kv.startup_error(get_disagg()))))
     path = envs.DECISION_LOG.get()
     error = "; ".join(filter(None, (error, DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank()).probe())))
     mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}

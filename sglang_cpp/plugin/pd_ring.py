@@ -6,7 +6,7 @@ and the list comes back around to every stage P-1 loop iterations later, where i
 iteration's batch was formed (shared/reference/pd-pp-ring.md section 1.2). Its KV, request slot and
 metadata buffer are therefore reusable only P iterations after the transfer ended.
 
-Fast release (SGLANG_CPP_PD_FAST_RING, on): PP0 already holds every stage's transfer status in SGLang's
+Fast release (SGLANG_CPP_PD_FAST_RING=1; off by default): PP0 already holds every stage's transfer status in SGLang's
 `PPConsensusStore` (the bootstrap fix of 0.5.23). At index m it decides which requests are terminal
 (Success or Failed) on every stage, with its attention TP (and CP) ranks MIN-combined, and that list rides
 the forward-pass message every stage already receives at index m. Every stage then frees exactly that set

@@ -96,6 +96,7 @@ INTERNALS = (
     "sglang.srt.model_executor.runner_utils.buffers.allocate_pp_proxy_tensors",
     "sglang.srt.plugins.hook_registry.HookRegistry",
     "sglang.srt.plugins.hook_registry.HookType",
+    "sglang.srt.runtime_context.get_disagg",  # pd_kv.startup_error: the PD mode and transfer backend
     "sglang.srt.runtime_context.get_parallel",
     "sglang.srt.runtime_context.get_schedule",
     "sglang.srt.runtime_context.get_server_args",
