@@ -321,3 +321,33 @@ def test_calibration_forwards_leave_the_expert_distribution_recorder_alone():
         assert ed.get_global_expert_distribution_recorder() is mine
     finally:
         ed.set_global_expert_distribution_recorder(prev)
+
+
+def test_startup_forwards_do_not_advance_the_eplb_rebalance_counter():
+    """Issue 45 item 2: every forward SGLang's ModelRunner runs steps eplb_manager.on_forward_pass_end()
+    (model_runner.py:1897-1898), whose generator rebalances every --eplb-rebalance-num-iterations steps
+    (eplb_manager.py:72-94). Here SGLang's own EPLBManager methods run on a manager rebalancing every 3 steps:
+    300 steps inside the startup guard neither rebalance nor move the counter, and afterwards it goes on where
+    it was (the fourth step, after three served iterations, is the first rebalance)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.eplb.eplb_manager import EPLBManager
+
+    from sglang_cpp.plugin.calibrate import no_expert_recording
+
+    fired = []
+    mgr = object.__new__(EPLBManager)
+    mgr._rebalance_num_iterations = 3
+    mgr.rebalance = lambda: iter([fired.append(1)])  # a rebalance, as a generator step
+    mgr.reset_generator()
+    mgr.on_forward_pass_end()  # one served forward before the guard
+    runner = SimpleNamespace(eplb_manager=mgr)
+    with no_expert_recording(runner):
+        for _ in range(300):
+            mgr.on_forward_pass_end()
+    assert fired == []
+    mgr.on_forward_pass_end()
+    mgr.on_forward_pass_end()
+    assert fired == []
+    mgr.on_forward_pass_end()  # the counter's fourth step: three iterations passed, the rebalance
+    assert fired == [1]

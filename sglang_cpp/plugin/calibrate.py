@@ -221,20 +221,32 @@ def prepare_mlp_sync(batch, runner) -> bool:
 
 
 @contextmanager
-def no_expert_recording():
-    """Calibration forwards stay out of EPLB's expert-distribution statistics (`--enable-eplb`,
-    `--expert-distribution-recorder-mode`): a no-op recorder is SGLang's global one meanwhile. Their
-    seeded random proxies route tokens nothing like served prompts do."""
+def no_expert_recording(runner=None):
+    """Calibration forwards stay out of EPLB (`--enable-eplb`, `--expert-distribution-recorder-mode`): a no-op
+    recorder is SGLang's global one meanwhile (their seeded random proxies route tokens nothing like served
+    prompts do), and the rebalance counter does not advance. `ModelRunner.forward` still calls
+    `eplb_manager.on_forward_pass_end()` (model_executor/model_runner.py:1897-1898), which steps a generator
+    that rebalances every --eplb-rebalance-num-iterations forwards (eplb/eplb_manager.py:72-94); startup's
+    hundreds of forwards would fire a rebalance on the no-op recorder (which raises) or bring the first real
+    one early. The generator is set aside and restored, where it was."""
+    import itertools
+
     from sglang.srt.eplb.expert_distribution import (_ExpertDistributionRecorderNoop,
                                                      get_global_expert_distribution_recorder,
                                                      set_global_expert_distribution_recorder)
 
     prev = get_global_expert_distribution_recorder()
+    mgr = getattr(runner, "eplb_manager", None)
+    counter = getattr(mgr, "_main_generator", None)
     set_global_expert_distribution_recorder(_ExpertDistributionRecorderNoop())
+    if counter is not None:
+        mgr._main_generator = itertools.repeat(None)  # next() is a no-op
     try:
         yield
     finally:
         set_global_expert_distribution_recorder(prev)
+        if counter is not None:
+            mgr._main_generator = counter
 
 
 def _random_proxies(tensors: dict, seed: int) -> dict:
@@ -305,7 +317,7 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     synced = prepare_mlp_sync(batch, runner)
     fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
     set_is_extend_in_batch(batch.forward_mode.is_extend())
-    with no_expert_recording():
+    with no_expert_recording(runner):
         out = runner.forward(forward_batch=fb, pp_proxy_tensors=None if proxies is None else PPProxyTensors(proxies))
     timer.stop()
     if synced and not _said_dp:

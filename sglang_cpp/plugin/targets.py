@@ -128,6 +128,9 @@ STATE_READS = {
         "(abort_request marks the chunked request), 4928-4931 (run_batch marks one on this rank alone), "
         "3778-3828 (process_pending_chunked_abort), 1995-2004 (PP: a scheduler stream apart from the forward "
         "stream); pd_ring.chunked_abort",
+    "ModelRunner.eplb_manager._main_generator": "model_executor/model_runner.py:1897-1898 (every forward steps "
+        "it), eplb/eplb_manager.py:72-94 (a rebalance every --eplb-rebalance-num-iterations steps); "
+        "calibrate.no_expert_recording sets it aside for startup forwards",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
         "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
         "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",
