@@ -210,7 +210,7 @@ def test_early_send_goes_out_at_the_next_pass_for_last_chunks_only(monkeypatch):
 def test_early_kv_on_a_backend_that_drops_the_forward_event_fails_at_startup(monkeypatch):
     """Issue 45 item 4: NIXL's add_transfer_request takes the early send's event and drops it
     (nixl/conn.py:3261-3271), where Mooncake and Mori wait on it before reading the KV (mooncake/conn.py:2532-2538,
-    mori/conn.py:625-626): with SGLANG_CPP_PD_EARLY_KV=1 a NIXL prefill server is a startup error naming the
+    mori/conn.py:625-626; ascend's manager is Mooncake's, ascend/conn.py:95): with SGLANG_CPP_PD_EARLY_KV=1 a NIXL prefill server is a startup error naming the
     switch and the backend; Mooncake, Mori, a decode server or the switch off are not."""
     from types import SimpleNamespace as NS
 
@@ -219,7 +219,8 @@ def test_early_kv_on_a_backend_that_drops_the_forward_event_fails_at_startup(mon
     monkeypatch.setenv("SGLANG_CPP_PD_EARLY_KV", "1")
     err = pd_kv.startup_error(NS(disaggregation_mode="prefill", disaggregation_transfer_backend="nixl"))
     assert "SGLANG_CPP_PD_EARLY_KV=1" in err and "--disaggregation-transfer-backend nixl" in err
-    for mode, backend in (("prefill", "mooncake"), ("prefill", "mori"), ("decode", "nixl"), ("null", "nixl")):
+    for mode, backend in (("prefill", "mooncake"), ("prefill", "ascend"), ("prefill", "mori"), ("decode", "nixl"),
+                          ("null", "nixl")):
         assert pd_kv.startup_error(NS(disaggregation_mode=mode, disaggregation_transfer_backend=backend)) == ""
     monkeypatch.setenv("SGLANG_CPP_PD_EARLY_KV", "0")
     assert pd_kv.startup_error(NS(disaggregation_mode="prefill", disaggregation_transfer_backend="nixl")) == ""

@@ -238,14 +238,15 @@ def no_expert_recording(runner=None):
     prev = get_global_expert_distribution_recorder()
     mgr = getattr(runner, "eplb_manager", None)
     counter = getattr(mgr, "_main_generator", None)
+    held = itertools.repeat(None)  # next() is a no-op
     set_global_expert_distribution_recorder(_ExpertDistributionRecorderNoop())
     if counter is not None:
-        mgr._main_generator = itertools.repeat(None)  # next() is a no-op
+        mgr._main_generator = held
     try:
         yield
     finally:
         set_global_expert_distribution_recorder(prev)
-        if counter is not None:
+        if counter is not None and mgr._main_generator is held:  # a reset meanwhile (ElasticEP) stands
             mgr._main_generator = counter
 
 

@@ -62,22 +62,25 @@ def early_kv_ok(sched) -> tuple[bool, str]:
 
 
 # Transfer backends whose workers wait on the forward's event before reading the KV an early send names
-# (SGLang 0.5.23: mooncake/conn.py:2532-2538, mori/conn.py:625-626); NIXL's add_transfer_request takes the event
-# and drops it (nixl/conn.py:3261-3271), so an early send there could ship KV the forward has not written yet.
-# `fake` reads no KV.
-EVENT_BACKENDS = ("mooncake", "mori", "fake")
+# (SGLang 0.5.23: mooncake/conn.py:2532-2538; ascend's manager is Mooncake's, ascend/conn.py:95;
+# mori/conn.py:625-626); NIXL's add_transfer_request takes the event and drops it (nixl/conn.py:3261-3305), so
+# an early send there could ship KV the forward has not written yet. `fake` reads no KV.
+EVENT_BACKENDS = ("mooncake", "ascend", "mori", "fake")
 
 
 def startup_error(disagg) -> str:
     """'' or why SGLANG_CPP_PD_EARLY_KV cannot run on this server's transfer backend (`disagg`: SGLang's
     runtime_context.get_disagg(), the same on every rank): a startup error, not a silent fallback."""
-    mode = str(getattr(disagg, "disaggregation_mode", "null") or "null").lower()
-    backend = str(getattr(disagg, "disaggregation_transfer_backend", "") or "").lower()
+    def name(v) -> str:  # plain strings in 0.5.23's config bag (arg_groups/fields/disagg.py); an enum's value
+        return str(getattr(v, "value", v) or "").lower()
+
+    mode = name(getattr(disagg, "disaggregation_mode", "null")) or "null"
+    backend = name(getattr(disagg, "disaggregation_transfer_backend", ""))
     if not envs.PD_EARLY_KV.get() or mode != "prefill" or backend in EVENT_BACKENDS:
         return ""
     return (f"SGLANG_CPP_PD_EARLY_KV=1 cannot run with --disaggregation-transfer-backend {backend}: its transfer "
             "worker does not wait on the forward's event before reading the KV (only "
-            f"{', '.join(EVENT_BACKENDS[:2])} do), so the last chunk's KV could leave before the forward wrote it. "
+            f"{', '.join(EVENT_BACKENDS[:3])} do), so the last chunk's KV could leave before the forward wrote it. "
             "Unset SGLANG_CPP_PD_EARLY_KV, or use --disaggregation-transfer-backend mooncake")
 
 
