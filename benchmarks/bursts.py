@@ -4,7 +4,7 @@ For bursts of 1, 4 and 16 prompts of 128K tokens (all sent at t = 0), at 2 and 2
 two stage costs: a MEASURED stage (examples/gpu/kernels.py's check-llama stage, 8 decoder layers timed with
 torch kernels on a lent H100, `results/gpu_kernels-check-llama.profile.json`) and the ANALYTIC Qwen3-235B-A22B
 TP4 stage on H20 (roofline). Policies side by side, through `sglang-cpp bench ttft --simulate/--analytic`
-(the same code path): fixed chunks, upstream's dynamic chunking (DCK) over 15 settings, the per-prompt plan
+(the same code path): fixed chunks, upstream's dynamic chunking (DCK) over 18 settings, the per-prompt plan
 (`plan-alone`, SGLANG_CPP_QUEUE_AWARE=0) and the queue-aware plan (`plan`, the default).
 
 Targets (issue 44 item 4): at every burst size the queue-aware plan's input throughput is at least the best
@@ -33,8 +33,8 @@ from sglang_cpp.machine import provenance_lines
 LEN = 131072
 BURSTS = (1, 4, 16)
 OVERHEADS = (2.0, 20.0)
-FIXED = (1024, 2048, 4096, 6144, 8192, 12288, 16384, 20480)
-DCK_C = (4096, 8192, 12288, 16384, 20480)
+FIXED = (512, 1024, 2048, 4096, 6144, 8192, 12288, 16384, 20480)
+DCK_C = (2048, 4096, 8192, 12288, 16384, 20480)
 DCK_SIGMA = (0.5, 0.8, 0.95)
 PLAN_C = 16384  # --chunked-prefill-size of the plan: a memory cap (chunks up to 1.25 C = 20480, as fixed's largest)
 SOURCES = {
@@ -117,7 +117,7 @@ def main() -> int:
              f"Prompts of {LEN} tokens, all sent at t = 0 (`--num-requests N --max-concurrency N`); PP8; the plan at "
              f"--chunked-prefill-size {PLAN_C} (a memory cap: chunks up to {PLAN_C * 5 // 4}); fixed chunks "
              f"{', '.join(str(c) for c in FIXED)}; DCK at C = {', '.join(str(c) for c in DCK_C)} x sigma = "
-             f"{', '.join(str(s) for s in DCK_SIGMA)} (15 settings). Throughput: input tok/s over the burst's makespan; "
+             f"{', '.join(str(s) for s in DCK_SIGMA)} ({len(DCK_C) * len(DCK_SIGMA)} settings). Throughput: input tok/s over the burst's makespan; "
              "TTFT: prefill completion. Ratios: the queue-aware plan's throughput over the best fixed chunk's, its "
              "mean TTFT over the best DCK setting's. 'plan chunks': the range of chunk counts over the burst's prompts.",
              "",
