@@ -59,6 +59,54 @@ def test_a_server_argument_that_differs_fails_naming_it():
         consensus.check_agreement(ranks)
 
 
+def test_a_node_with_another_numpy_or_cpu_type_fails_naming_what_differs():
+    """Issue 45 item 9: the planner's inputs besides its settings (numpy / scipy / sglang-cpp builds, CPU ISA)
+    must agree, or a near-tie rounded the other way on one stage cuts another chunk there."""
+    mine = consensus.planner_inputs()
+    assert {"numpy", "scipy", "sglang-cpp", "python", "arch", "isa"} <= set(mine)
+    other = "AVX2" if mine["isa"] != "AVX2" else "AVX512"
+    ranks = [{"env": snap(), "planner": mine, "config": {}, "error": ""},
+             {"env": snap(), "planner": {**mine, "isa": other}, "config": {}, "error": ""}]
+    with pytest.raises(ValueError, match=rf"planner's isa differs between ranks.*rank 1 has '{other}'"):
+        consensus.check_agreement(ranks)
+    consensus.check_agreement([ranks[0], dict(ranks[0])])  # the same everywhere: agreed
+    ranks[1]["planner"] = {**mine, "numpy": "0.0.1"}
+    with pytest.raises(ValueError, match=r"planner's numpy differs.*'0.0.1'.*same numpy, scipy and sglang-cpp"):
+        consensus.check_agreement(ranks)
+
+
+PLAN_IN_A_PROCESS = """
+import json
+from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.planner import PlanConfig, plan_equal_time
+from sglang_cpp.core.queue_plan import QueueView, plan_in_queue
+cost = PipelineCost((CostModel(c0=4.1, g=1e-5, b=0.051, d=1e-9, e=2.1e-6, f=1.05e-6),
+                     CostModel(c0=3.9, b=0.05, e=2e-6, f=1e-6)))
+out = []
+for n in (20000, 65536, 131072, 200000):
+    for P in (2, 4, 8):
+        cfg = PlanConfig.from_server(pp_size=P, chunk_size=8192, max_prefill_tokens=16384, overhead_ms=2.0)
+        out.append(plan_equal_time(n, cost, cfg).chunks)
+        out.append(plan_in_queue(n, cost, cfg, 0, QueueView(((0, 4096),), ((n, 0), (9000, 512)))).chunks)
+print(json.dumps(out))
+"""
+
+
+def test_two_processes_with_different_blas_threads_plan_identically():
+    """Issue 45 item 9: every stage plans in its own process; the plans (single-prompt and queue-aware, PP2-8,
+    20K-200K tokens) do not depend on how many BLAS / OpenMP threads numpy runs with."""
+    import os
+    import subprocess
+    import sys
+
+    runs = []
+    for threads in ("1", "2"):
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        runs.append(subprocess.run([sys.executable, "-c", PLAN_IN_A_PROCESS], capture_output=True, text=True,
+                                   env=env, check=True, timeout=300).stdout)
+    assert runs[0] == runs[1] and len(json.loads(runs[0])) == 24
+
+
 def test_one_ranks_bad_value_fails_every_rank_with_its_reason():
     ranks = [{"env": snap(), "config": {}, "error": ""},
              {"env": snap(), "config": {}, "error": "SGLANG_CPP_MIN_CHUNK='x' is invalid"}]

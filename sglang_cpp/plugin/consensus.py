@@ -23,8 +23,21 @@ def env_snapshot(environ=None) -> dict:
     return snap | {n: environ.get(n, "") for n in EXTRA_ENV}
 
 
+def planner_inputs() -> dict:
+    """What the planner's floating-point arithmetic depends on besides its inputs: every stage plans on its own
+    CPU, and a different numpy / scipy / sglang-cpp build or CPU instruction set (numpy's SIMD dispatch) can
+    round a near-tie the other way, one stage cuts another chunk and the pipeline hangs on a shape mismatch."""
+    import platform
+
+    from ..machine import cpu_isa, versions
+
+    return {**versions("numpy", "scipy", "sglang-cpp"), "python": platform.python_version(),
+            "arch": platform.machine(), "isa": cpu_isa()}
+
+
 def check_agreement(gathered: list[dict]) -> None:
-    """gathered[r] = {"env": env_snapshot(), "config": {...}, "error": str} from world rank r.
+    """gathered[r] = {"env": env_snapshot(), "planner": planner_inputs(), "config": {...}, "error": str} from world
+    rank r.
     Raises ValueError naming the first setting that differs from rank 0, or every rank's own error."""
     errors = [f"rank {r}: {g['error']}" for r, g in enumerate(gathered) if g.get("error")]
     if errors:
@@ -37,6 +50,13 @@ def check_agreement(gathered: list[dict]) -> None:
                 raise ValueError(f"{name} differs between ranks: world rank 0 has {val!r}, world rank {r} has "
                                  f"{mine!r}. Every stage must plan with the same settings: set it identically on "
                                  "every node, or unset it everywhere.")
+        for key, val in ref.get("planner", {}).items():
+            mine = g.get("planner", {}).get(key)
+            if mine != val:
+                raise ValueError(f"the planner's {key} differs between ranks: world rank 0 has {val!r}, world rank "
+                                 f"{r} has {mine!r}. Every stage plans in floating point on its own CPU, and a "
+                                 "near-tie rounded the other way on one stage cuts a different chunk there (a hang): "
+                                 "install the same numpy, scipy and sglang-cpp on every node, on one CPU type.")
         for key, val in ref.get("config", {}).items():
             mine = g.get("config", {}).get(key)
             if mine != val:

@@ -72,7 +72,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     global ACTIVE, LOG, BATCH, ONLINE, _PP_RANK
     from sglang.srt.runtime_context import get_parallel, get_schedule
 
-    from .consensus import check_agreement, env_snapshot, on_every_rank, world_rank
+    from .consensus import check_agreement, env_snapshot, on_every_rank, planner_inputs, world_rank
 
     from .targets import unapplied
 
@@ -105,7 +105,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}
     mine["enable_dynamic_chunking"] = bool(sch.enable_dynamic_chunking)
     mine["enable_mixed_chunk"] = bool(sch.enable_mixed_chunk)
-    gathered = on_every_rank(lambda: {"env": env_snapshot(), "config": mine, "error": error,
+    gathered = on_every_rank(lambda: {"env": env_snapshot(), "planner": planner_inputs(), "config": mine, "error": error,
                                       "kv_tokens": int(self.max_total_num_tokens),
                                       "max_context": int(self.req_to_token_pool.max_context_len),
                                       "pp_rank": int(par.pp_rank)})
