@@ -364,3 +364,15 @@ def test_alignment_is_the_lcm_of_sglangs_grids():
     assert _align(SimpleNamespace(page_size=16, truncation_align_size=None)) == 64
     assert _align(SimpleNamespace(page_size=96, truncation_align_size=None)) == 192
     assert _align(SimpleNamespace(page_size=16, truncation_align_size=4096)) == 4096  # flashinfer deterministic
+
+
+def test_online_refinement_fits_single_chunks_but_not_one_that_loaded_host_kv_back():
+    """Issue 45 item 10: a chunk whose forward waited for HiCache's load back (SGLang's per-layer wait_until,
+    inside the timed window) is no sample of what a chunk costs; nor is a batch of several requests."""
+    from sglang_cpp.plugin.hooks import online_sample
+
+    one = {"event": "forward", "rids": ["a"], "prefix": [4096], "chunk": [1024], "ms": 12.5}
+    assert online_sample(one) == (4096, 1024, 12.5)
+    assert online_sample({**one, "host_loaded": True}) is None
+    assert online_sample({**one, "rids": ["a", "b"], "prefix": [0, 9], "chunk": [5, 6]}) is None
+    assert online_sample({**one, "event": "decode_forward"}) is None

@@ -77,6 +77,10 @@ def test_host_tier_hit_is_served_from_the_cached_length_on_both_stages(request, 
     runs = [_extends(p, rid) for p in logs]
     assert runs[0] == runs[1], "PP stages ran different chunks"
     assert runs[0][0][0] == cached and sum(x for _, x in runs[0]) == len(HICACHE_PROMPTS[2]) - cached  # only the suffix
+    # issue 45 item 10: the forward that waited for the load back is marked, so online refinement leaves it out
+    loaded = [[(e["rids"][0], e["prefix"][0]) for e in read_events(p, "forward") if e.get("host_loaded")] for p in logs]
+    assert loaded[0] == loaded[1] and (rid, cached) in loaded[0]
+    assert {r for r, _ in loaded[0]} <= {r for r, *_ in loads[0]}
     if policy == "plan":
         plans = [[(e["prefix"], e["chunk"]) for e in read_events(p, "decision") if e["rid"] == rid] for p in logs]
         assert plans[0] and plans[0][0][0] == cached  # the plan starts at the cached length

@@ -419,6 +419,9 @@ def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
     prefix = req.prefix_len + host_hit
     if host_hit and LOG is not None:  # HiCache: this prefix is loaded back from the host tier
         LOG.write("host_hit", rid=req.rid, device_prefix=int(req.prefix_len), host_hit=host_hit)
+        _HOST_LOADED[req.rid] = int(prefix)  # its first chunk's forward waits for the load
+        while len(_HOST_LOADED) > 4096:  # a request that never ran its first chunk
+            _HOST_LOADED.pop(next(iter(_HOST_LOADED)))
     if not (sizer is None or self.rem_chunk_tokens is None or self.can_run_list or has_chunked):
         prompt_len = len(req.full_untruncated_fill_ids)
         remaining = prompt_len - prefix
@@ -432,6 +435,7 @@ def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
 
 
 _PENDING = LazyTimes()
+_HOST_LOADED: dict = {}  # rid -> where its first chunk starts, for a request whose prefix HiCache loads back
 
 
 def Scheduler_run_batch(original, self, batch, *args, **kwargs):
@@ -458,6 +462,8 @@ def _run_batch(original, self, batch, *args, **kwargs):
         prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
         ext = [int(v) for v in (getattr(batch, "extend_lens", None) or [])]
         event, rec = "forward", {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext}
+        if _HOST_LOADED and any(_HOST_LOADED.pop(r.rid, -1) == p for r, p in zip(batch.reqs, prefix)):
+            rec["host_loaded"] = True  # this forward loaded host-tier KV back, layer by layer (HiCache)
         if pd_ring.LOOP.it:  # a PD prefill stage with PP > 1: the loop index, for the release lags
             rec["it"] = pd_ring.LOOP.it
     elif batch.forward_mode.is_decode() and log.path:  # seq_lens_sum is None after filter/merge_batch
@@ -482,14 +488,24 @@ def _run_batch(original, self, batch, *args, **kwargs):
     done = event == "forward" and _report_plans(log, batch.reqs, prefix, ext)
     _PENDING.add(timer, {"event": event, **rec, "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
     for rec in _PENDING.drain():
-        if online is not None and rec["event"] == "forward" and len(rec["chunk"]) == 1 and rec["chunk"][0] > 0:
-            online.record(rec["prefix"][0], rec["chunk"][0], rec["ms"])
+        sample = online_sample(rec)
+        if online is not None and sample is not None:
+            online.record(*sample)
         log.write(rec.pop("event"), **rec)
     if done:  # a prompt ran its last chunk: its lines are on disk before its first token reaches the client
         log.flush()
         if online is not None:
             online.prompt_done()
     return out
+
+
+def online_sample(rec: dict) -> tuple | None:
+    """(prefix, chunk, ms) of a logged forward that online refinement may fit, else None: one request's prefill
+    chunk, not one that loaded host-tier KV back (HiCache's per-layer wait for the load sits inside the timed
+    window, SGLang's `wait_until`; it is not what a chunk costs)."""
+    if rec.get("event") != "forward" or len(rec.get("chunk", ())) != 1 or rec["chunk"][0] <= 0 or rec.get("host_loaded"):
+        return None
+    return rec["prefix"][0], rec["chunk"][0], rec["ms"]
 
 
 _RAN: dict = {}  # rid -> [first prefix, chunks that ran], until the prompt's last chunk has run
