@@ -419,9 +419,6 @@ def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
     prefix = req.prefix_len + host_hit
     if host_hit and LOG is not None:  # HiCache: this prefix is loaded back from the host tier
         LOG.write("host_hit", rid=req.rid, device_prefix=int(req.prefix_len), host_hit=host_hit)
-        _HOST_LOADED[req.rid] = int(prefix)  # its first chunk's forward waits for the load
-        while len(_HOST_LOADED) > 4096:  # a request that never ran its first chunk
-            _HOST_LOADED.pop(next(iter(_HOST_LOADED)))
     if not (sizer is None or self.rem_chunk_tokens is None or self.can_run_list or has_chunked):
         prompt_len = len(req.full_untruncated_fill_ids)
         remaining = prompt_len - prefix
@@ -435,7 +432,6 @@ def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
 
 
 _PENDING = LazyTimes()
-_HOST_LOADED: dict = {}  # rid -> where its first chunk starts, for a request whose prefix HiCache loads back
 
 
 def Scheduler_run_batch(original, self, batch, *args, **kwargs):
@@ -462,8 +458,8 @@ def _run_batch(original, self, batch, *args, **kwargs):
         prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
         ext = [int(v) for v in (getattr(batch, "extend_lens", None) or [])]
         event, rec = "forward", {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext}
-        if _HOST_LOADED and any(_HOST_LOADED.pop(r.rid, -1) == p for r, p in zip(batch.reqs, prefix)):
-            rec["host_loaded"] = True  # this forward loaded host-tier KV back, layer by layer (HiCache)
+        if int(getattr(batch, "hicache_consumer_index", -1)) >= 0:  # SGLang's own "a load is pending" (HiCache)
+            rec["host_loaded"] = True  # this forward waits for host-tier KV loaded back, layer by layer
         if pd_ring.LOOP.it:  # a PD prefill stage with PP > 1: the loop index, for the release lags
             rec["it"] = pd_ring.LOOP.it
     elif batch.forward_mode.is_decode() and log.path:  # seq_lens_sum is None after filter/merge_batch

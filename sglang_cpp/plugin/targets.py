@@ -131,6 +131,9 @@ STATE_READS = {
     "ModelRunner.eplb_manager._main_generator": "model_executor/model_runner.py:1897-1898 (every forward steps "
         "it), eplb/eplb_manager.py:72-94 (a rebalance every --eplb-rebalance-num-iterations steps); "
         "calibrate.no_expert_recording sets it aside for startup forwards",
+    "ScheduleBatch.hicache_consumer_index": "managers/scheduler.py:4349-4355 (set at a prefill batch's build from "
+        "the cache controller's start_loading, -1 when no load is queued), 4652 (SGLang's own `load_pending = "
+        "index >= 0`), tp_worker.py:637 (the forward waits on it); hooks marks such forwards host_loaded",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
         "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
         "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",
