@@ -60,14 +60,16 @@ def test_a_server_argument_that_differs_fails_naming_it():
 
 
 def test_a_node_with_another_numpy_or_cpu_type_fails_naming_what_differs():
-    """Issue 45 item 9: the planner's inputs besides its settings (numpy / scipy / sglang-cpp builds, CPU ISA)
-    must agree, or a near-tie rounded the other way on one stage cuts another chunk there."""
+    """Issue 45 item 9: the planner's inputs besides its settings (numpy / scipy / libc builds, the planner's own
+    code, numpy's SIMD paths on this CPU) must agree, or a near-tie rounded the other way on one stage cuts
+    another chunk there."""
     mine = consensus.planner_inputs()
-    assert {"numpy", "scipy", "sglang-cpp", "python", "arch", "isa"} <= set(mine)
-    other = "AVX2" if mine["isa"] != "AVX2" else "AVX512"
+    assert {"numpy", "scipy", "planner code", "python", "libc", "arch", "numpy SIMD"} <= set(mine)
+    assert mine == consensus.planner_inputs()  # stable within a process
+    other = mine["numpy SIMD"] + ",EXTRA"
     ranks = [{"env": snap(), "planner": mine, "config": {}, "error": ""},
-             {"env": snap(), "planner": {**mine, "isa": other}, "config": {}, "error": ""}]
-    with pytest.raises(ValueError, match=rf"planner's isa differs between ranks.*rank 1 has '{other}'"):
+             {"env": snap(), "planner": {**mine, "numpy SIMD": other}, "config": {}, "error": ""}]
+    with pytest.raises(ValueError, match=r"planner's numpy SIMD differs between ranks.*,EXTRA'"):
         consensus.check_agreement(ranks)
     consensus.check_agreement([ranks[0], dict(ranks[0])])  # the same everywhere: agreed
     ranks[1]["planner"] = {**mine, "numpy": "0.0.1"}

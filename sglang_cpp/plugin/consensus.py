@@ -25,14 +25,24 @@ def env_snapshot(environ=None) -> dict:
 
 def planner_inputs() -> dict:
     """What the planner's floating-point arithmetic depends on besides its inputs: every stage plans on its own
-    CPU, and a different numpy / scipy / sglang-cpp build or CPU instruction set (numpy's SIMD dispatch) can
+    CPU, and a different numpy / scipy / libm build, planner code or SIMD path (numpy's dispatch on this CPU) can
     round a near-tie the other way, one stage cuts another chunk and the pipeline hangs on a shape mismatch."""
+    import hashlib
     import platform
+    from pathlib import Path
 
-    from ..machine import cpu_isa, versions
+    from ..machine import versions
 
-    return {**versions("numpy", "scipy", "sglang-cpp"), "python": platform.python_version(),
-            "arch": platform.machine(), "isa": cpu_isa()}
+    core = Path(__file__).resolve().parent.parent / "core"  # the planner's code itself, installed or a checkout
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(core.glob("*.py")))).hexdigest()[:12]
+    try:  # the SIMD paths numpy dispatches to here (x86 and ARM alike; NPY_DISABLE_CPU_FEATURES honoured)
+        from numpy._core import _multiarray_umath as um
+
+        simd = ",".join(sorted(k for k in um.__cpu_dispatch__ if um.__cpu_features__.get(k)))
+    except (ImportError, AttributeError):
+        simd = "unknown"
+    return {**versions("numpy", "scipy"), "planner code": digest, "python": ".".join(platform.python_version_tuple()[:2]),
+            "libc": " ".join(platform.libc_ver()), "arch": platform.machine(), "numpy SIMD": simd}
 
 
 def check_agreement(gathered: list[dict]) -> None:
@@ -56,7 +66,7 @@ def check_agreement(gathered: list[dict]) -> None:
                 raise ValueError(f"the planner's {key} differs between ranks: world rank 0 has {val!r}, world rank "
                                  f"{r} has {mine!r}. Every stage plans in floating point on its own CPU, and a "
                                  "near-tie rounded the other way on one stage cuts a different chunk there (a hang): "
-                                 "install the same numpy, scipy and sglang-cpp on every node, on one CPU type.")
+                                 "install the same numpy, scipy and sglang-cpp on every node, on one CPU type (numpy's SIMD paths).")
         for key, val in ref.get("config", {}).items():
             mine = g.get("config", {}).get(key)
             if mine != val:
