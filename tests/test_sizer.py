@@ -101,14 +101,17 @@ def test_from_env_validates(monkeypatch):
     assert c.sigma == 0.6 and c.plan_config().lo == 512 and c.plan_config().hi == 16384
 
 
-def test_warns_when_the_plan_extrapolates_beyond_twice_the_calibrated_length(tmp_path, caplog):
+def test_warns_when_the_plan_extrapolates_beyond_the_calibrated_length(tmp_path, caplog):
+    """Issue 45 item 11: any prompt past the calibrated length is planned on extrapolated times (it was silent
+    up to 2x)."""
     log = tmp_path / "d.jsonl"
     s = CppChunkSizer(cfg(), cost=COST, log=DecisionLog(0, str(log)), calibrated_len=8192)
     with caplog.at_level("WARNING", logger="sglang_cpp"):
-        s.decide("short", 16384, 0, first=True)  # exactly 2x: within range
+        s.decide("short", 8192, 0, first=True)  # exactly the calibrated length: within range
+        s.decide("longer", 12288, 0, first=True)
         s.decide("long", 40960, 0, first=True)
     events = [d for d in map(json.loads, log.read_text().splitlines()) if d["event"] == "extrapolation"]
-    assert [(e["rid"], e["factor"]) for e in events] == [("long", 5.0)]
+    assert [(e["rid"], e["factor"]) for e in events] == [("longer", 1.5), ("long", 5.0)]
     assert "extrapolates the cost model 5.0x beyond its calibrated length (8192 tokens" in caplog.text
 
 

@@ -259,7 +259,7 @@ def _random_proxies(tensors: dict, seed: int) -> dict:
     for t in tensors.values():
         if t.is_floating_point():  # drawn where the tensor lives: no host tensor of its size per forward
             gen = gens.get(t.device) or gens.setdefault(t.device, torch.Generator(device=t.device).manual_seed(seed))
-            t.copy_(torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype))
+            t.normal_(generator=gen)  # in place: no temporary of the tensor's size per forward
     return tensors
 
 

@@ -177,7 +177,7 @@ class CppChunkSizer:
         if weighed is not None:
             self.log.write("plan_kept" if weighed["kept"] else "plan_moved", rid=rid, prompt_len=prompt_len,
                            prefix=prefix_len, **{k: v for k, v in weighed.items() if k != "kept"})
-        if self.calibrated_len and prompt_len > 2 * self.calibrated_len:
+        if self.calibrated_len and prompt_len > self.calibrated_len:  # any prefix past the samples is a guess
             factor = prompt_len / self.calibrated_len
             logger.warning("[sglang-cpp] PP%d plan for rid=%s extrapolates the cost model %.1fx beyond its "
                            "calibrated length (%d tokens, prompt %d); calibrate longer "
