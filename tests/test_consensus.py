@@ -64,7 +64,8 @@ def test_a_node_with_another_numpy_or_cpu_type_fails_naming_what_differs():
     code, numpy's SIMD paths on this CPU) must agree, or a near-tie rounded the other way on one stage cuts
     another chunk there."""
     mine = consensus.planner_inputs()
-    assert {"numpy", "scipy", "planner code", "python", "libc", "arch", "numpy SIMD"} <= set(mine)
+    assert {"numpy", "scipy", "sglang-cpp code", "python", "libc", "arch", "numpy SIMD"} <= set(mine)
+    assert mine["numpy SIMD"] != "unknown"
     assert mine == consensus.planner_inputs()  # stable within a process
     other = mine["numpy SIMD"] + ",EXTRA"
     ranks = [{"env": snap(), "planner": mine, "config": {}, "error": ""},

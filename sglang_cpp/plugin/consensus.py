@@ -33,15 +33,20 @@ def planner_inputs() -> dict:
 
     from ..machine import versions
 
-    core = Path(__file__).resolve().parent.parent / "core"  # the planner's code itself, installed or a checkout
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(core.glob("*.py")))).hexdigest()[:12]
+    pkg = Path(__file__).resolve().parent.parent  # the planner's and the sizer's code, installed or a checkout
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+    digest = h.hexdigest()[:12]
     try:  # the SIMD paths numpy dispatches to here (x86 and ARM alike; NPY_DISABLE_CPU_FEATURES honoured)
-        from numpy._core import _multiarray_umath as um
-
+        try:
+            from numpy._core import _multiarray_umath as um
+        except ImportError:  # numpy 1.x
+            from numpy.core import _multiarray_umath as um
         simd = ",".join(sorted(k for k in um.__cpu_dispatch__ if um.__cpu_features__.get(k)))
     except (ImportError, AttributeError):
         simd = "unknown"
-    return {**versions("numpy", "scipy"), "planner code": digest, "python": ".".join(platform.python_version_tuple()[:2]),
+    return {**versions("numpy", "scipy"), "sglang-cpp code": digest, "python": ".".join(platform.python_version_tuple()[:2]),
             "libc": " ".join(platform.libc_ver()), "arch": platform.machine(), "numpy SIMD": simd}
 
 
