@@ -270,11 +270,6 @@ def test_a_servers_decision_log_buffers_hot_path_lines_and_flushes_them_in_order
 
 
 def test_an_idle_scheduler_flushes_the_decision_log(tmp_path, monkeypatch):
-    """Issue 45 item 8: buffered lines go to disk when SGLang's loop goes idle (on_idle, which every loop calls
-    after a pass or a PP round with no batch), not on get_next_batch_to_run's result: 0.5.23 returns a
-    NextBatchPlan, never None, and one empty PP slot is no idle server."""
-    from sglang.srt.managers.schedule_batch import NextBatchPlan
-
     from sglang_cpp.plugin import hooks
 
     path = tmp_path / "d.jsonl"
@@ -283,12 +278,20 @@ def test_an_idle_scheduler_flushes_the_decision_log(tmp_path, monkeypatch):
     monkeypatch.setattr(hooks, "BATCH", None)
     log.write("decode_forward", ms=1.0)
     batch = object()
-    for plan in (NextBatchPlan(batch_to_run=batch, running_batch=batch), NextBatchPlan(batch_to_run=None,
-                                                                                       running_batch=batch)):
-        assert hooks.Scheduler_get_next_batch_to_run(lambda self, p=plan: p, None) is plan
-    assert not path.exists()  # still buffered
-    hooks.Scheduler_on_idle(None, None)  # idle: on disk
+    assert hooks.Scheduler_get_next_batch_to_run(lambda self: batch, None) is batch  # busy: still buffered
+    assert not path.exists()
+    assert hooks.Scheduler_get_next_batch_to_run(lambda self: None, None) is None  # idle: on disk
     assert [json.loads(x)["ms"] for x in path.read_text().splitlines()] == [1.0]
+    # issue 45 item 8: SGLang 0.5.23 returns a NextBatchPlan, empty when idle (it never returns None)
+    from sglang.srt.managers.schedule_batch import NextBatchPlan
+
+    log.write("decode_forward", ms=2.0)
+    busy = NextBatchPlan(batch_to_run=batch, running_batch=batch)
+    assert hooks.Scheduler_get_next_batch_to_run(lambda self: busy, None) is busy
+    assert len(path.read_text().splitlines()) == 1  # still buffered
+    idle = NextBatchPlan(batch_to_run=None, running_batch=batch)
+    assert hooks.Scheduler_get_next_batch_to_run(lambda self: idle, None) is idle
+    assert [json.loads(x)["ms"] for x in path.read_text().splitlines()] == [1.0, 2.0]
 
 
 def test_report_plans_says_when_a_prompt_ran_its_last_chunk(tmp_path):

@@ -240,18 +240,12 @@ def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
         running = kwargs.get("running_batch", args[0] if args else None)
         self.sglang_cpp_slot = next((i for i, b in enumerate(getattr(self, "running_mbs", ()))
                                      if b is running), None)
-    return original(self, *args, **kwargs)
-
-
-def Scheduler_on_idle(result, self, *args, **kwargs):
-    """AFTER: an idle loop (every SGLang loop calls on_idle when a pass, or under PP a whole round of slots, had
-    no batch: scheduler.py:2053, 2123, scheduler_pp_mixin.py:214, 365, 559, disaggregation/decode.py:3159, 3220,
-    prefill.py:718, 858): the decision log's buffered lines go to disk. (get_next_batch_to_run returns a
-    NextBatchPlan in 0.5.23, never None, so a flush on None there never fired; an empty slot under PP is no idle
-    server.)"""
-    if LOG is not None:
+    plan = original(self, *args, **kwargs)
+    # idle: the decision log's buffered lines go to disk. SGLang 0.5.23 returns a NextBatchPlan whatever happens
+    # (schedule_batch.py:4138-4140), with no batch to run when idle
+    if LOG is not None and (plan is None or getattr(plan, "batch_to_run", plan) is None):
         LOG.flush()
-    return None
+    return plan
 
 
 def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwargs):

@@ -14,8 +14,6 @@ TARGETS = {
     # ... and its even decode split, as admission per micro-batch slot
     f"{SCHED}.get_next_batch_to_run": ("Scheduler_get_next_batch_to_run", "AROUND"),
     f"{SCHED}.get_num_allocatable_reqs": ("Scheduler_get_num_allocatable_reqs", "AROUND"),
-    # an idle loop flushes the decision log's buffered lines (every loop calls on_idle)
-    f"{SCHED}.on_idle": ("Scheduler_on_idle", "AFTER"),
     f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
     # SGLANG_CPP_ONLINE: samples to world rank 0, and its refined model through the request stream (online.py)
     "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._pull_raw_reqs":
