@@ -282,16 +282,6 @@ def test_an_idle_scheduler_flushes_the_decision_log(tmp_path, monkeypatch):
     assert not path.exists()
     assert hooks.Scheduler_get_next_batch_to_run(lambda self: None, None) is None  # idle: on disk
     assert [json.loads(x)["ms"] for x in path.read_text().splitlines()] == [1.0]
-    # issue 45 item 8: SGLang 0.5.23 returns a NextBatchPlan, empty when idle (it never returns None)
-    from sglang.srt.managers.schedule_batch import NextBatchPlan
-
-    log.write("decode_forward", ms=2.0)
-    busy = NextBatchPlan(batch_to_run=batch, running_batch=batch)
-    assert hooks.Scheduler_get_next_batch_to_run(lambda self: busy, None) is busy
-    assert len(path.read_text().splitlines()) == 1  # still buffered
-    idle = NextBatchPlan(batch_to_run=None, running_batch=batch)
-    assert hooks.Scheduler_get_next_batch_to_run(lambda self: idle, None) is idle
-    assert [json.loads(x)["ms"] for x in path.read_text().splitlines()] == [1.0, 2.0]
 
 
 def test_report_plans_says_when_a_prompt_ran_its_last_chunk(tmp_path):

@@ -240,12 +240,10 @@ def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
         running = kwargs.get("running_batch", args[0] if args else None)
         self.sglang_cpp_slot = next((i for i, b in enumerate(getattr(self, "running_mbs", ()))
                                      if b is running), None)
-    plan = original(self, *args, **kwargs)
-    # idle: the decision log's buffered lines go to disk. SGLang 0.5.23 returns a NextBatchPlan whatever happens
-    # (schedule_batch.py:4138-4140), with no batch to run when idle
-    if LOG is not None and (plan is None or getattr(plan, "batch_to_run", plan) is None):
+    batch = original(self, *args, **kwargs)
+    if batch is None and LOG is not None:  # idle: the decision log's buffered lines go to disk
         LOG.flush()
-    return plan
+    return batch
 
 
 def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwargs):
