@@ -13,8 +13,8 @@ The objective is the flow-shop recurrence (`planner_base.flow_shop`) over per-st
 per-chunk overhead, over: the chunks in flight (priced, their work already committed), this prompt's
 candidate chunks, and the prompts behind it, each cut at the pacing time of this prompt's candidate (its
 running max: chunks up to it add no drain). Candidates: the single-prompt plan, fixed chunks and
-threshold walks over a grid of target times. With nothing in view the single-prompt plan is returned as
-it is. Pure numpy; every stage derives the same plan from the same view.
+equal-time cuts into fewer chunks (`equal_time.EqualCounts`). With nothing in view, or a one-chunk plan, the
+single-prompt plan is returned as it is. Pure numpy; every stage derives the same plan from the same view.
 """
 from __future__ import annotations
 
