@@ -224,3 +224,18 @@ def test_early_kv_on_a_backend_that_drops_the_forward_event_fails_at_startup(mon
         assert pd_kv.startup_error(NS(disaggregation_mode=mode, disaggregation_transfer_backend=backend)) == ""
     monkeypatch.setenv("SGLANG_CPP_PD_EARLY_KV", "0")
     assert pd_kv.startup_error(NS(disaggregation_mode="prefill", disaggregation_transfer_backend="nixl")) == ""
+
+
+def test_only_an_abort_the_relay_marked_stops_the_chunked_request():
+    """An AbortReq marks the chunked request on every rank (SGLang's test, scheduler.py:5676-5678); a mark one
+    rank set alone (run_batch's external-linker failure, scheduler.py:4928-4931) is not promoted by an
+    unrelated AbortReq arriving meanwhile, so no stage stops the request alone."""
+    chunked = SimpleNamespace(rid="long-1")
+    sched = SimpleNamespace(chunked_req=chunked, _pending_chunked_abort_req=chunked)  # a local mark
+    pd_ring.abort_requested(sched, SimpleNamespace(rid="other", abort_all=False))
+    assert getattr(sched, "sglang_cpp_relayed_abort", None) is None
+    pd_ring.abort_requested(sched, SimpleNamespace(rid="long", abort_all=False))  # SGLang's prefix match
+    assert sched.sglang_cpp_relayed_abort is chunked
+    sched2 = SimpleNamespace(chunked_req=chunked, _pending_chunked_abort_req=chunked)
+    pd_ring.abort_requested(sched2, SimpleNamespace(rid="", abort_all=True))
+    assert sched2.sglang_cpp_relayed_abort is chunked

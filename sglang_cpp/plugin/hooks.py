@@ -105,7 +105,9 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     mine = {k: v for k, v in asdict(cfg).items() if k != "pp_rank"} if cfg else {}
     mine["enable_dynamic_chunking"] = bool(sch.enable_dynamic_chunking)
     mine["enable_mixed_chunk"] = bool(sch.enable_mixed_chunk)
-    gathered = on_every_rank(lambda: {"env": env_snapshot(), "planner": planner_inputs(), "config": mine, "error": error,
+    plans = bool(sch.enable_dynamic_chunking) and cfg is not None and cfg.policy != "off"  # else nothing is planned
+    gathered = on_every_rank(lambda: {"env": env_snapshot(), "planner": planner_inputs() if plans else {},
+                                      "config": mine, "error": error,
                                       "kv_tokens": int(self.max_total_num_tokens),
                                       "max_context": int(self.req_to_token_pool.max_context_len),
                                       "pp_rank": int(par.pp_rank)})
@@ -553,9 +555,9 @@ def Scheduler_process_prefill_chunk(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
-def Scheduler_abort_request(result, self, *args, **kwargs):
+def Scheduler_abort_request(result, self, recv_req=None, *args, **kwargs):
     """AFTER: note the chunked request an AbortReq from the request relay marked (pd_ring.abort_requested)."""
-    pd_ring.abort_requested(self)
+    pd_ring.abort_requested(self, recv_req if recv_req is not None else kwargs.get("recv_req"))
     return None
 
 

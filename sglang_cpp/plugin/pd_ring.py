@@ -187,13 +187,16 @@ def chunked_abort(sched, log=None) -> None:
         log.write("chunked_abort", it=LOOP.it, rid=req.rid, computed=done)
 
 
-def abort_requested(sched) -> None:
-    """After `abort_request`: the chunked request it marked for abort (scheduler.py:5676-5678). The AbortReq
+def abort_requested(sched, recv_req) -> None:
+    """After `abort_request`: the chunked request this AbortReq marked for abort, by SGLang's own test
+    (scheduler.py:5676-5678: abort_all, or the chunked request's rid starts with the AbortReq's). The AbortReq
     rides the request relay, so every stage and TP rank marks the same request at the same loop index; only
-    such a mark is acted on in `chunked_abort`."""
-    pending = getattr(sched, "_pending_chunked_abort_req", None)
-    if pending is not None:
-        sched.sglang_cpp_relayed_abort = pending
+    such a mark is acted on in `chunked_abort`, never one a rank set alone that was pending meanwhile."""
+    chunked = getattr(sched, "chunked_req", None)
+    if chunked is None or getattr(sched, "_pending_chunked_abort_req", None) is not chunked:
+        return
+    if getattr(recv_req, "abort_all", False) or chunked.rid.startswith(getattr(recv_req, "rid", None) or "\0"):
+        sched.sglang_cpp_relayed_abort = chunked
 
 
 def released(result, log=None) -> None:
