@@ -78,6 +78,19 @@ def test_the_objective_is_the_flow_shop_over_every_chunk_in_order(cost, P):
     assert mean_completion(cur, 12288 + sum(cur), 12288, view, behind, cost, cfg) == pytest.approx(np.mean(want))
 
 
+@pytest.mark.parametrize("cost,P", [(GPU, 4), (UNEVEN, 4)])
+def test_candidates_of_very_different_lengths_are_each_priced_as_the_double_loop(cost, P):
+    """Candidates are padded per length group (a 512-chunk fixed cut beside 3-chunk ones): each one's
+    completions are still its own flow shop."""
+    view = QueueView(inflight=((0, 4096),), waiting=((9000, 1024), (9000, 1024)))
+    cands = [([8192, 8192, 1616], [[7976], [7976]]), (fixed_split(18000, 64), [fixed_split(7976, 512)] * 2),
+             ([4096] * 4 + [1616], [[4096, 3880], fixed_split(7976, 64)])]
+    got = completions(cands, 0, view, cost, P, 1.5)
+    for row, (cur, behind) in zip(got, cands):
+        want = naive_completions(view.inflight, [(0, cur), (1024, behind[0]), (1024, behind[1])], cost, P, 1.5)
+        assert np.allclose(row, want)
+
+
 @pytest.mark.parametrize("cost", [GPU, UNEVEN])
 @pytest.mark.parametrize("n,prefix", [(131072, 0), (50000, 8192), (3000, 0)])
 def test_alone_is_todays_plan_exactly(cost, n, prefix):
@@ -141,6 +154,7 @@ def test_queue_plans_are_valid_and_the_last_prompt_never_finishes_later_than_alo
     for c in q.chunks[:-1]:
         assert c % cfg.align == 0 and cfg.lo <= c <= cfg.hi
     assert 1 <= q.chunks[-1] <= cfg.hi
+    assert len(q.chunks) <= len(plan_equal_time(n, cost, cfg).chunks)  # a busy pipe never wants more chunks
     if n_wait == 0:  # nothing behind: its own completion after the chunks in flight, by the double loop
         alone = plan_equal_time(n, cost, cfg)
         t_q = naive_completions(inflight, [(0, q.chunks)], cost, P, o)[0]

@@ -90,6 +90,15 @@ def _times_of(chunks: list[list], starts: list[int], cost, P: int, o: float) -> 
     return t
 
 
+def _by_length(lengths: list[int]) -> list[list[int]]:
+    """Indices grouped by chunk count in powers of two: a 2048-chunk fixed candidate padded beside 8-chunk
+    ones would cost 2048 steps for every candidate (the result is the same, the padding is transparent)."""
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(lengths):
+        groups.setdefault(max(int(k), 1).bit_length(), []).append(i)
+    return list(groups.values())
+
+
 def _transfer(chunks: list[list], start: int, cost, P: int, o: float) -> np.ndarray:
     """Each chunk list's max-plus transfer matrix D (n, P, P): from a state F (per-stage free times) the
     stages end at max_s' (F[s'] + D[s', s]) after it (`advance` from a start 0 at stage s' only)."""
@@ -109,13 +118,17 @@ def completions(cands: list[tuple[list, list[list]]], L0: int, view: QueueView, 
         state = advance(stage_times(cost, L, x, P) + o)
     else:
         state = np.zeros(P)
-    G = advance(_times_of([c for c, _ in cands], [L0] * len(cands), cost, P, o), state)  # (n, P)
+    G = np.empty((len(cands), P))
+    for group in _by_length([len(c) for c, _ in cands]):  # padded to their own longest, not the longest of all
+        G[group] = advance(_times_of([cands[i][0] for i in group], [L0] * len(group), cost, P, o), state)
     out, memo = [G[:, -1]], {}
     for i, (n, p) in enumerate(view.waiting):
         key = (p, tuple(tuple(b[i]) for _, b in cands))  # a burst's prompts share their chunk lists
         if key not in memo:
             lists = list(dict.fromkeys(key[1]))
-            D = _transfer([list(ch) for ch in lists], p, cost, P, o)
+            D = np.empty((len(lists), P, P))
+            for group in _by_length([len(ch) for ch in lists]):
+                D[group] = _transfer([list(lists[j]) for j in group], p, cost, P, o)
             which = {ch: j for j, ch in enumerate(lists)}
             memo[key] = D[[which[ch] for ch in key[1]]]  # (n, P, P)
         Dc = memo[key]
@@ -144,7 +157,8 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
     # this prompt: the single-prompt plan, fixed chunks, and equal-time cuts into fewer chunks than it (a busy
     # pipe wants bigger chunks), counts from the fewest possible up, geometrically spaced
     counts = np.unique(np.geomspace(own.k_min, max(own.k_min, len(alone.chunks)), N_COUNTS).round().astype(int))
-    mine = [list(alone.chunks)] + [fixed_split(R, c) for c in fixed_candidates(cfg, R)]
+    mine = [list(alone.chunks)] + [fixed_split(R, c) for c in fixed_candidates(cfg, R)
+                                   if -(-R // c) <= len(alone.chunks)]  # never more chunks than alone
     mine += [ch for ch in (own.at_count(int(K)) for K in counts) if ch is not None]
     mine = list({tuple(ch): list(ch) for ch in mine}.values())  # unique, the single-prompt plan first
     # each prompt behind is cut into equal-time chunks at this candidate's pacing time (its running max)
