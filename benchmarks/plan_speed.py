@@ -9,8 +9,6 @@ Usage: python benchmarks/plan_speed.py [--repeats 50]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -18,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import scipy
 
-import sglang_cpp
 from sglang_cpp.core.costmodel import CostModel
+from sglang_cpp.machine import provenance_lines
 from sglang_cpp.core.planner import PlanConfig, plan_dp, plan_equal_time
 from sglang_cpp.whatif.analytic import DEVICES, MODELS, analytic_cost_model
 
@@ -65,11 +63,8 @@ def main() -> None:
     eq = plan_equal_time(131072, stage, cfg)
     lines = [
         "# Planning speed", "",
-        f"- date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
-        f"- machine: {platform.processor() or platform.machine()}, {platform.node()}, "
-        f"python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
-        f"sglang-cpp {sglang_cpp.__version__}",
-        f"- command: `python benchmarks/plan_speed.py --repeats {a.repeats}`", "",
+        *provenance_lines(f"python benchmarks/plan_speed.py --repeats {a.repeats}",
+                          f"; numpy {np.__version__}, scipy {scipy.__version__}"), "",
         "Equal-time planner (`--policy plan`), median and best of the repeats; lookup = `ChunkPlan.next_chunk`.", "",
         "| cost model | prompt | min chunk | chunks | predicted TTFT (s) | plan median (ms) | plan best (ms) "
         "| next-chunk lookup (ns) |", "|---|---|---|---|---|---|---|---|"]
