@@ -322,3 +322,21 @@ def test_old_flag_spellings_still_parse_and_are_hidden(capsys):
 def test_plan_cli_missing_setting_is_one_error_naming_the_flag(argv, msg, capsys):
     rc = cli_main(["plan", "--input-len", "8k", "--pp-size", "2", "--coeffs", "0,0,0.01,0,0,0", *argv])
     assert rc == 2 and msg in capsys.readouterr().err
+
+
+def test_plan_cli_cuts_under_a_served_profiles_measured_chunk(tmp_path, capsys):
+    """A served profile keeps the cap its server planned under (the largest chunk calibration and coverage
+    measured, plugin/coverage.py): `plan --profile` cuts under it as the server did; --max-chunk overrides."""
+    from sglang_cpp.core.costmodel import save_profile
+
+    cost = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
+    runs = {}
+    for name, meta in (("free", {}), ("served", {"backend": "served", "measured_chunk": 1024})):
+        path = save_profile(tmp_path / f"{name}.json", cost=cost, meta=meta)
+        for extra in ([], ["--max-chunk", "4096"]):
+            assert cli_main(["plan", "--profile", str(path), "--input-len", "32k", "--pp-size", "4",
+                             "--chunked-prefill-size", "8192", "--chunk-overhead-ms", "20", "--json", *extra]) == 0
+            runs[name, len(extra)] = json.loads(capsys.readouterr().out)["chunks"]
+    assert max(runs["free", 0]) > 1024  # the cap binds here
+    assert max(runs["served", 0]) <= 1024 and sum(runs["served", 0]) == 32768
+    assert runs["served", 2] == runs["free", 2]

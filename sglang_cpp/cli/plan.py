@@ -60,13 +60,26 @@ def build_plan(args):
         if not args.chunk_size:
             raise ValueError("--policy quadratic needs --chunked-prefill-size (the base chunk C)")
     cost = load_cost_arg(args)
+    max_chunk = args.max_chunk or served_cap(args.profile)
     if args.policy == "fixed" and not args.chunk_size:
         raise ValueError("--policy fixed needs --chunked-prefill-size (the fixed chunk C)")
     return plan_for(args.policy, args.prompt_len, cost, args.pp_size, args.chunk_size or 0, sigma=args.sigma,
                     ctx=args.context_len, max_prefill=args.max_prefill_tokens, overhead_ms=args.overhead_ms,
                     coeffs=args.coeffs, prefix_len=args.prefix_len, page_size=args.page_size or 1,
-                    method=args.method, max_chunk=args.max_chunk or 0, min_chunk=args.min_chunk or 0,
+                    method=args.method, max_chunk=max_chunk, min_chunk=args.min_chunk or 0,
                     align=args.align or 64)
+
+
+def served_cap(profile: str | None) -> int:
+    """A served profile's `measured_chunk` (the largest chunk the server measured, which its plans never
+    exceed; plugin/coverage.py), else 0: `plan --profile <served>` cuts the server's chunks."""
+    if not profile:
+        return 0
+    from ..core.costmodel import load_profile
+
+    doc = load_profile(profile)
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    return int((meta or {}).get("measured_chunk") or 0)
 
 
 def run_plan(args) -> int:

@@ -8,6 +8,12 @@ largest sampled one and ran 1.13x its prediction on the critical stage (issue 25
 hull of its regime's samples is an extrapolation. Here every stage measures such shapes exactly as the plan
 runs them, world rank 0 refits, and the plans are cut again, up to ROUNDS times. Whatever is still outside
 after that is a WARNING naming the shapes, in the log and the decision log.
+
+Each refit moves the plans again, so a last round can still leave them on a chunk size nobody measured, and
+a prompt of another length than the calibration's cuts its own sizes. So, by construction, the served plans
+cut no chunk bigger than the largest one measured (`measured_chunk`, SizerConfig's cap; the served profile
+keeps it, so `sglang-cpp plan --profile` cuts the same chunks), as plan hysteresis keeps online refits on
+measured chunk sizes.
 """
 from __future__ import annotations
 
@@ -81,11 +87,13 @@ def plan_shapes(cost, plan_cfg, lengths) -> list[tuple]:
 
 def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len: int, fit_meta, log=None,
                save=None):
-    """(served cost, samples): the plans for the calibration's lengths, cut on `cost` (the calibrated model
+    """(served cost, samples, measured_chunk): the plans for the calibration's lengths, cut on `cost` (the calibrated model
     with each stage's measured overhead), measured wherever they leave the samples, refitted on world rank 0
     and sent to every rank, up to ROUNDS times. `fit_meta`: the meta the calibration was fitted with (world
     rank 0's; None: a profile the user gave, never refitted here: only the warning). `save(samples, cost)`:
-    world rank 0 keeps the refit (the calibration cache). Collective: every rank calls it."""
+    world rank 0 keeps the refit (the calibration cache). measured_chunk: the largest chunk in the samples
+    (world rank 0's, on every rank; 0 for a profile the user gave), the served plans' cap. Collective: every
+    rank calls it."""
     from ..core.costmodel import cost_from_profile, model_from_dict
     from .calibrate import calibration_levels, default_repeats, measure_gathered
     from .consensus import from_rank0, world_rank
@@ -97,7 +105,7 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
     refit = from_rank0(lambda: fit_meta is not None)
     samples = list(samples)
 
-    def outside() -> list:  # world rank 0: a profile of coefficients only has no samples to leave
+    def outside(pc=pc) -> list:  # world rank 0: a profile of coefficients only has no samples to leave
         meta = fit_meta or {}
         if not samples:
             return []
@@ -128,7 +136,15 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
         shapes = [tuple(s) for s in from_rank0(outside)]
     if calibrated is not None and save is not None:  # once, with every round's samples
         save(samples, calibrated)
+    cap = int(from_rank0(lambda: max((int(s["x"]) for s in samples), default=0))) if refit else 0
     left = shapes
+    if cap and cap < pc.hi:  # the plans the server runs: cut under the cap
+        from dataclasses import replace
+
+        logger.info("[sglang-cpp] plans cut no chunk above %d tokens, the largest chunk calibration and coverage "
+                    "measured (below the %d-token ceiling): bigger chunks would be priced by extrapolation",
+                    cap, pc.hi)
+        left = [tuple(s) for s in from_rank0(lambda: outside(replace(pc, max_chunk=max(cap, pc.align))))]
     if left:
         logger.warning("[sglang-cpp] the plans for %s tokens still run %d chunk(s) outside the calibrated (L, x) "
                        "range, so their times are extrapolated: %s. %s", lengths, len(left),
@@ -138,4 +154,6 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
                        "to calibrate this server")
         if log is not None:
             log.write("uncovered", shapes=[list(s) for s in left], lengths=lengths)
-    return cost, samples
+    if log is not None and cap:
+        log.write("measured_chunk", chunk=cap)
+    return cost, samples, cap

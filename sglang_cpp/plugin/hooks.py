@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from .. import envs
 from ..machine import cpu_dtype_warning
@@ -139,8 +139,9 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
             if probe:  # every rank: a pipelined run through the real P2P path
                 cost, over = measure_overhead(self, cfg, cost, probe, log=LOG)
             # the chunks the served plans run, measured where the calibration did not reach (plugin/coverage.py)
-            cost, samples = cover_plan(self, cfg, cost, over, samples, calibrated_len, refit and refit["meta"],
-                                       log=LOG, save=refit and refit["save"])
+            cost, samples, measured_chunk = cover_plan(self, cfg, cost, over, samples, calibrated_len,
+                                                       refit and refit["meta"], log=LOG, save=refit and refit["save"])
+            cfg = replace(cfg, measured_chunk=measured_chunk)  # no plan cuts a chunk bigger than was measured
             if probe:
                 save_served(self, cfg, cost, over, calibrated_len)
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),

@@ -274,7 +274,8 @@ def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int, kept: dict)
 
 def save_served(sched, cfg, cost, overheads: list[float], calibrated_len: int) -> None:
     """World rank 0 writes the model the planner runs on (the calibration plus each stage's measured
-    per-chunk overhead) beside the cache, so `sglang-cpp plan --profile <it>` gives the server's chunks.
+    per-chunk overhead, and its cap `measured_chunk`) beside the cache, so `sglang-cpp plan --profile <it>`
+    gives the server's chunks.
     Best effort: a folder that cannot take it costs a WARNING, never the server."""
     from .consensus import world_rank
 
@@ -284,7 +285,8 @@ def save_served(sched, cfg, cost, overheads: list[float], calibrated_len: int) -
     path = Path(envs.CACHE_DIR.get()) / "served" / cache_path(meta, calibrated_len).name
     try:
         save_profile(path, cost=cost, meta={**meta, "backend": "served", "overhead_ms": overheads,
-                                            "calibrated_len": calibrated_len})
+                                            "calibrated_len": calibrated_len,
+                                            "measured_chunk": int(getattr(cfg, "measured_chunk", 0) or 0)})
     except OSError as exc:
         logger.warning("[sglang-cpp] could not write the served cost model to %s: %s", path, exc)
         return

@@ -44,6 +44,7 @@ class SizerConfig:
     buffer_tokens: int = 0  # SGLang's prefill-buffer ceiling (runtime_context.max_prefill_buffer_tokens); 0: derived
     dynamic: bool = True  # --enable-dynamic-chunking (without it nothing is planned)
     queue_aware: bool = True  # SGLANG_CPP_QUEUE_AWARE: plans see the chunks in flight and the waiting prompts
+    measured_chunk: int = 0  # the largest chunk calibration and coverage measured: no plan cuts a bigger one (0: none)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -80,7 +81,8 @@ class SizerConfig:
         return PlanConfig.from_server(pp_size=self.pp_size, chunk_size=self.chunk_size,
                                       max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
                                       context_len=self.context_len, min_chunk=self.min_chunk,
-                                      max_chunk=self.max_chunk, overhead_ms=self.overhead_ms, method=self.method,
+                                      max_chunk=min(filter(None, (self.max_chunk, self.measured_chunk)), default=0),
+                                      overhead_ms=self.overhead_ms, method=self.method,
                                       align=self.align, buffer_tokens=self.buffer_tokens)
 
 
