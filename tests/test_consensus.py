@@ -247,9 +247,17 @@ def test_a_servers_decision_log_buffers_hot_path_lines_and_flushes_them_in_order
     buffer, flush() and exit write them, in the order they were logged."""
     from sglang_cpp.plugin import decision_log
 
+    import threading
+
     path = tmp_path / "d.jsonl"
     log = DecisionLog(0, str(path), buffer_lines=4)
-    lines = lambda: [json.loads(x)["event"] for x in path.read_text().splitlines()] if path.exists() else []  # noqa: E731
+    writers = []
+    real = log._write_file
+    log._write_file = lambda lines: writers.append(threading.current_thread().name) or real(lines)
+
+    def lines():  # what is on disk once the writer thread has written what it was handed
+        decision_log._WRITER.drain()
+        return [json.loads(x)["event"] for x in path.read_text().splitlines()] if path.exists() else []
     log.write("forward", ms=1.0)
     log.write("decode_forward", ms=2.0)
     assert lines() == []  # hot: buffered
@@ -266,21 +274,32 @@ def test_a_servers_decision_log_buffers_hot_path_lines_and_flushes_them_in_order
     log.write("forward", ms=4.0)
     decision_log._flush_all()  # what atexit runs
     assert lines().count("forward") == 3
+    # issue 45 item 8: every write on the writer thread, none on the scheduler's (this one)
+    assert writers and set(writers) == {"sglang-cpp-decision-log"}
     assert DecisionLog(0, str(tmp_path / "plain.jsonl")).buffer_lines == 0  # tools and tests: line by line
 
 
-def test_an_idle_scheduler_flushes_the_decision_log(tmp_path, monkeypatch):
-    from sglang_cpp.plugin import hooks
+def test_a_pass_that_plans_no_batch_flushes_the_decision_log(tmp_path, monkeypatch):
+    """Issue 45 item 8: SGLang 0.5.23's get_next_batch_to_run returns a NextBatchPlan, never None
+    (managers/scheduler.py:3894, schedule_batch.py:4138); a plan with no batch to run (an idle scheduler, an
+    empty micro-batch slot under PP) hands the buffered lines to the writer."""
+    from sglang.srt.managers.schedule_batch import NextBatchPlan
+
+    from sglang_cpp.plugin import decision_log, hooks
 
     path = tmp_path / "d.jsonl"
     log = DecisionLog(0, str(path), buffer_lines=256)
     monkeypatch.setattr(hooks, "LOG", log)
     monkeypatch.setattr(hooks, "BATCH", None)
     log.write("decode_forward", ms=1.0)
-    batch = object()
-    assert hooks.Scheduler_get_next_batch_to_run(lambda self: batch, None) is batch  # busy: still buffered
-    assert not path.exists()
-    assert hooks.Scheduler_get_next_batch_to_run(lambda self: None, None) is None  # idle: on disk
+    running = SimpleNamespace(reqs=[])
+    busy = NextBatchPlan(batch_to_run=SimpleNamespace(reqs=[1]), running_batch=running)
+    assert hooks.Scheduler_get_next_batch_to_run(lambda self, **k: busy, None, running_batch=running) is busy
+    decision_log._WRITER.drain()
+    assert not path.exists()  # a batch to run: still buffered
+    idle = NextBatchPlan(batch_to_run=None, running_batch=running)
+    assert hooks.Scheduler_get_next_batch_to_run(lambda self, **k: idle, None, running_batch=running) is idle
+    decision_log._WRITER.drain()
     assert [json.loads(x)["ms"] for x in path.read_text().splitlines()] == [1.0]
 
 

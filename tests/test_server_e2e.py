@@ -411,7 +411,22 @@ def _mixed_at_once(smollm2, plan_run, tmp_path, env: dict):
         with ThreadPoolExecutor(12) as pool:
             res = list(pool.map(lambda p: generate(srv.base_url, text=p, max_new_tokens=8, timeout=600),
                                 mixed_prompts()))
+        _until_idle_flushed(tmp_path, "decode_forward")
         return res, srv.log()
+
+
+def _until_idle_flushed(d, event: str, timeout: float = 60.0) -> None:
+    """Wait until both stages have flushed their buffered `event` lines (each stage's first pass with no
+    batch after the last request, issue 45 item 8): a server stopped before that keeps them in memory."""
+    import time
+
+    deadline, seen = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        counts = tuple(len(read_events(d / f"dec_{r}.jsonl", event)) for r in (0, 1))
+        if counts[0] and counts[0] == counts[1] and counts == seen:
+            return
+        seen = counts
+        time.sleep(0.5)
 
 
 def test_time_batch_policy_cuts_the_same_micro_batches_on_both_stages(smollm2, plan_run, pp1, tmp_path):

@@ -68,3 +68,67 @@ def test_a_timed_hook_counts_its_own_time_not_the_call_it_wraps(fake):
 def test_every_step_path_hook_is_a_target():
     assert STEP_PATH <= {fn for fn, _ in TARGETS.values()}
     assert "TorchNativeAttnBackend__run_sdpa_forward_extend" not in STEP_PATH  # compute, not overhead
+
+
+def test_a_served_forward_is_timed_over_model_runner_forward_alone(fake, monkeypatch, tmp_path):
+    """Issue 45 item 5: serving times the window calibration times, ModelRunner.forward alone. SGLang 0.5.23's
+    run_batch -> TpModelWorker.forward_batch_generation builds the ForwardBatch, runs the runner's forward,
+    then samples on the last stage (managers/tp_worker.py:622-680); a draft runner's forward is not timed.
+    The fake clock drives the host timer (timing.py), so the logged ms is exact."""
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin.decision_log import DecisionLog
+
+    monkeypatch.setattr(time, "perf_counter", fake)
+    log = DecisionLog(0, str(tmp_path / "dec_{rank}.jsonl"), rank=0)
+    monkeypatch.setattr(hooks, "LOG", log)
+    monkeypatch.setattr(hooks, "ONLINE", None)
+    runner, draft = object(), object()
+    model_forward = lambda self: fake.tick(30)  # noqa: E731  the model's own 30 ms
+
+    def run_batch(sched, batch):  # SGLang's run_batch, as the worker calls it
+        fake.tick(5)  # ForwardBatch.init_new
+        hooks.ModelRunner_forward(model_forward, draft)  # a draft model: not this scheduler's runner
+        hooks.ModelRunner_forward(model_forward, runner)
+        fake.tick(4)  # sampling
+        return "out"
+
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="r1", origin_input_ids=[0] * 100)],
+                            forward_mode=SimpleNamespace(is_extend=lambda: True, is_decode=lambda: False),
+                            prefix_lens=[0], extend_lens=[64], hicache_consumer_index=-1)
+    sched = SimpleNamespace(device="cpu", tp_worker=SimpleNamespace(model_runner=runner))
+    assert hooks._run_batch(run_batch, sched, batch) == "out"
+    assert hooks.ModelRunner_forward(model_forward, runner) is None  # unarmed outside run_batch: a pass
+    hooks._run_batch(lambda s, b: fake.tick(9), sched, batch)  # a batch whose runner never ran
+    log.flush()
+    recs = [json.loads(x) for x in (tmp_path / "dec_0.jsonl").read_text().splitlines()]
+    fwd = [r for r in recs if r["event"] == "forward"]
+    assert [r["ms"] for r in fwd] == [pytest.approx(30.0), None]
+    assert fwd[1]["timing"] == "none"
+
+
+def test_without_a_log_path_or_online_refinement_a_forward_is_not_timed(fake, monkeypatch):
+    """Issue 45 item 8: with no decision-log file and SGLANG_CPP_ONLINE off, run_batch does no per-step
+    work beyond what the client is told (the plan that ran, in meta_info): no step clock, no timer, no
+    window armed, no record."""
+    from types import SimpleNamespace
+
+    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin.decision_log import DecisionLog
+    from sglang_cpp.plugin.timing import FORWARD
+
+    monkeypatch.setattr(hooks, "LOG", DecisionLog(0, "", buffer_lines=256))
+    monkeypatch.setattr(hooks, "ONLINE", None)
+    monkeypatch.setattr(steps.CLOCK, "forward_start", lambda: pytest.fail("the step clock ran"))
+    monkeypatch.setattr(hooks, "DeviceTimer", lambda *a: pytest.fail("a timer was made"))
+    req = SimpleNamespace(rid="quiet-r1", origin_input_ids=[0] * 100, customized_info=None)
+    batch = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True, is_decode=lambda: False),
+                            prefix_lens=[36], extend_lens=[64], hicache_consumer_index=-1)
+    sched = SimpleNamespace(device="cpu", tp_worker=SimpleNamespace(model_runner=object()))
+    armed = []
+    assert hooks._run_batch(lambda s, b: armed.append(FORWARD._timer) or "out", sched, batch) == "out"
+    assert armed == [None]
+    assert req.customized_info["sglang_cpp_plan"][0]["ran"] == [64]

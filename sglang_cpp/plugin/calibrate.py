@@ -283,7 +283,8 @@ def _forward_timed(sched, req, proxy_cache: dict) -> float:
 
 def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple:
     """(ms, ModelRunnerOutput) of one forward of `req`'s current extend, on `proxies` (the previous
-    stage's, as received) or on seeded random ones."""
+    stage's, as received) or on seeded random ones: the startup harness of calibration, coverage and the
+    overhead probe. Timed over `ModelRunner.forward` alone, the window serving times (timing.py)."""
     import torch
     from sglang.srt.layers.dp_attention import set_is_extend_in_batch
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -308,9 +309,6 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     first = bool(getattr(getattr(sched, "pp_group", None), "is_first_rank", False))
     if proxies is None and not first:  # the first stage gets none while serving: none here either
         proxies = proxy_views(proxy_cache, n, seed=n, alloc=alloc)
-    timer = DeviceTimer(str(sched.device))
-    timer.sync()
-    timer.start()
     batch.prepare_for_extend()
     if batch.input_ids is None and batch.prefill_input_ids_cpu is not None:
         batch.input_ids = batch.prefill_input_ids_cpu.to(sched.device, non_blocking=True)
@@ -318,9 +316,13 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     synced = prepare_mlp_sync(batch, runner)
     fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
     set_is_extend_in_batch(batch.forward_mode.is_extend())
+    pp = None if proxies is None else PPProxyTensors(proxies)
+    timer = DeviceTimer(str(sched.device))
+    timer.sync()  # the set-up above is done: the window holds the forward alone, as serving's (timing.py)
     with no_expert_recording(runner):
-        out = runner.forward(forward_batch=fb, pp_proxy_tensors=None if proxies is None else PPProxyTensors(proxies))
-    timer.stop()
+        timer.start()
+        out = runner.forward(forward_batch=fb, pp_proxy_tensors=pp)
+        timer.stop()
     if synced and not _said_dp:
         _say_dp(batch)
     return timer.wait_ms(), out

@@ -3,16 +3,21 @@ decision lines at DEBUG and one INFO line per request.
 
 Why buffered: with a log path set, the scheduler writes a line on its hot path (every forward, decode
 step, micro-batch budget and admission cap). A server's log (`buffer_lines` > 0) keeps those lines in
-memory and writes them in one call: when the buffer is full, when any other event is written (startup,
-decisions, refits: what tools wait for), when a request's prompt has run its last chunk, when the
-scheduler goes idle, and at exit. So a line a reader looks for after a request is on disk, and a busy
-server makes one write per `buffer_lines` forwards, not one per line. The reader is files.read_events.
+memory and hands them over in one piece: when the buffer is full, when any other event is written (startup,
+decisions, refits: what tools wait for), when a request's prompt has run its last chunk, when a scheduling
+pass plans no batch (idle, or an empty micro-batch slot under PP), and at exit. So a line a reader looks
+for after a request is on disk, and a busy server hands over one piece per `buffer_lines` forwards.
+
+Why a writer thread: a server's log (`buffer_lines` > 0) is written and flushed on one daemon thread per
+process (`_WRITER`), in the order the pieces were handed over, never on the scheduler's thread (nor, for `kv_status`, on a KV
+transfer thread holding the log's lock). At exit the thread is drained. The reader is files.read_events.
 """
 from __future__ import annotations
 
 import atexit
 import json
 import logging
+import queue
 import threading
 import time
 import weakref
@@ -25,10 +30,47 @@ HOT = frozenset({"forward", "decode_forward", "step", "batch", "batch_chunk", "a
 _BUFFERED: "weakref.WeakSet[DecisionLog]" = weakref.WeakSet()
 
 
+class _Writer:
+    """The one thread that writes every decision log of this process, piece by piece, in order."""
+
+    def __init__(self):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = None
+        self._start = threading.Lock()
+
+    def put(self, log: "DecisionLog", lines: str) -> None:
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="sglang-cpp-decision-log", daemon=True)
+                    self._thread.start()
+        self._q.put((log, lines))
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until every piece handed over so far is written (True), at most `timeout` seconds."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        self._q.put((None, done))
+        return done.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            log, lines = self._q.get()
+            if log is None:
+                lines.set()
+            else:
+                log._write_file(lines)
+
+
+_WRITER = _Writer()
+
+
 @atexit.register
 def _flush_all() -> None:
     for log in list(_BUFFERED):
         log.flush()
+    _WRITER.drain()
 
 
 class DecisionLog:
@@ -62,15 +104,26 @@ class DecisionLog:
                 if event not in HOT or len(self._buf) >= self.buffer_lines:
                     self._flush_locked()
 
-    def flush(self) -> None:
-        """Write the buffered lines now (a request's end, an idle scheduler, exit)."""
+    def flush(self, wait: bool = False) -> None:
+        """Hand the buffered lines to the writer thread now (a request's end, an idle pass, exit); with
+        `wait`, return once they are on disk."""
         if self._buf:
             with self._lock:
                 self._flush_locked()
+        if wait:
+            _WRITER.drain()
 
     def _flush_locked(self) -> None:
         lines, self._buf = "".join(self._buf), []
-        if not lines or not self.path:
+        if lines and self.path:
+            if self.buffer_lines:  # a server's log: written off the scheduler's thread
+                _WRITER.put(self, lines)
+            else:  # tools and tests: line by line, on the caller's thread
+                self._write_file(lines)
+
+    def _write_file(self, lines: str) -> None:
+        """On the writer thread only."""
+        if not self.path:
             return
         try:
             if self._fh is None:  # opened once: no open() per line on the scheduler's path

@@ -31,7 +31,7 @@ from .decision_log import DecisionLog
 from .sizer import CppChunkSizer, SizerConfig
 from .steps import CLOCK, Scheduler__pp_commit_comm_work, Scheduler__pp_recv_typed_dict  # noqa: F401 (hooks)
 from . import steps
-from .timing import DeviceTimer, LazyTimes
+from .timing import FORWARD, DeviceTimer, LazyTimes
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -243,10 +243,12 @@ def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
         running = kwargs.get("running_batch", args[0] if args else None)
         self.sglang_cpp_slot = next((i for i, b in enumerate(getattr(self, "running_mbs", ()))
                                      if b is running), None)
-    batch = original(self, *args, **kwargs)
-    if batch is None and LOG is not None:  # idle: the decision log's buffered lines go to disk
+    plan = original(self, *args, **kwargs)
+    # a pass with no batch to run (idle, or an empty micro-batch slot under PP): the decision log's buffered
+    # lines go to its writer thread. SGLang 0.5.23 returns a NextBatchPlan here, never None (scheduler.py:3894)
+    if LOG is not None and getattr(plan, "batch_to_run", plan) is None:
         LOG.flush()
-    return batch
+    return plan
 
 
 def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwargs):
@@ -437,6 +439,12 @@ def PrefillAdder_add_one_req(original, self, req, *args, **kwargs):
 _PENDING = LazyTimes()
 
 
+def ModelRunner_forward(original, self, *args, **kwargs):
+    """AROUND the model runner's forward: the timed window of a served forward (timing.FORWARD, armed by the
+    run_batch hook for the scheduler's own runner), the same window calibration times. Unarmed, a pass."""
+    return FORWARD.run(self, original, self, *args, **kwargs)
+
+
 def Scheduler_run_batch(original, self, batch, *args, **kwargs):
     """The forward, timed and logged (`_run_batch`); on a PD prefill stage with SGLANG_CPP_PD_EARLY_KV, the
     requests whose last chunk it ran are remembered for the early KV send at the next pass (pd_kv.py)."""
@@ -456,6 +464,13 @@ def _run_batch(original, self, batch, *args, **kwargs):
     log = LOG
     if log is None or not batch.reqs:
         return original(self, batch, *args, **kwargs)
+    if not log.path and ONLINE is None:  # nothing to time or log (issue 45 item 8): only what the client is told
+        extend = batch.forward_mode.is_extend()
+        prefix, ext = (getattr(batch, "prefix_lens", None), getattr(batch, "extend_lens", None)) if extend else (0, 0)
+        out = original(self, batch, *args, **kwargs)
+        if extend and prefix is not None and ext is not None:
+            _report_plans(log, batch.reqs, prefix, ext)
+        return out
     step = CLOCK.forward_start()
     if batch.forward_mode.is_extend():
         prefix = [int(v) for v in (getattr(batch, "prefix_lens", None) or [r.prefix_len for r in batch.reqs])]
@@ -473,9 +488,17 @@ def _run_batch(original, self, batch, *args, **kwargs):
     else:
         return original(self, batch, *args, **kwargs)
     timer = DeviceTimer(str(self.device))
-    timer.start()
-    out = original(self, batch, *args, **kwargs)
-    timer.stop()
+    FORWARD.arm(getattr(getattr(self, "tp_worker", None), "model_runner", None), timer)
+    try:  # timed over ModelRunner.forward alone (ModelRunner_forward), the window calibration times
+        out = original(self, batch, *args, **kwargs)
+    finally:
+        ran = FORWARD.disarm()
+    if not ran:  # no forward of the scheduler's own runner ran (nothing to time): logged untimed
+        done = event == "forward" and _report_plans(log, batch.reqs, prefix, ext)
+        log.write(event, **rec, ms=None, timing="none")
+        if done:
+            log.flush()
+        return out
     online = ONLINE
     chunk = event == "forward" and len(ext) == 1 and ext[0] > 0 and prefix[0] < len(batch.reqs[0].origin_input_ids)
     if chunk and step is not None and step["rid"] == rec["rids"][0]:  # the same request's next chunk

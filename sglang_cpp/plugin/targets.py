@@ -15,6 +15,8 @@ TARGETS = {
     f"{SCHED}.get_next_batch_to_run": ("Scheduler_get_next_batch_to_run", "AROUND"),
     f"{SCHED}.get_num_allocatable_reqs": ("Scheduler_get_num_allocatable_reqs", "AROUND"),
     f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
+    # the timed window of a served forward, the one calibration times (plugin/timing.py: ForwardWindow)
+    "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("ModelRunner_forward", "AROUND"),
     # SGLANG_CPP_ONLINE: samples to world rank 0, and its refined model through the request stream (online.py)
     "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._pull_raw_reqs":
         ("SchedulerRequestReceiver__pull_raw_reqs", "AROUND"),
@@ -128,6 +130,11 @@ STATE_READS = {
         "(abort_request marks the chunked request), 4928-4931 (run_batch marks one on this rank alone), "
         "3778-3828 (process_pending_chunked_abort), 1995-2004 (PP: a scheduler stream apart from the forward "
         "stream); pd_ring.chunked_abort",
+    "Scheduler.tp_worker.model_runner, ModelRunner.forward": "managers/scheduler.py:1029-1033 (tp_worker), "
+        "4614-4760 (run_batch calls model_worker.forward_batch_generation; PP forces the overlap schedule off, "
+        "arg_groups/overrides.py:1622-1627, so no forward stream), managers/tp_worker.py:622-680 and 755-787 "
+        "(ForwardBatch.init_new, then model_runner.forward on every stage; sampling after it on the last); "
+        "timing.FORWARD times ModelRunner.forward alone, as calibrate.forward does",
     "ModelRunner.eplb_manager._main_generator": "model_executor/model_runner.py:1897-1898 (every forward steps "
         "it), eplb/eplb_manager.py:72-94 (a rebalance every --eplb-rebalance-num-iterations steps); "
         "calibrate.no_expert_recording sets it aside for startup forwards",

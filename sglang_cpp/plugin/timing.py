@@ -1,7 +1,13 @@
 """Forward times that mean compute time on every device. A host clock around a GPU forward measures the
-kernel launches, not the work; so on CUDA both the calibration and the run_batch hook record events on
-the current stream. Calibration synchronises anyway; the serving path resolves its events lazily, on
-a later call once they have completed, so it never adds a synchronisation to the scheduler loop."""
+kernel launches, not the work; so on an accelerator both the calibration and the serving hook record events
+on the current stream. Calibration synchronises anyway; the serving path resolves its events lazily, on
+a later call once they have completed, so it never adds a synchronisation to the scheduler loop.
+
+One window for every timed forward (issue 45 item 5): from right before `ModelRunner.forward` to right after
+it. Calibration, the overhead probe and coverage (`calibrate.forward`, the startup harness) and serving
+(`FORWARD`, armed by the run_batch hook and opened by the ModelRunner.forward hook) time the same thing; the
+batch set-up around it (prepare_for_extend, the MLP-sync gather, ForwardBatch.init_new, sampling) is
+per-chunk overhead, which the probe and the serving steps measure as step - forward - blocked."""
 from __future__ import annotations
 
 import time
@@ -77,3 +83,38 @@ class LazyTimes:
             timer, rec = self._pending.popleft()
             out.append({**rec, "ms": round(timer.elapsed_ms(), 3)})
         return out
+
+
+class ForwardWindow:
+    """The serving side of the one timed window: the run_batch hook arms it with its timer and the scheduler's
+    own model runner; the ModelRunner.forward hook starts that timer before the first forward of that runner
+    while armed and stops it after each (a batch whose worker runs the model twice, e.g. an encoder-SWA
+    replay before the extend, tp_worker.py:639-650, is timed from the first start to the last end). A draft
+    model's runner, or a forward outside run_batch: untimed."""
+
+    def __init__(self):
+        self._runner = self._timer = None
+        self._started = False
+
+    def arm(self, runner, timer: DeviceTimer) -> None:
+        self._runner, self._timer, self._started = runner, timer, False
+
+    def disarm(self) -> bool:
+        """Whether the armed forward ran (its timer started and stopped)."""
+        started, self._runner, self._timer, self._started = self._started, None, None, False
+        return started
+
+    def run(self, runner, call: Callable, *args, **kwargs):
+        timer = self._timer
+        if timer is None or runner is not self._runner:
+            return call(*args, **kwargs)
+        if not self._started:
+            self._started = True
+            timer.start()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            timer.stop()
+
+
+FORWARD = ForwardWindow()
