@@ -298,8 +298,8 @@ def test_plan_chunks_outside_the_calibrated_range_are_measured_before_serving(ti
     assert caps[0] == caps[1] == [max(s["x"] for s in after)]
     rid = out.meta["id"]
     ran = chunks_of(tmp_path / "dec_0.jsonl")[rid]
-    assert ran == chunks_of(tmp_path / "dec_1.jsonl")[rid] and max(x for _, x in ran) > 128
-    assert max(x for _, x in ran) <= caps[0][0], (ran, caps)
+    assert ran == chunks_of(tmp_path / "dec_1.jsonl")[rid] and sum(x for _, x in ran) == 2000
+    assert max(x for _, x in ran) <= caps[0][0], (ran, caps)  # how big they are is the measured times' call
 
 
 def test_radix_hit_plans_only_the_suffix_from_the_cached_prefix(plan_run, pp1):
