@@ -398,3 +398,116 @@ def test_online_refinement_fits_single_chunks_but_not_one_that_loaded_host_kv_ba
     assert online_sample({**one, "host_loaded": True}) is None
     assert online_sample({**one, "rids": ["a", "b"], "prefix": [0, 9], "chunk": [5, 6]}) is None
     assert online_sample({**one, "event": "decode_forward"}) is None
+
+
+class FakeGloo:
+    """In-process point-to-point with gloo's semantics as online.py uses them: isend queues, irecv fills its
+    tensor when a message from that source and tag arrives (posted before or after), recv takes the next."""
+
+    def __init__(self):
+        from collections import defaultdict, deque
+
+        self.box, self.posted = defaultdict(deque), defaultdict(deque)
+
+    def at(self, rank: int):
+        gloo = self
+
+        class Dist:
+            def isend(self, t, dst, group=None, tag=0):
+                key = (rank, dst, tag)
+                if gloo.posted[key]:
+                    gloo.posted[key].popleft().copy_(t)
+                else:
+                    gloo.box[key].append(t.clone())
+                return SimpleNamespace(wait=lambda: None)
+
+            def irecv(self, t, src, group=None, tag=0):
+                key = (src, rank, tag)
+                if gloo.box[key]:
+                    t.copy_(gloo.box[key].popleft())
+                else:
+                    gloo.posted[key].append(t)
+                return SimpleNamespace(wait=lambda: None)
+
+            def recv(self, t, src, group=None, tag=0):
+                t.copy_(gloo.box[(src, rank, tag)].popleft())
+
+        return Dist()
+
+
+def test_online_refits_reach_every_dp_group_under_local_control_broadcast(monkeypatch):
+    """Issue 45 item 3: with DP attention and local control broadcast, SGLang 0.5.23 broadcasts control
+    messages inside each DP group only (request_receiver.py:181-191), so an update in world rank 0's pulled
+    list reaches DP group 0 alone. World rank 0 sends it to the other groups' PP0 leaders (the ranks that
+    pull for their group, request_receiver.py:112-125), each of which puts it into its own pulled list.
+    World ranks here: PP0 = 0..3 (two DP groups of attention TP 2: leaders 0 and 2), PP1 = 4..7."""
+    from sglang_cpp.core.costmodel import CostModel, PipelineCost
+    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin.online import ModelUpdate, Online
+
+    cost = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20.0),) * 2)
+    log = DecisionLog(0, "")
+    gloo = FakeGloo()
+    make = lambda r, pp: Online(cost, [], [0.0, 0.0], rank=r, leaders=[0, 4], pp_rank=pp, log=log,  # noqa: E731
+                                group=None, dist=gloo.at(r), relays=(2,))
+    rank0, relay, other = make(0, 0), make(2, 0), make(1, 0)
+    assert rank0.injects and relay.injects and not other.injects
+    upd = ModelUpdate(version=3, model=cost.to_dict(), overheads=[0.0, 0.0], covered=4096)
+    rank0._pending = upd
+    pulled = {}
+    for name, online in (("rank0", rank0), ("relay", relay), ("other", other)):
+        monkeypatch.setattr(hooks, "ONLINE", online)
+        monkeypatch.setattr(hooks, "_PP_RANK", 0)
+        pulled[name] = hooks.SchedulerRequestReceiver__pull_raw_reqs(lambda self: ["req"], None)
+    assert pulled["rank0"] == ["req", upd]
+    assert pulled["relay"][0] == "req" and pulled["relay"][1].version == 3 and len(pulled["relay"]) == 2
+    assert pulled["other"] == ["req"]  # an attention-TP follower gets it through its group's broadcast
+    monkeypatch.setattr(hooks, "ONLINE", relay)
+    assert hooks.SchedulerRequestReceiver__pull_raw_reqs(lambda self: [], None) == []  # once per update
+
+
+@pytest.mark.parametrize("par,joiner,relays", [
+    (dict(attn_dp_enabled=True, pp_rank=0, attn_tp_rank=0, attn_cp_rank=0,
+          enable_dp_attention_local_control_broadcast=True), False, True),
+    (dict(attn_dp_enabled=True, pp_rank=0, attn_tp_rank=0, attn_cp_rank=0,
+          enable_dp_attention_local_control_broadcast=False), True, True),  # an elastic-EP joiner
+    (dict(attn_dp_enabled=True, pp_rank=0, attn_tp_rank=0, attn_cp_rank=0,
+          enable_dp_attention_local_control_broadcast=False), False, False),  # rank 0's broadcast reaches all
+    (dict(attn_dp_enabled=True, pp_rank=0, attn_tp_rank=1, attn_cp_rank=0,
+          enable_dp_attention_local_control_broadcast=True), False, False),  # not the one that pulls
+    (dict(attn_dp_enabled=True, pp_rank=1, attn_tp_rank=0, attn_cp_rank=0,
+          enable_dp_attention_local_control_broadcast=True), False, False),  # later stages get it relayed
+    (dict(attn_dp_enabled=False, pp_rank=0, attn_tp_rank=0, attn_cp_rank=0,
+          enable_dp_attention_local_control_broadcast=True), False, False),
+])
+def test_which_ranks_relay_refits_to_their_dp_group(par, joiner, relays, monkeypatch):
+    import sglang.srt.runtime_context as rc
+
+    from sglang_cpp.plugin.hooks import _relays_updates
+
+    monkeypatch.setattr(rc, "get_exec", lambda: SimpleNamespace(moe=SimpleNamespace(is_ep_scale_joiner=joiner)))
+    assert _relays_updates(SimpleNamespace(**par)) is relays
+
+
+def test_calibration_samples_the_alignment_sglang_settles_after_the_sizer(monkeypatch):
+    """Issue 45 item 11: SGLang 0.5.23 sets its truncation alignment (deterministic flashinfer: the 4096-token
+    split tile) after the sizer is built (scheduler.py:657 against 698-700), so the startup grid was 64 and
+    calibration and coverage sampled shapes the server never runs. SGLang's own setters, run ahead on a
+    stand-in, give the served grid."""
+    import sglang.srt.managers.scheduler as sm
+
+    from sglang_cpp.plugin.hooks import _align, _settled_align
+
+    hf = SimpleNamespace(architectures=["LlamaForCausalLM"], model_type="llama")
+    sched = SimpleNamespace(page_size=1, truncation_align_size=None, model_config=SimpleNamespace(hf_config=hf))
+    det = lambda on: SimpleNamespace(deterministic=SimpleNamespace(enable_deterministic_inference=on))  # noqa: E731
+    monkeypatch.setattr(sm, "attention_backends", lambda: ("flashinfer", "flashinfer"))
+    monkeypatch.setattr(sm, "get_exec", lambda: det(True))
+    assert _align(sched) == 64 and _settled_align(sched) == 4096
+    monkeypatch.setenv("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "2048")
+    assert _settled_align(sched) == 2048
+    monkeypatch.setattr(sm, "get_exec", lambda: det(False))
+    assert _settled_align(sched) == 64
+    monkeypatch.setattr(sm, "attention_backends", lambda: ("triton", "triton"))
+    monkeypatch.setattr(sm, "get_exec", lambda: det(True))
+    assert _settled_align(sched) == 64  # triton tiles keys at absolute positions: no alignment

@@ -236,3 +236,90 @@ def test_the_plan_on_mla_regimes_is_no_worse_than_the_plan_blind_to_them():
     assert sum(ours.chunks) == sum(theirs.chunks) == 65536
     cost = lambda p: ttft(list(p.chunks), 0, true, 4, 2.0)  # noqa: E731
     assert cost(ours) < 0.97 * cost(theirs)  # a planner blind to the regimes cuts the blind plan (0.94x here)
+
+
+CASES = [dict(backend=b, chunked_prefix_cache=c) for b in ("flashinfer", "fa3", "flashmla", "fa4", "intel_xpu",
+                                                           "trtllm_mla", "aiter", "triton", "torch_native")
+         for c in (True, False)]
+CASES += [dict(backend=b, deterministic=True) for b in ("fa3", "fa4", "triton", "flashinfer")]
+CASES += [dict(backend=b, disable_ragged=True) for b in ("flashinfer", "flashmla", "fa3")]
+CASES += [dict(backend=b, cp=True) for b in ("flashinfer", "fa3", "triton", "aiter")]
+CASES += [dict(backend=b, captured_prefill=True) for b in ("flashinfer", "fa3", "trtllm_mla", "triton")]
+CASES += [dict(backend="fa4", sm100=False), dict(backend="flashinfer", threshold=1 << 20),
+          dict(backend="fa3", threshold=1), dict(backend="fa4", threshold=1 << 20)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_mla_switches_agree_with_sglangs_own_handler_at_every_prefix(case, monkeypatch):
+    """Issue 45 item 7: SGLang 0.5.23's MLA dispatch itself (`AttentionBackendRegistry`, with its predicates
+    set through the names it reads) run on a single request's extend at prefixes across every switch: one
+    regime of the table never holds two methods, and a regime's name says the method (absorbed MLA, one-shot
+    MHA over a prefix, chunked-KV MHA)."""
+    from types import SimpleNamespace
+
+    import sglang.srt.models.deepseek_common.attention_backend_handler as h
+    from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod as M
+
+    from sglang_cpp.core.regimes import mla_switches, regime_index
+
+    kw = {"chunked_prefix_cache": True, "deterministic": False, "disable_ragged": False, "cp": False,
+          "captured_prefill": False, "sm100": True, "threshold": 8192, **case}
+    backend, threshold, capacity, x = kw.pop("backend"), kw.pop("threshold"), 131072, 64
+    monkeypatch.setattr(h, "get_exec", lambda: SimpleNamespace(
+        deterministic=SimpleNamespace(enable_deterministic_inference=kw["deterministic"])))
+    monkeypatch.setattr(h, "get_platform", lambda: SimpleNamespace(is_sm100_or_sm110=kw["sm100"]))
+    monkeypatch.setattr(h, "get_parallel", lambda: SimpleNamespace(dcp_enabled=False))
+    monkeypatch.setattr(h, "is_cp_active", lambda fb: kw["cp"])
+    monkeypatch.setattr(h, "is_in_tc_piecewise_cuda_graph", lambda: kw["captured_prefill"])
+    monkeypatch.setattr(h, "is_in_breakable_cuda_graph", lambda: False)
+    attn = SimpleNamespace(flashinfer_mla_disable_ragged=kw["disable_ragged"], qk_rope_head_dim=64,
+                           chunked_prefix_cache_threshold=threshold,
+                           disable_chunked_prefix_cache=not kw["chunked_prefix_cache"])
+    mode = SimpleNamespace(is_extend_without_speculative=lambda: True, is_extend=lambda: True,
+                           is_decode=lambda: False, is_target_verify=lambda: False, is_draft_extend_v2=lambda: False)
+    handler = h.AttentionBackendRegistry.get_handler(backend)
+
+    def method(L):
+        fb = SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=[L], seq_lens_cpu=[L + x],
+                             get_max_chunk_capacity=lambda: capacity)
+        return handler(attn, fb)
+
+    bounds, names = mla_switches(backend, threshold, capacity, **kw)
+    prefixes = sorted({0, 1, 64, 4096, threshold - 64, threshold, threshold + 64, 65536, capacity - 4 * x,
+                       capacity + 64, 4 * capacity} - {b for b in bounds} | set(bounds))
+    prefixes = [L for L in prefixes if L >= 0 and not capacity - x < L < capacity]  # L + x straddles it
+    seen = {}
+    for L in prefixes:
+        r, m = int(regime_index(bounds, [L])[0]) if bounds else 0, method(L)
+        assert seen.setdefault(r, m) == m, f"regime {r} runs {seen[r]} and {m} (L={L})"
+        if names and r > 0:
+            want = {"mla-absorbed": {M.MLA}, "mha-one-shot": {M.MHA_ONE_SHOT, M.MHA},
+                    "mha-chunked-kv": {M.MHA_CHUNKED_KV}}[names[r]]
+            assert m in want, (L, names[r], m)
+    if not bounds:
+        assert len(set(seen.values())) == 1
+
+
+def test_the_plugin_reads_the_mla_dispatch_predicates_where_sglang_does(monkeypatch):
+    """plugin/switches._dispatch_predicates reads what attention_backend_handler.py reads: get_exec()'s
+    deterministic flag and flashinfer_mla_disable_ragged (forward_mla.py:141-144), the model's rope dims,
+    MLA prefill CP (layers/cp/utils.py) and the platform's SM100/110 test."""
+    from types import SimpleNamespace
+
+    import sglang.srt.layers.cp.utils as cpu
+    import sglang.srt.runtime_context as rc
+
+    from sglang_cpp.plugin.switches import _dispatch_predicates
+
+    def read(det=False, ragged_off=False, rope=64, cp=False, sm100=False):
+        monkeypatch.setattr(rc, "get_exec", lambda: SimpleNamespace(
+            deterministic=SimpleNamespace(enable_deterministic_inference=det),
+            kernel=SimpleNamespace(flashinfer_mla_disable_ragged=ragged_off)))
+        monkeypatch.setattr(rc, "get_platform", lambda: SimpleNamespace(is_sm100_or_sm110=sm100))
+        monkeypatch.setattr(cpu, "is_mla_cp_enabled", lambda: cp)
+        sched = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(qk_rope_head_dim=rope)))
+        return _dispatch_predicates(sched)
+
+    assert read() == {"deterministic": False, "disable_ragged": False, "cp": False, "sm100": False}
+    assert read(det=True)["deterministic"] and read(ragged_off=True)["disable_ragged"]
+    assert read(rope=0)["disable_ragged"] and read(cp=True)["cp"] and read(sm100=True)["sm100"]

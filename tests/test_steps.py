@@ -132,3 +132,60 @@ def test_without_a_log_path_or_online_refinement_a_forward_is_not_timed(fake, mo
     assert hooks._run_batch(lambda s, b: armed.append(FORWARD._timer) or "out", sched, batch) == "out"
     assert armed == [None]
     assert req.customized_info["sglang_cpp_plan"][0]["ran"] == [64]
+
+
+def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeypatch):
+    """Issue 45 item 6: the probe's step orders its work as SGLang's PP loop does (scheduler_pp_mixin.py:
+    175-177: _pp_commit_proxy_send_work, then _pp_launch_batch), so a wait for the previous chunk's send is
+    a wait on a peer, counted apart, not hidden in the timer's sync before the forward."""
+    from types import SimpleNamespace
+
+    import sglang.srt.distributed.parallel_state as ps
+    import sglang.srt.mem_cache.common as mc
+
+    from sglang_cpp.plugin import calibrate, overhead
+
+    order = []
+
+    class Req:
+        prefix_len, extend_end = 0, 0
+
+        def init_next_round_input(self):
+            self.prefix_len = self.extend_end
+
+    class Work:
+        def __init__(self, k):
+            self.work = SimpleNamespace(wait=lambda: order.append(f"commit {k}"))
+
+    sent = []
+    pp = SimpleNamespace(recv_tensor_dict=lambda: order.append("recv") or {},
+                         send_tensor_dict=lambda t, async_send: sent.append(len(sent)) or order.append("send")
+                         or [Work(len(sent) - 1)])
+    monkeypatch.setattr(ps, "get_pp_group", lambda: pp)
+    monkeypatch.setattr(mc, "checkpoint_kv_cache", lambda req, tree: None)
+    monkeypatch.setattr(mc, "release_kv_cache", lambda req, tree, checkpoint=False: None)
+    monkeypatch.setattr(calibrate, "synthetic_req", lambda sched, rng, n, rid: Req())
+    monkeypatch.setattr(calibrate, "forward", lambda sched, req, cache, received: order.append("forward") or (
+        1.0, SimpleNamespace(logits_output=SimpleNamespace(tensors={}))))
+    monkeypatch.setattr(overhead, "tick", lambda what: None)
+    steps_ = overhead.probe_stage(SimpleNamespace(tree_cache=None), pp_rank=1, pp_size=3, n_chunks=2, chunk=128)
+    assert len(steps_) == 2
+    assert order == ["recv", "forward", "send", "recv", "commit 0", "forward", "send", "recv", "commit 1",
+                     "forward", "send", "commit 2"]
+
+
+def test_a_startup_forward_waits_for_its_stream_not_the_device(monkeypatch):
+    """Issue 45 item 6: before a timed startup forward the timer waits for the current stream's work only; a
+    device-wide synchronize would also wait for NCCL sends on their own stream."""
+    from types import SimpleNamespace
+
+    import sglang.srt.utils.common as common
+
+    from sglang_cpp.plugin.timing import DeviceTimer
+
+    waited = []
+    mod = SimpleNamespace(current_stream=lambda: SimpleNamespace(synchronize=lambda: waited.append("stream")),
+                          synchronize=lambda: pytest.fail("a device-wide synchronize"))
+    monkeypatch.setattr(common, "get_device_module", lambda: mod)
+    DeviceTimer("cuda:0", event_factory=lambda: None).sync()
+    assert waited == ["stream"]

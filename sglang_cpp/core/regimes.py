@@ -213,26 +213,61 @@ def piecewise_from_dict(d: dict, where: str, parse) -> PiecewiseCost:
 
 MLA_THRESHOLD = 8192  # SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD's default in SGLang 0.5.23
 MLA_CAPACITY = 128 * 1024  # SGLANG_MAX_KV_CHUNK_CAPACITY's default
-_THRESHOLD_BACKENDS = ("flashinfer", "fa3", "flashmla", "fa4", "intel_xpu")
+_HANDLED = ("flashinfer", "fa3", "flashmla", "fa4", "intel_xpu")  # `_handle_attention_backend`'s callers
+_ONE_SHOT = ("fa3", "flashinfer", "flashmla", "aiter")  # MHA_ONE_SHOT_SUPPORTED_BACKENDS
 
 
 def mla_switches(backend: str, threshold: int = MLA_THRESHOLD, capacity: int = MLA_CAPACITY,
-                 chunked_prefix_cache: bool = True) -> tuple:
-    """(bounds, regime names) of an MLA model's prefill on `backend`, as SGLang 0.5.23 dispatches it
-    (`deepseek_common/attention_backend_handler.py`; plugin/switches.py reads the settings from a server,
-    the analytic model takes them as given)."""
+                 chunked_prefix_cache: bool = True, *, deterministic: bool = False, disable_ragged: bool = False,
+                 cp: bool = False, captured_prefill: bool = False, sm100: bool = True) -> tuple:
+    """(bounds, regime names) of an MLA model's prefill on `backend`, as SGLang 0.5.23 dispatches a single
+    request's extend (`models/deepseek_common/attention_backend_handler.py`, the same predicates;
+    tests/test_regimes.py runs the handler itself case by case). ((), ()): one method at every prefix.
+
+    - a captured prefill graph (piecewise / breakable CUDA graph): absorbed MLA (aiter: MHA) everywhere;
+    - flashinfer / fa3 / flashmla / fa4 / intel_xpu: MLA everywhere under attention CP, under deterministic
+      inference (fa3, fa4), and on flashinfer / flashmla with `flashinfer_mla_disable_ragged` or no rope
+      dims (`disable_ragged`); fa4 off SM100/110 runs chunked-KV MHA everywhere. Otherwise MHA on a fresh
+      chunk, absorbed MLA for 0 < L < threshold, then MHA over the rebuilt prefix (from 0 when the chunked
+      prefix cache is off: MLA for every L > 0): in one shot up to `capacity` tokens on fa3 / flashinfer /
+      flashmla, in KV chunks past it and always on fa4 / intel_xpu;
+    - trtllm_mla: chunked-KV MHA everywhere, or MHA / MLA at L = 0 / L > 0 without the chunked prefix cache;
+    - aiter: MHA in one shot up to `capacity`, then in KV chunks;
+    - triton (and every backend without a handler, its fallback): MHA / MLA at L = 0 / L > 0; MLA everywhere
+      under deterministic inference;
+    - ascend, dsa: decided inside the backend: no switch this table knows.
+
+    The switch reads the batch's summed prefix and sequence lengths: a chunk is priced by its own prefix, so
+    a MIXED batch (decodes riding with the chunk under --enable-mixed-chunk) may switch earlier than this
+    says; such batches hold several requests and are never fitted (plugin hooks.online_sample). The capacity
+    switch really depends on L + x, which this places at L."""
     name = (backend or "").split(":")[0]
-    if name in _THRESHOLD_BACKENDS and chunked_prefix_cache:
-        if 1 < threshold < capacity:
-            return (1, threshold, capacity), ("mha", "mla-absorbed", "mha-one-shot", "mha-chunked-kv")
-        return (1, capacity), ("mha", "mla-absorbed", "mha-chunked-kv")
-    if name == "trtllm_mla":
-        return ((), ()) if chunked_prefix_cache else ((1,), ("mha", "mla-absorbed"))
+    none = ((), ())
+    if name in ("ascend", "dsa", "nsa"):
+        return none
+    if captured_prefill:
+        return none
     if name == "aiter":
         return (capacity,), ("mha-one-shot", "mha-chunked-kv")
-    if name in ("ascend", "dsa", "nsa"):  # decided inside the backend: no switch this table knows
-        return (), ()
-    return (1,), ("mha", "mla-absorbed")  # triton, and backends without a handler (its fallback)
+    if name == "trtllm_mla":
+        return none if chunked_prefix_cache else ((1,), ("mha", "mla-absorbed"))
+    if name not in _HANDLED:  # triton and the registry's fallback
+        return none if deterministic else ((1,), ("mha", "mla-absorbed"))
+    if name == "fa4" and not sm100:
+        return none
+    if cp or (deterministic and name in ("fa3", "fa4")) or (disable_ragged and name in ("flashinfer", "flashmla")):
+        return none
+    one_shot = name in _ONE_SHOT
+    fresh = "mha" if one_shot else "mha-chunked-kv"
+    if not chunked_prefix_cache:
+        return (1,), (fresh, "mla-absorbed")
+    if not one_shot:
+        return ((1, threshold), (fresh, "mla-absorbed", "mha-chunked-kv")) if threshold > 1 else none
+    if threshold >= capacity:  # absorbed MLA until the threshold, past the one-shot capacity by then
+        return (1, threshold), (fresh, "mla-absorbed", "mha-chunked-kv")
+    if threshold <= 1:  # the prefix is rebuilt from the first token on
+        return (1, capacity), (fresh, "mha-one-shot", "mha-chunked-kv")
+    return (1, threshold, capacity), (fresh, "mla-absorbed", "mha-one-shot", "mha-chunked-kv")
 
 
 __all__ = ["regime_index", "mla_switches", "MLA_THRESHOLD", "MLA_CAPACITY", "CPU_FLASH_SWITCHES", "PiecewiseCost",

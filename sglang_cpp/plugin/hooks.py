@@ -58,6 +58,26 @@ def _align(sched) -> int:
                     max(1, int(mamba_prefill_chunk_grid())))
 
 
+def _settled_align(sched) -> int:
+    """`_align` as it will be once SGLang has set its truncation alignment, which it does after the sizer is
+    built (scheduler.py:657 against 698-700): SGLang's own three setters run on a stand-in, so calibration
+    and coverage sample the served grid from the start (4096 under deterministic flashinfer, not 64)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler
+
+    probe = SimpleNamespace(model_config=sched.model_config, truncation_align_size=None)
+    try:
+        Scheduler.init_deterministic_inference_config(probe)
+        Scheduler.init_dsa_kpool_truncation_align(probe)
+        Scheduler.init_mamba_truncation_align(probe)
+    except AttributeError as exc:  # a setter reads more than 0.5.23's did: the first plan settles it (sizer)
+        logger.warning("[sglang-cpp] SGLang's truncation alignment could not be read ahead (%s); calibration "
+                       "uses the startup grid and the first plan settles it", exc)
+        return _align(sched)
+    return math.lcm(_align(sched), int(probe.truncation_align_size or 1))
+
+
 def _buffer_tokens() -> int:
     """SGLang's own prefill-buffer ceiling (registered ceiling providers included): the most tokens a
     prefill forward's workspaces hold, so the plan's largest chunk (docs/compatibility.md, 'Chunk bounds')."""
@@ -90,7 +110,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     try:
         cfg = SizerConfig.from_env(pp_size=par.pp_size, pp_rank=par.pp_rank, chunk_size=self.chunked_prefill_size,
                                    max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
-                                   context_len=self.model_config.context_len, align=_align(self),
+                                   context_len=self.model_config.context_len, align=_settled_align(self),
                                    dynamic=bool(sch.enable_dynamic_chunking), buffer_tokens=_buffer_tokens())
         batch_cfg = BatchConfig(envs.BATCH_POLICY.get(), mixed_chunk=bool(sch.enable_mixed_chunk),
                                 has_cost=bool(sch.enable_dynamic_chunking) and cfg.policy == "plan",
@@ -110,7 +130,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                                       "config": mine, "error": error,
                                       "kv_tokens": int(self.max_total_num_tokens),
                                       "max_context": int(self.req_to_token_pool.max_context_len),
-                                      "pp_rank": int(par.pp_rank)})
+                                      "pp_rank": int(par.pp_rank), "relay": _relays_updates(par)})
     check_agreement(gathered)
     policy = cfg.policy
     active = bool(sch.enable_dynamic_chunking)
@@ -171,9 +191,24 @@ def _start_online(cost, samples: list, overheads: list, gathered: list, pp_rank:
     if not isinstance(cost, PipelineCost) or len(cost.stages) != P:  # one model for every stage: refined per stage
         cost = PipelineCost((cost,) * P)
     leaders = [min(r for r, g in enumerate(gathered) if g["pp_rank"] == s) for s in range(P)]
+    relays = tuple(r for r, g in enumerate(gathered) if g.get("relay") and r != 0)
     group = side_group(dist, len(gathered))
     return Online(cost, samples, overheads, rank=world_rank(), leaders=leaders, pp_rank=pp_rank, log=LOG,
-                  group=group, dist=dist)
+                  group=group, dist=dist, relays=relays)
+
+
+def _relays_updates(par) -> bool:
+    """Whether this rank pulls requests for a DP group whose control messages never reach world rank 0's:
+    DP attention with local control broadcast (or an elastic-EP joiner), PP0, attention TP and CP rank 0
+    (request_receiver.py:112-125 and 167-191). Online refits reach such a group through this rank."""
+    if not getattr(par, "attn_dp_enabled", False) or int(par.pp_rank) != 0:
+        return False
+    if int(getattr(par, "attn_tp_rank", 0)) != 0 or int(getattr(par, "attn_cp_rank", 0)) != 0:
+        return False
+    from sglang.srt.runtime_context import get_exec
+
+    return bool(getattr(par, "enable_dp_attention_local_control_broadcast", False)
+                or getattr(getattr(get_exec(), "moe", None), "is_ep_scale_joiner", False))
 
 
 def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):
@@ -191,7 +226,7 @@ def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):
     online = ONLINE
     if online is not None:
         online.pump()
-        if online.rank == 0 and isinstance(out, list):
+        if online.injects and isinstance(out, list):
             upd = online.take_update()
             if upd is not None:
                 out.append(upd)

@@ -14,6 +14,11 @@ How the pieces travel, with no collective that one rank could skip:
   from the tokenizer. That list reaches every TP rank and every later stage in the same scheduler
   iteration it would anyway, and each rank applies the update before it processes the requests that came
   with it. A plan is made once per request, so every stage plans every request on the same model.
+- DP attention with local control broadcast (`enable_dp_attention_local_control_broadcast`, forced by
+  SGLANG_RUST_SERVER, DWDP and elastic EP; an elastic-EP joiner likewise): control messages stay inside each
+  DP group (request_receiver.py:181-191), so world rank 0's update would reach DP group 0 only. World rank 0
+  then also sends it to every other DP group's PP0 leader (`relays`), which puts it into the list it pulls
+  for its own group: each group switches at one point of its own request stream, on every stage of it.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from ..core.costmodel import model_from_dict
 
 logger = logging.getLogger("sglang_cpp")
 TAG = 26026  # the sample messages' tag on the side group
+UPDATE_TAG = 26027  # world rank 0's model updates to the other DP groups' leaders (local control broadcast)
 SEND_EVERY_S = 0.2  # a stage leader ships its samples at most this often (a forward is milliseconds or more)
 MAX_SENDS = 64  # sends kept alive before the oldest is waited for
 
@@ -47,8 +53,10 @@ class ModelUpdate:
 
 class Online:
     def __init__(self, cost, calibration: list[dict], overheads: list[float], *, rank: int, leaders: list[int],
-                 pp_rank: int, log, group=None, dist=None, refine_cfg=None):
+                 pp_rank: int, log, group=None, dist=None, refine_cfg=None, relays: tuple = ()):
         self.rank, self.leaders, self.pp_rank, self.log = rank, list(leaders), pp_rank, log
+        self.relays = tuple(r for r in relays if r != 0)  # the other DP groups' PP0 leaders (local control)
+        self.injects = rank == 0 or rank in self.relays  # puts updates into the requests it pulls
         self.group, self.dist = group, dist
         self.is_leader = rank == leaders[pp_rank]
         self.outbox: list = []
@@ -68,6 +76,8 @@ class Online:
             self.covered = max((d["L"] + d["x"] for d in calibration), default=0)
             for src in sorted(set(leaders) - {0}):
                 self._post_recv(src)
+        elif rank in self.relays:
+            self._post_recv(0, UPDATE_TAG)
 
     # -- every stage leader ------------------------------------------------------------------
     def record(self, L: int, x: int, ms: float) -> None:
@@ -91,42 +101,50 @@ class Online:
             self.outbox = []
             self._poll()
             self._maybe_fit()
-        elif self.is_leader and self.outbox and time.monotonic() - self._last_send >= SEND_EVERY_S:
-            self._send(self.outbox)
-            self.outbox = []
+        else:
+            if self.is_leader and self.outbox and time.monotonic() - self._last_send >= SEND_EVERY_S:
+                self._send(self.outbox)
+                self.outbox = []
+            if self.injects:
+                self._poll()
 
-    def _send(self, samples: list) -> None:
+    def _send(self, obj, dst: int = 0, tag: int = TAG) -> None:
         """Header (the payload's size) then payload, both non-blocking. gloo's send works never report
         completion without a wait(), so the oldest are waited for only once MAX_SENDS newer ones went out:
-        by then world rank 0, which drains every scheduler step, has long received them."""
+        by then the receiver, which drains every scheduler step, has long received them."""
         import torch
 
-        data = torch.frombuffer(bytearray(pickle.dumps(samples)), dtype=torch.uint8)
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         head = torch.tensor([data.numel()], dtype=torch.int64)
-        works = [self.dist.isend(t, dst=0, group=self.group, tag=TAG) for t in (head, data)]
+        works = [self.dist.isend(t, dst=dst, group=self.group, tag=tag) for t in (head, data)]
         self._sends.append((works, (head, data)))
         self._last_send = time.monotonic()
         while len(self._sends) > MAX_SENDS:
             for w in self._sends.popleft()[0]:
                 w.wait()
 
-    def _post_recv(self, src: int) -> None:
+    def _post_recv(self, src: int, tag: int = TAG) -> None:
         import torch
 
         head = torch.full((1,), -1, dtype=torch.int64)  # -1 until a header lands: gloo's is_completed() is no help
-        self._recvs[src] = (self.dist.irecv(head, src=src, group=self.group, tag=TAG), head)
+        self._recvs[src, tag] = (self.dist.irecv(head, src=src, group=self.group, tag=tag), head)
 
     def _poll(self) -> None:
         import torch
 
-        for src, (work, head) in list(self._recvs.items()):
+        for (src, tag), (work, head) in list(self._recvs.items()):
             if int(head[0]) < 0:
                 continue
             work.wait()  # landed: returns at once
             data = torch.empty(int(head[0]), dtype=torch.uint8)
-            self.dist.recv(data, src=src, group=self.group, tag=TAG)  # sent right after its header
-            self._take(pickle.loads(data.numpy().tobytes()))
-            self._post_recv(src)
+            self.dist.recv(data, src=src, group=self.group, tag=tag)  # sent right after its header
+            got = pickle.loads(data.numpy().tobytes())
+            if tag == UPDATE_TAG:  # a DP group's leader: world rank 0's update, for its own group's stream
+                with self._lock:
+                    self._pending = got
+            else:
+                self._take(got)
+            self._post_recv(src, tag)
 
     # -- world rank 0 ------------------------------------------------------------------------
     def _take(self, samples: list) -> None:
@@ -168,9 +186,13 @@ class Online:
                                             self.refiner.error, self.refiner.measured)
 
     def take_update(self) -> ModelUpdate | None:
-        """The accepted model not yet sent (world rank 0, when it pulls requests from the tokenizer)."""
+        """The accepted model not yet sent (world rank 0, or a DP group's leader under local control
+        broadcast, when it pulls requests): world rank 0 also sends it on to those leaders."""
         with self._lock:
             upd, self._pending = self._pending, None
+        if upd is not None and self.rank == 0:
+            for dst in self.relays:
+                self._send(upd, dst, UPDATE_TAG)
         return upd
 
 

@@ -7,7 +7,8 @@ many (issue 25: the old C/4 floor was all that stopped it).
 
 Every stage runs the same synthetic request, `SGLANG_CPP_OVERHEAD_PROBE` chunks of one alignment unit
 times two, through the real P2P path (`GroupCoordinator.send_tensor_dict` / `recv_tensor_dict`, as the
-scheduler's proxy messages, asynchronous sends committed one step later as the scheduler does). Per step a
+scheduler's proxy messages, asynchronous sends committed at the next step before its forward, as the
+scheduler's PP loop does, scheduler_pp_mixin.py:175-177). Per step a
 stage records its wall time, its forward time (the calibration's timer) and the time it spent blocked on a
 peer (the receive, the commit of the previous send). A stage's overhead is the median over the steps of
 step - forward - blocked: the time a chunk costs this stage beyond its forward when nothing waits, so it
@@ -71,12 +72,13 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
                 tb = time.perf_counter()
                 received = pp.recv_tensor_dict()
                 blocked += time.perf_counter() - tb
+            if pp_rank < pp_size - 1:  # the previous chunk's send, committed before this forward as
+                tb = time.perf_counter()  # SGLang's PP loop does (_pp_commit_proxy_send_work): a wait on a peer
+                _commit(pending)
+                blocked += time.perf_counter() - tb
             req.extend_end = req.prefix_len + chunk
             fwd_ms, out = forward(sched, req, cache, received)
             if pp_rank < pp_size - 1:
-                tb = time.perf_counter()
-                _commit(pending)
-                blocked += time.perf_counter() - tb
                 pending = pp.send_tensor_dict(out.logits_output.tensors, async_send=True) or []
             checkpoint_kv_cache(req, sched.tree_cache)
             req.init_next_round_input()

@@ -9,8 +9,10 @@ per batch in `deepseek_common/attention_backend_handler.py`:
 - triton, and every backend without a handler of its own (torch_native on CPU): absorbed MLA once L > 0.
 - flashinfer / fa3 / flashmla / fa4 / intel_xpu (`_handle_attention_backend`): absorbed MLA for
   0 < L < SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD (8192), then MHA over the prefix rebuilt from its latent
-  cache: in one shot while the batch's tokens fit SGLANG_MAX_KV_CHUNK_CAPACITY (128K), in KV chunks past
-  it. `--disable-chunked-prefix-cache` keeps absorbed MLA for every L > 0.
+  cache: in one shot while the batch's tokens fit SGLANG_MAX_KV_CHUNK_CAPACITY (128K) on fa3 / flashinfer /
+  flashmla, in KV chunks past it and always on fa4 / intel_xpu. `--disable-chunked-prefix-cache` keeps
+  absorbed MLA for every L > 0; deterministic inference, CP and a ragged-disabled flashinfer keep it for
+  every L (core/regimes.mla_switches has the whole table, tested against the handler itself).
 - trtllm_mla: chunked-KV MHA for every extend (no switch) unless the chunked prefix cache is disabled.
 - aiter: MHA, in KV chunks past the capacity.
 A chunk is priced by the prefix it starts at; the capacity switch really depends on L + x, which this
@@ -45,10 +47,33 @@ def server_switches(sched) -> tuple:
     backend = str(getattr(runner, "prefill_attention_backend_str", None) or attention_backends()[0] or "")
     out = mla_switches(backend, int(sgl_envs.SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD.get()),
                        int(sgl_envs.SGLANG_MAX_KV_CHUNK_CAPACITY.get()),
-                       not bool(get_schedule().disable_chunked_prefix_cache))  # after the model runner's gate
+                       not bool(get_schedule().disable_chunked_prefix_cache),  # after the model runner's gate
+                       **_dispatch_predicates(sched))
     logger.info("[sglang-cpp] MLA prefill on %s switches attention method at prefixes %s (%s): the cost model "
                 "is fitted per regime", backend or "the default backend", list(out[0]), ", ".join(out[1]))
     return out
+
+
+def _dispatch_predicates(sched) -> dict:
+    """What SGLang 0.5.23's MLA dispatch reads besides the backend (attention_backend_handler.py): deterministic
+    inference (fa3, fa4, triton: MLA everywhere), `flashinfer_mla_disable_ragged` or a model without rope dims
+    (forward_mla.py:141-144; flashinfer, flashmla), prefill context parallelism configured for MLA
+    (layers/cp/utils.py:138-140; it may still decline a short chunk, priced here as CP), and SM100/110 for fa4.
+    Captured prefill graphs are not read: they run only chunks up to their capture size (MLA there)."""
+    from sglang.srt.runtime_context import get_exec, get_platform
+
+    ex = get_exec()
+    hf = getattr(sched.model_config, "hf_config", None)
+    try:
+        from sglang.srt.layers.cp.utils import is_mla_cp_enabled
+
+        cp = bool(is_mla_cp_enabled())
+    except Exception:  # noqa: BLE001  (no CP support built: none configured)
+        cp = False
+    return {"deterministic": bool(getattr(getattr(ex, "deterministic", None), "enable_deterministic_inference", False)),
+            "disable_ragged": bool(getattr(getattr(ex, "kernel", None), "flashinfer_mla_disable_ragged", False))
+            or getattr(hf, "qk_rope_head_dim", None) == 0,
+            "cp": cp, "sm100": bool(getattr(get_platform(), "is_sm100_or_sm110", False))}
 
 
 def server_chunk_switches(sched) -> tuple:

@@ -85,6 +85,7 @@ INTERNALS = (
     "sglang.srt.layers.dp_attention.get_is_extend_in_batch",
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
     "sglang.srt.managers.schedule_batch.Req",
+    "sglang.srt.managers.scheduler.Scheduler",  # hooks._settled_align: its truncation-alignment setters
     "sglang.srt.managers.scheduler_components.dp_attn.prepare_mlp_sync_batch_raw",
     "sglang.srt.managers.schedule_batch.ScheduleBatch",
     "sglang.srt.managers.schedule_policy.AddReqResult",
@@ -99,6 +100,9 @@ INTERNALS = (
     "sglang.srt.plugins.hook_registry.HookRegistry",
     "sglang.srt.plugins.hook_registry.HookType",
     "sglang.srt.runtime_context.get_disagg",  # pd_kv.startup_error: the PD mode and transfer backend
+    "sglang.srt.runtime_context.get_exec",  # hooks._relays_updates (elastic-EP joiner), switches (MLA dispatch)
+    "sglang.srt.runtime_context.get_platform",  # switches._dispatch_predicates: fa4's SM100/110 test
+    "sglang.srt.layers.cp.utils.is_mla_cp_enabled",  # switches._dispatch_predicates: MLA prefill CP
     "sglang.srt.runtime_context.get_parallel",
     "sglang.srt.runtime_context.get_schedule",
     "sglang.srt.runtime_context.get_server_args",
@@ -135,6 +139,15 @@ STATE_READS = {
         "arg_groups/overrides.py:1622-1627, so no forward stream), managers/tp_worker.py:622-680 and 755-787 "
         "(ForwardBatch.init_new, then model_runner.forward on every stage; sampling after it on the last); "
         "timing.FORWARD times ModelRunner.forward alone, as calibrate.forward does",
+    "get_parallel(): attn_dp_enabled, attn_tp_rank, attn_cp_rank, enable_dp_attention_local_control_broadcast; "
+    "get_exec().moe.is_ep_scale_joiner": "managers/scheduler_components/request_receiver.py:112-125 (PP0's "
+        "attention TP/CP rank 0 pulls each DP group's requests), 167-200 (under local control broadcast, or as an "
+        "elastic-EP joiner, control messages are broadcast inside the DP group only); hooks._relays_updates, "
+        "online.Online.relays",
+    "Scheduler.init_deterministic_inference_config, init_dsa_kpool_truncation_align, "
+    "init_mamba_truncation_align": "managers/scheduler.py:657 (the sizer) before 698-700 (these three set "
+        "truncation_align_size), 1745-1800 (they read truncation_align_size and model_config only); "
+        "hooks._settled_align runs them on a stand-in at startup",
     "ModelRunner.eplb_manager._main_generator": "model_executor/model_runner.py:1897-1898 (every forward steps "
         "it), eplb/eplb_manager.py:72-94 (a rebalance every --eplb-rebalance-num-iterations steps); "
         "calibrate.no_expert_recording sets it aside for startup forwards",

@@ -31,10 +31,14 @@ class DeviceTimer:
         self._e0 = self._e1 = None
 
     def sync(self) -> None:
+        """Wait for the work queued on the current stream (the forward's), not the device: a P2P send on its
+        own stream (NCCL) is a wait on a peer, which the overhead probe counts apart (issue 45 item 6)."""
         if self.cuda:
             from sglang.srt.utils.common import get_device_module
 
-            get_device_module().synchronize()
+            mod = get_device_module()
+            stream = getattr(mod, "current_stream", None)
+            (stream().synchronize if stream is not None else mod.synchronize)()
 
     def start(self) -> None:
         if self._event is not None:
