@@ -522,3 +522,18 @@ def test_a_server_whose_port_was_taken_is_started_again_on_another(tmp_path, mon
         assert srv is started[1] and srv.proc.poll() is None
         assert started[0].proc.poll() is not None  # the one whose port was taken is stopped
     assert srv.proc.poll() is not None and len(started) == 2
+
+
+@pytest.mark.parametrize("ratio,mine,theirs,want", [
+    (0.999, [17.40, 17.87, 19.24], [17.85, 17.89, 18.51], "tie (the spreads overlap)"),  # better, inside noise
+    (1.045, [18.69, 18.29, 18.80], [17.85, 17.89, 18.51], "tie (the spreads overlap)"),  # worse, inside noise
+    (0.900, [16.0, 16.1, 16.2], [17.85, 17.89, 18.51], "met"),
+    (1.005, [17.0, 17.1, 17.2], [16.9, 16.95, 16.99], "met"),  # apart and within the limit
+    (1.060, [19.0, 19.2, 19.4], [17.85, 17.89, 18.51], "MISSED"),
+])
+def test_one_verdict_rule_a_tie_is_never_met(ratio, mine, theirs, want):
+    """Issue 46 item 8: results inside the other row's spread read 'tie', whichever way they point; only rows
+    apart are met or missed."""
+    from sglang_cpp.bench.report import verdict
+
+    assert verdict(ratio, 1.01, mine, theirs) == want
