@@ -301,6 +301,11 @@ def test_a_pass_that_plans_no_batch_flushes_the_decision_log(tmp_path, monkeypat
     assert hooks.Scheduler_get_next_batch_to_run(lambda self, **k: idle, None, running_batch=running) is idle
     decision_log._WRITER.drain()
     assert [json.loads(x)["ms"] for x in path.read_text().splitlines()] == [1.0]
+    # the PD loops never call get_next_batch_to_run; every loop calls on_idle on an idle pass (scheduler.py:5241)
+    log.write("decode_forward", ms=2.0)
+    assert hooks.Scheduler_on_idle(None, None) is None
+    decision_log._WRITER.drain()
+    assert [json.loads(x)["ms"] for x in path.read_text().splitlines()] == [1.0, 2.0]
 
 
 def test_report_plans_says_when_a_prompt_ran_its_last_chunk(tmp_path):
@@ -396,6 +401,7 @@ def test_online_refinement_fits_single_chunks_but_not_one_that_loaded_host_kv_ba
     one = {"event": "forward", "rids": ["a"], "prefix": [4096], "chunk": [1024], "ms": 12.5}
     assert online_sample(one) == (4096, 1024, 12.5)
     assert online_sample({**one, "host_loaded": True}) is None
+    assert online_sample({**one, "replay": True}) is None  # an encoder-SWA replay ran first in the window
     assert online_sample({**one, "rids": ["a", "b"], "prefix": [0, 9], "chunk": [5, 6]}) is None
     assert online_sample({**one, "event": "decode_forward"}) is None
 

@@ -264,24 +264,33 @@ def _rows(model: dict) -> list:
 
 def test_plan_chunks_outside_the_calibrated_range_are_measured_before_serving(tiny, tmp_path):
     """Issue 25 (at 16K the plan's first chunk, 3x the largest sampled one, ran 1.13x its prediction): a
-    calibration cached under SGLANG_CPP_MAX_CHUNK=128 sampled no chunk above 128. A start without that cap
+    calibration cached under SGLANG_CPP_MAX_CHUNK=128 sampled no chunk above 128 (prefixes computed, as
+    serving computes them: SGLANG_CPP_CALIB_PREFIX=computed). A start without that cap
     plans bigger chunks, so before serving both stages measure the planned chunks that leave the samples,
     at the prefixes where the plan runs them; the cache keeps them, and the chunks served lie among them."""
     from sglang_cpp.bench.client import random_ids
 
     cache = tmp_path / "cache"
     base = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(cache), "SGLANG_CPP_CALIB_MAX_LEN": "2048",
-            "SGLANG_CPP_ONLINE": "0"}
+            "SGLANG_CPP_ONLINE": "0", "SGLANG_CPP_CALIB_PREFIX": "computed"}
+    args = ("--max-prefill-tokens", "1024")  # the prefill-buffer ceiling: max(C, this, 1.25 C) = 1280 tokens
     capped = {**base, "SGLANG_CPP_MAX_CHUNK": "128", "SGLANG_CPP_DECISION_LOG": str(tmp_path / "capped_{rank}.jsonl")}
-    with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=capped), TIMEOUT):
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=capped, extra_args=args), TIMEOUT):
         pass
+    # issue 45 item 1: computed prefixes are walked in forwards no longer than the plan's largest chunk
+    for r in (0, 1):
+        (st,) = read_events(tmp_path / f"capped_{r}.jsonl", "startup_forwards")
+        assert st["count"] > 0 and st["largest"] <= 128, st
     (calib,) = sorted((cache / "calibration").glob("*.json"))
     first = json.loads(calib.read_text())["samples"]
     assert max(s["x"] for s in first) <= 128
     env = {**base, "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
-    with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env), TIMEOUT) as srv:
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env, extra_args=args), TIMEOUT) as srv:
         out = generate(srv.base_url, input_ids=random_ids(2000, seed=91), max_new_tokens=1)
         log = srv.log()
+    for r in (0, 1):  # coverage computed prefixes up to ~1900 tokens: walked under the 1280-token ceiling
+        (st,) = read_events(tmp_path / f"dec_{r}.jsonl", "startup_forwards")
+        assert st["ceiling"] == 1280 and 128 < st["largest"] <= 1280, st
     assert "cost model from calibration cache" in log and "outside the calibrated (L, x) range" in log
     rounds = [read_events(tmp_path / f"dec_{r}.jsonl", "coverage") for r in (0, 1)]
     assert rounds[0] and [e["measured"] for e in rounds[0]] == [e["measured"] for e in rounds[1]]

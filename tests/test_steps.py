@@ -168,10 +168,15 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
     monkeypatch.setattr(calibrate, "forward", lambda sched, req, cache, received: order.append("forward") or (
         1.0, SimpleNamespace(logits_output=SimpleNamespace(tensors={}))))
     monkeypatch.setattr(overhead, "tick", lambda what: None)
+    from sglang_cpp.plugin import timing
+
+    monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(sync=lambda: order.append("sync")))
     steps_ = overhead.probe_stage(SimpleNamespace(tree_cache=None), pp_rank=1, pp_size=3, n_chunks=2, chunk=128)
     assert len(steps_) == 2
-    assert order == ["recv", "forward", "send", "recv", "commit 0", "forward", "send", "recv", "commit 1",
-                     "forward", "send", "commit 2"]
+    # on NCCL a receive and a commit only queue a wait on the stream: the stream sync right after each, inside
+    # the blocked time, is where a wait on a peer shows
+    assert order == ["recv", "sync", "sync", "forward", "send", "recv", "sync", "commit 0", "sync", "forward", "send",
+                     "recv", "sync", "commit 1", "sync", "forward", "send", "commit 2"]
 
 
 def test_a_startup_forward_waits_for_its_stream_not_the_device(monkeypatch):

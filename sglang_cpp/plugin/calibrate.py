@@ -281,6 +281,9 @@ def _forward_timed(sched, req, proxy_cache: dict) -> float:
     return forward(sched, req, proxy_cache)[0]
 
 
+STARTUP_FORWARDS = {"count": 0, "largest": 0}  # every startup forward of this rank (the harness below)
+
+
 def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple:
     """(ms, ModelRunnerOutput) of one forward of `req`'s current extend, on `proxies` (the previous
     stage's, as received) or on seeded random ones: the startup harness of calibration, coverage and the
@@ -296,6 +299,8 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     runner = sched.tp_worker.model_runner
     cfg = runner.model_config
     n = req.extend_end - req.prefix_len
+    STARTUP_FORWARDS["count"] += 1  # what the startup log reports: no forward above the prefill-buffer ceiling
+    STARTUP_FORWARDS["largest"] = max(STARTUP_FORWARDS["largest"], int(n))
     batch = ScheduleBatch.init_new([req], sched.req_to_token_pool, sched.token_to_kv_pool_allocator,
                                    sched.tree_cache, sched.model_config, False, sched.spec_algorithm)
     def alloc(m: int) -> dict:

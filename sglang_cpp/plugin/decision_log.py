@@ -57,10 +57,13 @@ class _Writer:
     def _run(self) -> None:
         while True:
             log, lines = self._q.get()
-            if log is None:
-                lines.set()
-            else:
-                log._write_file(lines)
+            try:
+                if log is None:
+                    lines.set()
+                else:
+                    log._write_file(lines)
+            except Exception as exc:  # noqa: BLE001  the thread outlives any one bad piece
+                logger.warning("[sglang-cpp] decision log writer: %s: %s", type(exc).__name__, exc)
 
 
 _WRITER = _Writer()

@@ -164,6 +164,11 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
             cfg = replace(cfg, measured_chunk=measured_chunk)  # no plan cuts a chunk bigger than was measured
             if probe:
                 save_served(self, cfg, cost, over, calibrated_len)
+        from ..core.planner_base import prefill_buffer_tokens
+        from .calibrate import STARTUP_FORWARDS
+
+        LOG.write("startup_forwards", **STARTUP_FORWARDS, ceiling=cfg.buffer_tokens or prefill_buffer_tokens(
+            cfg.chunk_size, cfg.max_prefill_tokens, cfg.pp_size))  # calibration, probe, coverage: none above it
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self),
                           queue_view=lambda rid: _queue_view(self, rid, int(par.pp_size)))
@@ -284,6 +289,14 @@ def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
     if LOG is not None and getattr(plan, "batch_to_run", plan) is None:
         LOG.flush()
     return plan
+
+
+def Scheduler_on_idle(result, self, *args, **kwargs):
+    """AFTER SGLang's idle housekeeping, which every event loop calls when a pass ran nothing (scheduler.py:5241;
+    the PD loops never call get_next_batch_to_run): the decision log's buffered lines go to its writer."""
+    if LOG is not None:
+        LOG.flush()
+    return None
 
 
 def Scheduler_get_num_allocatable_reqs(original, self, running_bs, *args, **kwargs):
@@ -513,6 +526,8 @@ def _run_batch(original, self, batch, *args, **kwargs):
         event, rec = "forward", {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext}
         if int(getattr(batch, "hicache_consumer_index", -1)) >= 0:  # SGLang's own "a load is pending" (HiCache)
             rec["host_loaded"] = True  # this forward waits for host-tier KV loaded back, layer by layer
+        if any(getattr(batch, "encoder_swa_reset", None) or ()):  # the worker replays the encoder window first
+            rec["replay"] = True  # (tp_worker.py:639-651): two forwards of the runner in one timed window
         if pd_ring.LOOP.it:  # a PD prefill stage with PP > 1: the loop index, for the release lags
             rec["it"] = pd_ring.LOOP.it
     elif batch.forward_mode.is_decode() and log.path:  # seq_lens_sum is None after filter/merge_batch
@@ -549,7 +564,7 @@ def _run_batch(original, self, batch, *args, **kwargs):
         if online is not None and sample is not None:
             online.record(*sample)
         log.write(rec.pop("event"), **rec)
-    if done:  # a prompt ran its last chunk: its lines are on disk before its first token reaches the client
+    if done:  # a prompt ran its last chunk: its lines go to the writer before its first token reaches the client
         log.flush()
         if online is not None:
             online.prompt_done()
@@ -560,7 +575,8 @@ def online_sample(rec: dict) -> tuple | None:
     """(prefix, chunk, ms) of a logged forward that online refinement may fit, else None: one request's prefill
     chunk, not one that loaded host-tier KV back (HiCache's per-layer wait for the load sits inside the timed
     window, SGLang's `wait_until`; it is not what a chunk costs)."""
-    if rec.get("event") != "forward" or len(rec.get("chunk", ())) != 1 or rec["chunk"][0] <= 0 or rec.get("host_loaded"):
+    if (rec.get("event") != "forward" or len(rec.get("chunk", ())) != 1 or rec["chunk"][0] <= 0
+            or rec.get("host_loaded") or rec.get("replay")):
         return None
     return rec["prefix"][0], rec["chunk"][0], rec["ms"]
 

@@ -58,7 +58,10 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
 
     from .calibrate import forward, synthetic_req
 
+    from .timing import DeviceTimer
+
     pp = get_pp_group()
+    timer = DeviceTimer(str(getattr(sched, "device", "cpu")))  # its sync only: the stream's queued work
     rng = np.random.default_rng(seed + 7919)  # same ids on every stage
     req = synthetic_req(sched, rng, (n_chunks + 1) * chunk, "sglang-cpp-overhead-probe")
     steps, pending, cache = [], [], {}
@@ -71,10 +74,12 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
             if pp_rank > 0:
                 tb = time.perf_counter()
                 received = pp.recv_tensor_dict()
+                timer.sync()  # NCCL: the receive is queued on the stream; its wait on the peer lands here
                 blocked += time.perf_counter() - tb
             if pp_rank < pp_size - 1:  # the previous chunk's send, committed before this forward as
                 tb = time.perf_counter()  # SGLang's PP loop does (_pp_commit_proxy_send_work): a wait on a peer
                 _commit(pending)
+                timer.sync()  # NCCL: wait() makes the stream wait for the next stage; that wait lands here
                 blocked += time.perf_counter() - tb
             req.extend_end = req.prefix_len + chunk
             fwd_ms, out = forward(sched, req, cache, received)

@@ -14,6 +14,8 @@ TARGETS = {
     # ... and its even decode split, as admission per micro-batch slot
     f"{SCHED}.get_next_batch_to_run": ("Scheduler_get_next_batch_to_run", "AROUND"),
     f"{SCHED}.get_num_allocatable_reqs": ("Scheduler_get_num_allocatable_reqs", "AROUND"),
+    # an idle pass of any event loop (PD loops included): the decision log's buffered lines go to its writer
+    f"{SCHED}.on_idle": ("Scheduler_on_idle", "AFTER"),
     f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
     # the timed window of a served forward, the one calibration times (plugin/timing.py: ForwardWindow)
     "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("ModelRunner_forward", "AROUND"),
@@ -136,7 +138,8 @@ STATE_READS = {
         "stream); pd_ring.chunked_abort",
     "Scheduler.tp_worker.model_runner, ModelRunner.forward": "managers/scheduler.py:1029-1033 (tp_worker), "
         "4614-4760 (run_batch calls model_worker.forward_batch_generation; PP forces the overlap schedule off, "
-        "arg_groups/overrides.py:1622-1627, so no forward stream), managers/tp_worker.py:622-680 and 755-787 "
+        "arg_groups/overrides.py:1622-1627, and launches it inside forward_stream_ctx, scheduler_pp_mixin.py:1644, "
+        "so the events are recorded on the forward stream), managers/tp_worker.py:622-680 and 755-787 "
         "(ForwardBatch.init_new, then model_runner.forward on every stage; sampling after it on the last); "
         "timing.FORWARD times ModelRunner.forward alone, as calibrate.forward does",
     "get_parallel(): attn_dp_enabled, attn_tp_rank, attn_cp_rank, enable_dp_attention_local_control_broadcast; "

@@ -31,8 +31,9 @@ class DeviceTimer:
         self._e0 = self._e1 = None
 
     def sync(self) -> None:
-        """Wait for the work queued on the current stream (the forward's), not the device: a P2P send on its
-        own stream (NCCL) is a wait on a peer, which the overhead probe counts apart (issue 45 item 6)."""
+        """Wait for the work queued on the current stream, not the whole device. The overhead probe calls it
+        right after a receive and after the commit of the previous send (on NCCL both only queue a wait on
+        the stream), inside its blocked time, so a wait on a peer is counted as one (issue 45 item 6)."""
         if self.cuda:
             from sglang.srt.utils.common import get_device_module
 
