@@ -79,13 +79,17 @@ def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_uni
     return make_plan(best[1], prompt_len, prefix_len, cost, cfg, "plan:dp")
 
 
+def plan(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0) -> ChunkPlan:
+    """The single-prompt plan on the planner `cfg.method` names: the one dispatch every caller uses (the
+    plugin's sizer, its calibration and coverage, `policy.plan_for`)."""
+    return (plan_dp if cfg.method == "dp" else plan_equal_time)(prompt_len, cost, cfg, prefix_len)
+
+
 def plan_chunks(prompt_len: int, cost, pp_size: int, *, prefix_len: int = 0, method: str = "equal-time",
                 **kw) -> ChunkPlan:
-    cfg = PlanConfig(pp_size=pp_size, method=method, **kw)
-    fn = plan_dp if cfg.method == "dp" else plan_equal_time
-    return fn(prompt_len, cost, cfg, prefix_len)
+    return plan(prompt_len, cost, PlanConfig(pp_size=pp_size, method=method, **kw), prefix_len)
 
 
-__all__ = ["DP_MAX_UNITS", "PlanConfig", "ChunkPlan", "METHODS", "plan_chunks", "plan_equal_time", "plan_dp", "plan_fixed", "ttft",
+__all__ = ["DP_MAX_UNITS", "PlanConfig", "ChunkPlan", "METHODS", "plan", "plan_chunks", "plan_equal_time", "plan_dp", "plan_fixed", "ttft",
            "make_plan", "fixed_split", "fixed_candidates", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS",
            "prefill_buffer_tokens"]

@@ -35,7 +35,8 @@ def plan_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0
     `plan` sees `view` (core/queue_plan.QueueView: the chunks in flight and the prompts waiting behind),
     `plan-alone` plans the prompt as if alone (the two agree when nothing is in view)."""
     from .plan import ChunkPlan
-    from .planner import PlanConfig, make_plan, plan_dp, plan_equal_time, plan_fixed
+    from .planner import PlanConfig, make_plan, plan_fixed
+    from .planner import plan as plan_single
     from .queue_plan import plan_in_queue
     from .upstream import UpstreamPredictor
 
@@ -47,7 +48,7 @@ def plan_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0
     if policy == "fixed":
         return plan_fixed(L, cost, pcfg, chunk, prefix_len)
     if policy in ("plan", "plan-alone"):
-        alone = (plan_dp if method == "dp" else plan_equal_time)(L, cost, pcfg, prefix_len)
+        alone = plan_single(L, cost, pcfg, prefix_len)
         return plan_in_queue(L, cost, pcfg, prefix_len, view, alone=alone) if policy == "plan" else alone
     a, b, c = upstream_coeffs(cost, coeffs, profile, chunk)
     up = UpstreamPredictor(a=a, b=b, c=c, chunk_size=chunk, context_len=ctx or 1 << 62, sigma=sigma,

@@ -169,11 +169,10 @@ def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> tuple:
     grows with x^2). Where the model wants big chunks (a GPU), the tops stay at the cap. A chunk the served
     plan wants above a top (it is cut with the per-chunk overhead, measured after the calibration) is
     measured before serving (plugin/coverage.py)."""
-    from ..core.planner import plan_dp, plan_equal_time
+    from ..core.planner import plan
 
-    fn = plan_dp if plan_cfg.method == "dp" else plan_equal_time
     a = max(1, int(plan_cfg.align))
-    chunks = [int(c) for c in fn(int(length), cost, plan_cfg).chunks]
+    chunks = [int(c) for c in plan(int(length), cost, plan_cfg).chunks]
     cap = int(max_chunk) // a * a if max_chunk and max_chunk >= 4 * a else 0
 
     def rounded(want: int) -> int:

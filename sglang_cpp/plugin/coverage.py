@@ -73,13 +73,12 @@ def listed(shapes: list, most: int = 12) -> str:
 
 def plan_shapes(cost, plan_cfg, lengths) -> list[tuple]:
     """Every (prefix, chunk) that the plans for prompts of `lengths` run on `cost`, as the sizer cuts them."""
-    from ..core.planner import plan_dp, plan_equal_time
+    from ..core.planner import plan
 
-    fn = plan_dp if plan_cfg.method == "dp" else plan_equal_time
     out = []
     for n in lengths:
         L = 0
-        for c in fn(int(n), cost, plan_cfg).chunks:
+        for c in plan(int(n), cost, plan_cfg).chunks:
             out.append((L, int(c)))
             L += int(c)
     return out

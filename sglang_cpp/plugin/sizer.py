@@ -15,7 +15,8 @@ from typing import Callable, Optional
 from .. import envs
 from ..core.hysteresis import Incumbents
 from ..core.plan import ChunkPlan
-from ..core.planner import DP_MAX_UNITS, PlanConfig, plan_dp, plan_equal_time, prefill_buffer_tokens
+from ..core.planner import DP_MAX_UNITS, PlanConfig, prefill_buffer_tokens
+from ..core.planner import plan as plan_single
 from ..core.queue_plan import QueueView, plan_in_queue
 from ..core.upstream import UpstreamPredictor, check_sigma
 from .decision_log import DecisionLog
@@ -171,8 +172,7 @@ class CppChunkSizer:
 
     def _alone(self, rid: str, prompt_len: int, prefix_len: int, mid: bool) -> ChunkPlan:
         """The single-prompt plan (an empty pipeline), through plan hysteresis at a prompt's start."""
-        fn = plan_dp if self.plan_cfg.method == "dp" else plan_equal_time
-        plan = fn(prompt_len, self.cost, self.plan_cfg, prefix_len)
+        plan = plan_single(prompt_len, self.cost, self.plan_cfg, prefix_len)
         if mid:  # a replan of the remaining chunks: no incumbent for a mid-prompt start
             return plan
         plan, weighed = self.incumbents.choose(plan, self.cost, self.plan_cfg, self.margin, self.measured)
