@@ -32,6 +32,23 @@ def save_json(path, doc, indent: int = 1) -> Path:
     return p
 
 
+def finite(doc):
+    """`doc` with every non-finite float (an unbounded bandwidth, an undefined ratio) as None: strict JSON
+    has no Infinity or NaN, and other tools' parsers refuse them."""
+    if isinstance(doc, float):
+        return doc if doc == doc and doc not in (float("inf"), float("-inf")) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [finite(v) for v in doc]
+    return doc
+
+
+def dumps(doc, **kw) -> str:
+    """Strict JSON of `doc` (`finite`): what every --json output prints."""
+    return json.dumps(finite(doc), allow_nan=False, **kw)
+
+
 def device_file_name(model, pp: int, tp, device_name, dtype, **extra) -> str:
     """The per-device file name (a profile from `tune chunk`, a calibration in the cache), key=value pairs
     joined by commas the way SGLang's fused-MoE tuners name their configs."""

@@ -340,3 +340,21 @@ def test_plan_cli_cuts_under_a_served_profiles_measured_chunk(tmp_path, capsys):
     assert max(runs["free", 0]) > 1024  # the cap binds here
     assert max(runs["served", 0]) <= 1024 and sum(runs["served", 0]) == 32768
     assert runs["served", 2] == runs["free", 2]
+
+
+def _strict(text: str):
+    """json.loads that refuses Infinity and NaN, as strict JSON parsers do."""
+    def refuse(tok):
+        raise ValueError(f"not strict JSON: {tok}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_every_json_output_is_strict_json(capsys):
+    """Issue 47 item 5: `simulate --json` printed a bare Infinity (the default unbounded P2P bandwidth); every
+    --json output is strict JSON now, an unbounded or undefined figure as null."""
+    rc, out = _cli(["--input-len", "8k", "--pp-size", "2", "--coeffs", "0,0,0.01,0,0,0", "--json"], capsys)
+    assert rc == 0
+    doc = _strict(out.out)
+    assert doc["config"]["p2p_bandwidth_gbps"] is None and doc["ttft_ms"] > 0
+    assert cli_main(["plan", "--input-len", "8k", "--pp-size", "2", "--coeffs", "0,0,0.01,0,0,0", "--json"]) == 0
+    assert _strict(capsys.readouterr().out)["chunks"]

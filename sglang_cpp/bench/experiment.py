@@ -226,7 +226,8 @@ def log_costs(paths) -> tuple[dict, dict]:
     for e in read_events(paths, "step", "forward"):
         if e["event"] == "step":
             steps.setdefault(str(e["pp_rank"]), []).append(e)
-        elif len(e.get("rids") or ()) == 1 and e["chunk"][0] > 0:
+        elif (len(e.get("rids") or ()) == 1 and e["chunk"][0] > 0 and e.get("ms") is not None
+              and not e.get("host_loaded") and not e.get("replay")):  # what online refinement fits too
             forwards.setdefault(str(e["pp_rank"]), []).append(
                 [str(e["rids"][0]), int(e["prefix"][0]), int(e["chunk"][0]), round(float(e["ms"]), 3)])
     return ({s: {"steps": len(v), "loop_ms": round(float(np.median([e["loop_ms"] for e in v])), 3),

@@ -3,10 +3,10 @@ cost source (profile, coefficients or analytic model) and the policy dispatch (p
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 from ..args import alias, parse_len
+from ..files import dumps
 from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
 from .common import add_attention_backend, chunk_overhead_ms, cli_costs
 
@@ -91,8 +91,8 @@ def run_simulate(args) -> int:
         res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
     trace = str(res.save_trace(args.trace)) if args.trace else None
     if args.json:
-        print(json.dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len,
-                          "policy": args.policy, "virtual_stages": args.virtual_stages, "trace": trace}, indent=1))
+        print(dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len,
+                     "policy": args.policy, "virtual_stages": args.virtual_stages, "trace": trace}, indent=1))
     else:
         print(f"policy {args.policy}: {len(chunks)} chunks {chunks[:8]}{' ...' if len(chunks) > 8 else ''}")
         print(res.summary())

@@ -3,11 +3,11 @@ side by side: throughput, TTFT / TPOT / E2E / ITL percentiles, bubbles, KV occup
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 from ..args import alias, parse_len
+from ..files import dumps
 from .common import add_attention_backend
 
 
@@ -137,7 +137,7 @@ def run(args) -> int:
         ax.legend()
         save_figure(fig, args.plot)
     if args.json:
-        print(json.dumps({n: r.summary() for n, r in results.items()}, indent=1))
+        print(dumps({n: r.summary() for n, r in results.items()}, indent=1))
     else:
         print(format_table(results))
     return 0

@@ -68,7 +68,7 @@ class ChunkPlan:
                 "ttft_ms": None if not self.pred_ms else round(self.ttft_ms, 4), "meta": dict(self.meta)}
 
     def to_json(self, **kw) -> str:
-        return json.dumps(self.to_dict(), **kw)
+        return json.dumps(self.to_dict(), allow_nan=False, **kw)  # a plan's times are finite (strict JSON)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ChunkPlan":

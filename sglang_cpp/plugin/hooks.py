@@ -526,8 +526,9 @@ def _run_batch(original, self, batch, *args, **kwargs):
         event, rec = "forward", {"rids": [r.rid for r in batch.reqs], "prefix": prefix, "chunk": ext}
         if int(getattr(batch, "hicache_consumer_index", -1)) >= 0:  # SGLang's own "a load is pending" (HiCache)
             rec["host_loaded"] = True  # this forward waits for host-tier KV loaded back, layer by layer
-        if any(getattr(batch, "encoder_swa_reset", None) or ()):  # the worker replays the encoder window first
-            rec["replay"] = True  # (tp_worker.py:639-651): two forwards of the runner in one timed window
+        if any(r and p for r, p in zip(getattr(batch, "encoder_swa_reset", None) or (), prefix)):
+            rec["replay"] = True  # the worker replays the encoder window of a cached prefix first (tp_worker.py:
+            # 639-651, encoder_swa_replay.py:128-142: rows with a prefix only): not what the chunk costs
         if pd_ring.LOOP.it:  # a PD prefill stage with PP > 1: the loop index, for the release lags
             rec["it"] = pd_ring.LOOP.it
     elif batch.forward_mode.is_decode() and log.path:  # seq_lens_sum is None after filter/merge_batch
