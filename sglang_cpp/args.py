@@ -44,6 +44,15 @@ def parse_lens(text: str) -> tuple:
     return lens
 
 
+class ModelSource(argparse.Action):
+    """--analytic / --model-path (a preset, or the user's HF folder or config.json): keeps the spelling the user
+    typed in `model_flag`, so an error names it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, "model_flag", option_string or "--analytic")
+
+
 def alias(parser, new: str, *old: str) -> None:
     """Old spellings of flag `new` (SGLang's name where it has one), accepted for one release and hidden
     from --help: they parse into the same action."""

@@ -439,3 +439,66 @@ def test_tune_analytic_fits_the_overhead_on_a_ttft_and_a_ratio(tmp_path, capsys)
     assert measured == 1.08 and predicted == pytest.approx(1.08, abs=0.002)
     overhead = float(out.split("per-chunk overhead ")[1].split(" ms")[0])
     assert overhead > 2.0  # more than the H20 preset's: the ratio asks for a per-chunk cost
+
+
+# -- the user's own model: --model-path DIR or config.json (issue 47 item 1) -----------------------------
+FAMILIES = {
+    "llama3-8b": {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                  "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256},
+    "qwen3-235b-a22b": {"model_type": "qwen3_moe", "num_hidden_layers": 94, "hidden_size": 4096,
+                        "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+                        "intermediate_size": 12288, "vocab_size": 151936, "num_experts": 128,
+                        "num_experts_per_tok": 8, "moe_intermediate_size": 1536, "decoder_sparse_step": 1,
+                        "mlp_only_layers": []},
+    "deepseek-v3": {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168,
+                    "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432,
+                    "vocab_size": 129280, "n_routed_experts": 256, "num_experts_per_tok": 8,
+                    "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "n_shared_experts": 1,
+                    "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+                    "qk_nope_head_dim": 128, "v_head_dim": 128, "quantization_config": {"quant_method": "fp8"}},
+}
+
+
+@pytest.mark.parametrize("preset", sorted(FAMILIES))
+def test_a_users_config_is_the_model_its_preset_is(preset, tmp_path, capsys):
+    """Dense GQA (llama), MoE (qwen3_moe) and MLA + MoE (deepseek_v3) configs, written here as HF writes them:
+    `--model-path` a folder or its config.json gives the preset's model and the preset's simulated TTFT."""
+    import dataclasses
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+    from sglang_cpp.whatif.analytic import MODELS, model_of
+
+    folder = tmp_path / preset
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(FAMILIES[preset]))
+    for src in (folder, folder / "config.json"):
+        assert dataclasses.replace(model_of(str(src)), name=preset) == MODELS[preset]
+    ttft = []
+    for source in (str(folder), preset):
+        assert cli_main(["simulate", "--model-path", source, "--device", "H100", "--tp-size", "8", "--pp-size", "4",
+                         "--input-len", "32k", "--chunked-prefill-size", "8192", "--json"]) == 0
+        ttft.append(json.loads(capsys.readouterr().out)["ttft_ms"])
+    assert ttft[0] == pytest.approx(ttft[1], rel=1e-9) and ttft[0] > 0
+
+
+@pytest.mark.parametrize("content,msg", [
+    (None, "neither a preset"),
+    ("{not json", "is not readable JSON"),
+    ({"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000,
+      "sliding_window": 4096, "max_position_embeddings": 32768}, "sliding_window=4096"),
+    ({"hidden_size": 4096}, "missing or bad key"),
+])
+def test_a_config_the_model_cannot_price_is_one_line_naming_the_flag(content, msg, tmp_path, capsys):
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    path = tmp_path / "m" / "config.json"
+    if content is not None:
+        path.parent.mkdir()
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    rc = cli_main(["simulate", "--model-path", str(path.parent), "--device", "H100", "--pp-size", "2",
+                   "--input-len", "8k", "--chunked-prefill-size", "4096"])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and "--model-path" in err and "Traceback" not in err

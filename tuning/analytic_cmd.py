@@ -14,11 +14,11 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from ..args import alias, parse_len, parse_lens
+from ..args import ModelSource, alias, parse_len, parse_lens
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--analytic", metavar="MODEL", required=True, help="model preset, e.g. qwen3-235b-a22b-fp8")
+    p.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", required=True, help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
     p.add_argument("--device", required=True, help="device preset, e.g. H20")
     p.add_argument("--tp-size", dest="tp", type=int, default=1)
     p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (default: the model's)")
@@ -47,16 +47,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..whatif.analytic import DEVICES, MODELS
+    from ..whatif.analytic import DEVICES, model_of
     from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
     from ..core.costmodel import PipelineCost, add_constant, save_profile
     from ..files import device_file_name
 
-    if args.analytic not in MODELS:
-        raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
+    model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))
     if args.device not in DEVICES:
         raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
-    model, device = MODELS[args.analytic], DEVICES[args.device]
+    device = DEVICES[args.device]
     points = [Measured.parse(m) for m in args.measured] + [Ratio.parse(r) for r in args.measured_ratio]
     f = fit(model, device, args.tp, points, overhead_ms=args.overhead_ms, fit_overhead=args.fit_overhead,
             max_prefill=args.max_prefill_tokens, dtype=args.dtype)

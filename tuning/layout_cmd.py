@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..args import alias, parse_ints, parse_len, parse_lens
+from ..args import ModelSource, alias, parse_ints, parse_len, parse_lens
 from ..core.partition import default_partition, format_partition
 from . import config_from_args
 
@@ -118,7 +118,7 @@ def plot(path: str, cfg: LayoutConfig, ranked, top: int = 10) -> Path:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     d = LayoutConfig(analytic="")
-    p.add_argument("--analytic", metavar="MODEL", required=True, help="model preset, e.g. qwen3-235b-a22b-fp8")
+    p.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", required=True, help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
     p.add_argument("--device", default=d.device, help="device preset, e.g. H20")
     p.add_argument("--gpus", type=int, default=d.gpus, help="GPUs for one prefill instance (TP x PP)")
     p.add_argument("--input-lens", type=parse_lens, default=d.input_lens, help="prompt lengths, e.g. 32k,128k,1m")
@@ -140,15 +140,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..whatif.analytic import DEVICES, MODELS
+    from ..whatif.analytic import DEVICES, model_of
     from ..whatif.layout import crossovers, rank_layouts, winners
 
     cfg = config_from_args(LayoutConfig, args)
-    if cfg.analytic not in MODELS:
-        raise ValueError(f"--analytic {cfg.analytic!r}: choose one of {sorted(MODELS)}")
+    model = model_of(cfg.analytic, getattr(args, "model_flag", "--analytic"))
     if cfg.device not in DEVICES:
         raise ValueError(f"--device {cfg.device!r}: choose one of {sorted(DEVICES)}")
-    model, dev = MODELS[cfg.analytic], DEVICES[cfg.device]
+    dev = DEVICES[cfg.device]
     dev = replace(dev, **{k: v for k, v in (("efficiency", cfg.efficiency), ("mem_gb", cfg.mem_gb)) if v is not None})
     ranked = rank_layouts(model, dev, cfg.gpus, cfg.input_lens, virtual_stages=cfg.virtual_stages,
                           fixed_chunks=cfg.fixed_chunks, overhead_ms=cfg.chunk_overhead_ms,

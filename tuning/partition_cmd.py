@@ -67,14 +67,13 @@ class LayerCosts:
     head_gb: float = 0.0
 
 
-def analytic_costs(cfg: PartitionConfig) -> LayerCosts:
-    from ..whatif.analytic import DEVICES, MODELS, embedding_ms, lm_head_ms, per_layer_costs
+def analytic_costs(cfg: PartitionConfig, flag: str = "--analytic") -> LayerCosts:
+    from ..whatif.analytic import DEVICES, embedding_ms, lm_head_ms, model_of, per_layer_costs
 
-    if cfg.analytic not in MODELS:
-        raise ValueError(f"--analytic {cfg.analytic!r}: choose one of {', '.join(sorted(MODELS))}")
+    model = model_of(cfg.analytic, flag)
     if cfg.device not in DEVICES:
         raise ValueError(f"--device {cfg.device!r}: choose one of {', '.join(sorted(DEVICES))}")
-    model, dev = MODELS[cfg.analytic], DEVICES[cfg.device]
+    dev = DEVICES[cfg.device]
     if cfg.num_layers is not None and cfg.num_layers != model.num_layers:
         model = replace(model, num_layers=cfg.num_layers,
                         num_dense_layers=min(model.num_dense_layers, cfg.num_layers))
@@ -176,11 +175,11 @@ def render(cfg: PartitionConfig, lc: LayerCosts, res: dict) -> str:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ..args import alias, parse_len
+    from ..args import ModelSource, alias, parse_len
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON with per-layer breakdown (layer_ms, embed_ms, head_ms)")
-    src.add_argument("--analytic", metavar="MODEL", help="analytic model preset, e.g. qwen3-235b-a22b, smollm2-135m")
+    src.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
     p.add_argument("--device", default="H100", help="device preset for --analytic (H100, H200, H20, A100, cpu-2core)")
     p.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
     alias(p, "--tp-size", "--tp")
@@ -198,7 +197,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     cfg = config_from_args(PartitionConfig, args)
-    lc, notes = profile_costs(cfg) if cfg.profile else (analytic_costs(cfg), [])
+    lc, notes = profile_costs(cfg) if cfg.profile else (analytic_costs(cfg, getattr(args, "model_flag", "--analytic")), [])
     for n in notes:
         print(f"note: {n}")
     print(render(cfg, lc, compare(cfg, lc)))

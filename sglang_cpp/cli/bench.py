@@ -8,7 +8,7 @@ import math
 import sys
 from types import SimpleNamespace
 
-from ..args import alias, parse_len, parse_lens
+from ..args import ModelSource, alias, parse_len, parse_lens
 from ..bench import experiment
 from ..bench import serve as serve_bench
 from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
@@ -100,7 +100,7 @@ def side_by_side(records: list[dict], args) -> str:
     kinds = {r["policy"]: r["chunk_plan"]["policy"] for r in records}
     plan = next((lb for lb in labels if kinds[lb] == "plan"), None)
     dck = next((lb for lb in labels if kinds[lb] == "quadratic"), None)
-    from ..whatif.analytic import DEVICES, MODELS, percent_of_limit
+    from ..whatif.analytic import DEVICES, model_of, percent_of_limit
 
     limit, model, device, tp = None, args.analytic, args.device, args.tp
     if args.simulate:  # a `tune analytic` JSON names its model and device
@@ -108,9 +108,12 @@ def side_by_side(records: list[dict], args) -> str:
 
         meta = load_profile(args.simulate)["meta"]
         model, device, tp = meta.get("model"), meta.get("device_name"), int(meta.get("tp") or 1)
-    if model in MODELS and device in DEVICES:
-        limit = lambda ms, L: percent_of_limit(ms, MODELS[model], DEVICES[device], L,  # noqa: E731
-                                               tp=tp, pp=args.pp_size)
+    try:  # a preset or the user's config (model_of); a profile's model name that is neither: no limit column
+        spec = model_of(model) if model else None
+    except ValueError:
+        spec = None
+    if spec is not None and device in DEVICES:
+        limit = lambda ms, L: percent_of_limit(ms, spec, DEVICES[device], L, tp=tp, pp=args.pp_size)  # noqa: E731
     head = ["input"] + [f"{lb} (s)" for lb in labels] + (["plan / upstream dynamic"] if plan and dck else [])
     head += [f"{lb} % of limit" for lb in labels] if limit else []
     out = ["SIMULATED side by side: median TTFT", "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -144,7 +147,7 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--input-len", "--input-lens")
     g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
     g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
-    g.add_argument("--analytic", metavar="MODEL", help="analytic model preset (sglang_cpp.whatif.analytic.MODELS)")
+    g.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
     g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
     g.add_argument("--device", default="H100", help="device preset for --analytic")
     g.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")

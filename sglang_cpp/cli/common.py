@@ -45,14 +45,13 @@ def cli_costs(args) -> tuple[list, int]:
         return _stage_costs(load_cost(args.profile), P), 0
     if args.coeffs:
         return [parse_coeffs(args.coeffs)] * P, 0
-    from ..whatif.analytic import DEVICES, MODELS
+    from ..whatif.analytic import DEVICES, model_of
     from ..whatif.analytic_fit import stage_models
 
-    if args.analytic not in MODELS:
-        raise ValueError(f"--analytic {args.analytic!r}: choose one of {sorted(MODELS)}")
+    model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))
     if args.device not in DEVICES:
         raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
-    model, dev = MODELS[args.analytic], DEVICES[args.device]
+    dev = DEVICES[args.device]
     if getattr(args, "efficiency", None) is not None:
         from dataclasses import replace
         dev = replace(dev, efficiency=args.efficiency)

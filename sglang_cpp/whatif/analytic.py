@@ -228,6 +228,35 @@ MODELS = {
 }
 MODELS["qwen3-235b-a22b-fp8"] = replace(MODELS["qwen3-235b-a22b"], weight_bytes=1, name="qwen3-235b-a22b-fp8")
 
+
+def model_of(source: str, flag: str = "--analytic") -> ModelSpec:
+    """The analytic model of `source`: a preset name (MODELS), or the user's own model, a local HF model
+    folder (its config.json) or a config.json file, read offline (`ModelSpec.from_hf_config`: dense, GQA,
+    MoE and MLA fields). A config the model cannot price (sliding-window attention) is refused by name."""
+    import json
+    from pathlib import Path
+
+    if source in MODELS:
+        return MODELS[source]
+    p = Path(str(source)).expanduser()
+    path = p / "config.json" if p.is_dir() else p
+    if not path.is_file():
+        raise ValueError(f"{flag} {source!r}: neither a preset ({', '.join(sorted(MODELS))}) nor a local HF model "
+                         "folder or config.json")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{flag} {source!r}: {path} is not readable JSON ({exc})") from None
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    window = text.get("sliding_window")
+    if window and text.get("use_sliding_window", True) and int(window) < int(text.get("max_position_embeddings") or 1 << 62):
+        raise ValueError(f"{flag} {source!r}: {path} sets sliding_window={window}; the analytic model prices full "
+                         "attention over the whole prefix only (give a profile measured on the model instead)")
+    try:
+        return ModelSpec.from_hf_config(cfg, name=(p.name if p.is_dir() else path.parent.name) or path.stem)
+    except ValueError as exc:
+        raise ValueError(f"{flag} {source!r}: {path}: {exc}") from None
+
 # GPUs: 2 ms per chunk and stage, the inter-stage sync SiPipe measures (1.4-2.6 ms, seeds digest section 7).
 # Links: NCCL all-reduce bus bandwidth inside one node, about half the bidirectional NVLink figure (900 GB/s
 # on H20/H100/H200, 600 on A100); L20 has no NVLink (PCIe Gen4); ~20 us per all-reduce.
@@ -405,6 +434,6 @@ def percent_of_limit(measured_ttft_ms: float, model: ModelSpec, device: DeviceSp
     return 100.0 * ideal_ttft_ms(model, device, prompt_len, G, dtype, attn_dtype) / measured_ttft_ms
 
 
-__all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "analytic_cost_model", "per_layer_costs", "embedding_ms",
+__all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "model_of", "analytic_cost_model", "per_layer_costs", "embedding_ms",
            "layer_comm_ms", "layer_comm_bytes", "kv_bytes_per_token", "check_tp_cp",
            "lm_head_ms", "prefill_flops", "ideal_ttft_ms", "percent_of_limit"]
