@@ -502,3 +502,27 @@ def test_a_config_the_model_cannot_price_is_one_line_naming_the_flag(content, ms
                    "--input-len", "8k", "--chunked-prefill-size", "4096"])
     err = capsys.readouterr().err
     assert rc == 2 and msg in err and "--model-path" in err and "Traceback" not in err
+
+
+def test_plan_takes_the_users_model_as_simulate_does(tmp_path, capsys):
+    """Issue 47 item 1: `plan` had no analytic mode. With --model-path (a preset or a config.json) and
+    --device it plans on the same per-stage models `simulate` runs, with the device's per-chunk cost by
+    default; without --device it says which devices there are."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+    from sglang_cpp.core.costmodel import PipelineCost
+    from sglang_cpp.core.policy import plan_for
+    from sglang_cpp.whatif.analytic_fit import stage_models
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(FAMILIES["llama3-8b"]))
+    argv = ["plan", "--model-path", str(cfg), "--device", "H100", "--tp-size", "2", "--pp-size", "4",
+            "--input-len", "64k", "--chunked-prefill-size", "8192", "--json"]
+    assert cli_main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    cost = PipelineCost(tuple(stage_models(MODELS["llama3-8b"], DEVICES["H100"], 2, 4, None)))
+    want = plan_for("plan", 65536, cost, 4, 8192, max_prefill=16384, overhead_ms=DEVICES["H100"].chunk_overhead_ms)
+    assert got["chunks"] == list(want.chunks) and got["overhead_ms"] == DEVICES["H100"].chunk_overhead_ms
+    assert cli_main(argv[:3] + argv[5:]) == 2
+    assert "--model-path needs --device: one of" in capsys.readouterr().err

@@ -3,23 +3,37 @@ from __future__ import annotations
 
 import argparse
 
-from ..args import alias, parse_len
+from ..args import ModelSource, alias, parse_len
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--profile", help="profile / cost-model JSON (from `sglang-cpp profile` or `tune`)")
     g.add_argument("--coeffs", help="A,B,C (upstream f(l)=A l^2+B l+C) or c0,g,b,d,e,f (2-D model)")
+    g.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", default=None,
+                   help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its "
+                        "config.json, read offline (with --device and --tp-size)")
 
 
 def load_cost_arg(args):
-    from ..core.costmodel import load_cost, parse_coeffs
+    from ..core.costmodel import PipelineCost, load_cost, parse_coeffs
 
     if getattr(args, "profile", None):
         return load_cost(args.profile)
     if getattr(args, "coeffs", None):
         return parse_coeffs(args.coeffs)
-    raise ValueError("give a cost model: --profile JSON or --coeffs c0,g,b,d,e,f")
+    if getattr(args, "analytic", None):  # every stage's roofline model (the simulator's, cli_costs)
+        from .common import cli_costs
+
+        if not getattr(args, "device", None):
+            from ..whatif.analytic import DEVICES
+
+            raise ValueError(f"{getattr(args, 'model_flag', '--analytic')} needs --device: one of "
+                             f"{', '.join(sorted(DEVICES))}")
+        stages, _ = cli_costs(args)
+        return stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
+    raise ValueError("give a cost model: --profile JSON, --coeffs c0,g,b,d,e,f or --model-path (a preset or your "
+                     "config.json)")
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
@@ -39,8 +53,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-chunk", type=int, default=None,
                    help="largest chunk (default SGLang's prefill-buffer ceiling: max(C, --max-prefill-tokens, "
                         "1.25 C) with dynamic chunking on PP)")
-    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=0.0,
-                   help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
+    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=None,
+                   help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
+                        "default: the --device preset's with --model-path, else 0)")
+    p.add_argument("--device", default=None, help="device preset (with --model-path / --analytic)")
+    p.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (with --model-path)")
     p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", help="also write the plan JSON here")
@@ -59,7 +76,10 @@ def build_plan(args):
             raise ValueError("--policy quadratic needs --coeffs A,B,C (upstream's fitted f(l) = A l^2 + B l + C)")
         if not args.chunk_size:
             raise ValueError("--policy quadratic needs --chunked-prefill-size (the base chunk C)")
+    from .common import chunk_overhead_ms
+
     cost = load_cost_arg(args)
+    args.overhead_ms = chunk_overhead_ms(args, args.overhead_ms)
     max_chunk = args.max_chunk or served_cap(args.profile)
     if args.policy == "fixed" and not args.chunk_size:
         raise ValueError("--policy fixed needs --chunked-prefill-size (the fixed chunk C)")
