@@ -358,3 +358,22 @@ def test_every_json_output_is_strict_json(capsys):
     assert doc["config"]["p2p_bandwidth_gbps"] is None and doc["ttft_ms"] > 0
     assert cli_main(["plan", "--input-len", "8k", "--pp-size", "2", "--coeffs", "0,0,0.01,0,0,0", "--json"]) == 0
     assert _strict(capsys.readouterr().out)["chunks"]
+
+
+@pytest.mark.parametrize("cmd", [["plan"], ["simulate"], ["bench", "ttft", "--num-requests", "1"]])
+def test_a_profile_for_another_pp_size_is_refused_naming_file_and_flag(cmd, tmp_path, capsys):
+    """Issue 47 item 2: an 8-stage profile with --pp-size 4 planned with exit 0 (`plan`) or failed naming
+    neither the file nor the flag (`simulate`, `bench ttft`). One stage's model still serves any PP size."""
+    from sglang_cpp.core.costmodel import PipelineCost, save_profile
+
+    m = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
+    eight = save_profile(tmp_path / "pp8.json", cost=PipelineCost((m,) * 8), meta={"pp": 8})
+    one = save_profile(tmp_path / "stage.json", cost=m, meta={"pp": 1})
+    src = ["--simulate" if cmd[0] == "bench" else "--profile"]
+    base = [*cmd, "--input-len", "32k", "--chunked-prefill-size", "8192"]
+    assert cli_main([*base, *src, str(eight), "--pp-size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert str(eight) in err and "8 stage models" in err and "--pp-size is 4" in err and "Traceback" not in err
+    assert cli_main([*base, *src, str(eight), "--pp-size", "8"]) == 0
+    assert cli_main([*base, *src, str(one), "--pp-size", "4"]) == 0
+    capsys.readouterr()

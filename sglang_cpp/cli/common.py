@@ -42,7 +42,7 @@ def cli_costs(args) -> tuple[list, int]:
 
     P = args.pp_size
     if args.profile:
-        return _stage_costs(load_cost(args.profile), P), 0
+        return _stage_costs(load_cost(args.profile, pp_size=P), P), 0
     if args.coeffs:
         return [parse_coeffs(args.coeffs)] * P, 0
     from ..whatif.analytic import DEVICES, model_of

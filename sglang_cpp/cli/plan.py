@@ -19,7 +19,7 @@ def load_cost_arg(args):
     from ..core.costmodel import PipelineCost, load_cost, parse_coeffs
 
     if getattr(args, "profile", None):
-        return load_cost(args.profile)
+        return load_cost(args.profile, pp_size=getattr(args, "pp_size", None))
     if getattr(args, "coeffs", None):
         return parse_coeffs(args.coeffs)
     if getattr(args, "analytic", None):  # every stage's roofline model (the simulator's, cli_costs)

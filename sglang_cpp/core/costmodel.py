@@ -417,8 +417,16 @@ def _per_stage_of_pipeline(models: list, meta: dict, where: str) -> "CostModel":
                      meta={**m.meta, "scope": "stage", "pp_share": P, "derived": f"whole-pipeline profile / pp={P}"})
 
 
-def load_cost(path: str | Path, form: str = "full"):
-    return cost_from_profile(load_profile(path), f"profile {path}", form)
+def load_cost(path: str | Path, form: str = "full", pp_size: int | None = None):
+    """The cost model of a profile; with `pp_size`, one that holds per-stage models for another PP size is
+    refused naming the file, what it holds and the flag (a one-stage model serves every stage)."""
+    cost = cost_from_profile(load_profile(path), f"profile {path}", form)
+    n = len(getattr(cost, "stages", None) or ())
+    if pp_size is not None and n and n != int(pp_size):
+        raise ValueError(f"profile {path} holds {n} stage models (one per PP stage it was measured on) but "
+                         f"--pp-size is {pp_size}: give --pp-size {n}, or a profile measured at PP {pp_size} "
+                         "(or one stage's model, which serves every stage)")
+    return cost
 
 
 def save_profile(path: str | Path, *, samples: Sequence[dict] = (), meta: dict | None = None,
