@@ -28,6 +28,28 @@ def parse_len(text) -> int:
     return int(v)
 
 
+def parse_chunk(text) -> int:
+    """--chunked-prefill-size: a token count >= 1 (SGLang's -1, no chunking, and 0 plan nothing here)."""
+    if str(text).strip() in ("-1", "0"):
+        raise ArgError(f"{text!r}: give a chunk size >= 1 (SGLang's -1 turns chunking off, which leaves nothing "
+                       "to plan)")
+    v = parse_len(text)
+    if v < 1:
+        raise ArgError(f"{text!r}: give a chunk size >= 1")
+    return v
+
+
+def positive_int(text) -> int:
+    """A count >= 1 (--page-size, --tp-size, --pp-size)."""
+    try:
+        v = int(str(text).strip())
+    except ValueError:
+        raise ArgError(f"{text!r}: expected an integer >= 1") from None
+    if v < 1:
+        raise ArgError(f"{text!r}: must be an integer >= 1")
+    return v
+
+
 def parse_ints(text: str) -> tuple:
     """'256,512,1k' -> (256, 512, 1024)."""
     out = tuple(parse_len(t) for t in str(text).split(",") if t.strip())

@@ -377,3 +377,31 @@ def test_a_profile_for_another_pp_size_is_refused_naming_file_and_flag(cmd, tmp_
     assert cli_main([*base, *src, str(eight), "--pp-size", "8"]) == 0
     assert cli_main([*base, *src, str(one), "--pp-size", "4"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--chunked-prefill-size", "0"],
+     "--chunked-prefill-size: '0': give a chunk size >= 1"),
+    (["simulate", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--chunked-prefill-size", "0"],
+     "--chunked-prefill-size: '0': give a chunk size >= 1"),
+    (["simulate-serve", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "2", "--num-requests", "4",
+      "--chunked-prefill-size", "0"], "--chunked-prefill-size: '0': give a chunk size >= 1"),
+    (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--chunked-prefill-size", "-1"],
+     "SGLang's -1 turns chunking off"),
+    (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--page-size", "0"],
+     "--page-size: '0': must be an integer >= 1"),
+    (["simulate", "--analytic", "llama3-8b", "--device", "H100", "--tp-size", "3", "--pp-size", "2", "--input-len", "8k"],
+     "--tp-size 3: llama3-8b has 32 attention heads and 8 KV heads"),
+    (["bench", "ttft", "--analytic", "llama3-8b", "--device", "H100", "--tp-size", "0", "--input-len", "8k"],
+     "--tp-size: '0': must be an integer >= 1"),
+])
+def test_zero_negative_and_unshardable_sizes_are_one_line_naming_the_flag(argv, msg, capsys):
+    """Issue 47 item 3: --chunked-prefill-size 0 was ignored by plan, 8192 in simulate and a traceback in
+    simulate-serve; --page-size 0 and --tp-size 3 on llama3-8b (32 heads) were accepted."""
+    try:
+        rc = cli_main(argv)
+    except SystemExit as exc:  # argparse's own exit for a flag its type refuses
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3

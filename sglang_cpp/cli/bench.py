@@ -8,7 +8,7 @@ import math
 import sys
 from types import SimpleNamespace
 
-from ..args import ModelSource, alias, parse_len, parse_lens
+from ..args import ModelSource, alias, parse_chunk, parse_len, parse_lens, positive_int
 from ..bench import experiment
 from ..bench import serve as serve_bench
 from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
@@ -150,9 +150,9 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
     g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
     g.add_argument("--device", default="H100", help="device preset for --analytic")
-    g.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
+    g.add_argument("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
     g.add_argument("--pp-size", type=int, default=2)
-    g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None,
+    g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,
                    help="the base chunk C (default 8192)")
     g.add_argument("--policy", type=parse_policies, default=[("plan", None)],
                    help="chunk policy, or several side by side: NAME[:CHUNK],... with NAME plan, quadratic "

@@ -45,10 +45,11 @@ def cli_costs(args) -> tuple[list, int]:
         return _stage_costs(load_cost(args.profile, pp_size=P), P), 0
     if args.coeffs:
         return [parse_coeffs(args.coeffs)] * P, 0
-    from ..whatif.analytic import DEVICES, model_of
+    from ..whatif.analytic import DEVICES, check_tp, model_of
     from ..whatif.analytic_fit import stage_models
 
     model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))
+    check_tp(model, int(args.tp))
     if args.device not in DEVICES:
         raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
     dev = DEVICES[args.device]

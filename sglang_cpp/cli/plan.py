@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..args import ModelSource, alias, parse_len
+from ..args import ModelSource, alias, parse_chunk, parse_len, positive_int
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -42,9 +42,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", dest="prompt_len", type=parse_len, required=True, help="prompt tokens (8k, 1m)")
     p.add_argument("--prefix-len", type=parse_len, default=0, help="tokens already cached (radix/HiCache hit)")
     p.add_argument("--pp-size", type=int, default=2)
-    p.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None, help="the base chunk C")
+    p.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None, help="the base chunk C")
     p.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
-    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--page-size", type=positive_int, default=1)
     p.add_argument("--context-length", dest="context_len", type=parse_len, default=None)
     p.add_argument("--max-prefill-tokens", type=int, default=16384)
     p.add_argument("--align", type=int, default=None, help="chunk alignment (default max(page-size, 64))")
@@ -57,7 +57,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
                         "default: the --device preset's with --model-path, else 0)")
     p.add_argument("--device", default=None, help="device preset (with --model-path / --analytic)")
-    p.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (with --model-path)")
+    p.add_argument("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (with --model-path)")
     p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", help="also write the plan JSON here")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..args import ModelSource, alias, parse_len
+from ..args import ModelSource, alias, parse_chunk, parse_len, positive_int
 from ..files import dumps
 from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
 from .common import add_attention_backend, chunk_overhead_ms, cli_costs
@@ -21,7 +21,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
            "--coeffs A,B,C or the profile's 'upstream'); plan: the sglang-cpp planner")
     a("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     a("--max-prefill-tokens", type=parse_len, default=16384, help="SGLang's --max-prefill-tokens")
-    a("--chunked-prefill-size", dest="chunk_size", type=parse_len, default=None,
+    a("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,
       help="the base chunk C: the fixed chunk, or upstream's first chunk (default 8k)")
     a("--method", default="equal-time", help="planner method for --policy plan (equal-time, dp)")
     a("--max-chunk", type=parse_len, default=None, help="planner's largest chunk")
@@ -30,7 +30,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     src.add_argument("--coeffs", help="'a,b,c' (upstream) or 'c0,g,b,d,e,f'")
     src.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
     a("--device", default="H100", help="device preset for --analytic")
-    a("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
+    a("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
     a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
     a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
     add_attention_backend(a)

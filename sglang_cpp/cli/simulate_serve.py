@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from ..args import ModelSource, alias, parse_len
+from ..args import ModelSource, alias, parse_chunk, parse_len, positive_int
 from ..files import dumps
 from .common import add_attention_backend
 
@@ -18,7 +18,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--coeffs", help="one stage model for every stage: c0,g,b,d,e,f or upstream's A,B,C")
     src.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
     a("--device", default="H100", help="device preset for --analytic")
-    a("--tp-size", dest="tp", type=int, default=1)
+    a("--tp-size", dest="tp", type=positive_int, default=1)
     a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
     add_attention_backend(a)
     a("--pp-size", type=int, required=True)
@@ -36,7 +36,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
       help="batch policies: sglang (SGLang's default), sarathi (--enable-mixed-chunk), gllm (Token "
            "Throttling), time (ours: throttling by predicted time), tdpipe, sipipe (SGLang's default with "
            "SiPipe's CPU sampling)")
-    a("--chunked-prefill-size", dest="chunk", type=parse_len, default=2048,
+    a("--chunked-prefill-size", dest="chunk", type=parse_chunk, default=2048,
       help="prefill token budget of sglang/sarathi/tdpipe; #MaxP of gllm/time")
     a("--kv-capacity", type=parse_len, default=parse_len("256k"), help="KV pool in tokens")
     a("--batch-overhead-ms", type=float, default=0.0, help="CPU prep per micro-batch and stage")

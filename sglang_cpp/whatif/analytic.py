@@ -229,6 +229,17 @@ MODELS = {
 MODELS["qwen3-235b-a22b-fp8"] = replace(MODELS["qwen3-235b-a22b"], weight_bytes=1, name="qwen3-235b-a22b-fp8")
 
 
+def check_tp(model: ModelSpec, tp: int, flag: str = "--tp-size") -> None:
+    """SGLang shards attention heads over TP: the query heads must divide evenly, and the KV heads either
+    divide or are replicated (tp a multiple of them). Otherwise one line naming the flag and the sizes that work."""
+    q, kv = model.num_heads, model.num_kv_heads
+    if tp >= 1 and q % tp == 0 and (kv % tp == 0 or tp % kv == 0):
+        return
+    ok = [t for t in range(1, q + 1) if q % t == 0 and (kv % t == 0 or t % kv == 0)]
+    raise ValueError(f"{flag} {tp}: {model.name} has {q} attention heads and {kv} KV heads, which TP {tp} cannot "
+                     f"shard; use one of {', '.join(map(str, ok[:12]))}")
+
+
 def model_of(source: str, flag: str = "--analytic") -> ModelSpec:
     """The analytic model of `source`: a preset name (MODELS), or the user's own model, a local HF model
     folder (its config.json) or a config.json file, read offline (`ModelSpec.from_hf_config`: dense, GQA,
@@ -434,6 +445,6 @@ def percent_of_limit(measured_ttft_ms: float, model: ModelSpec, device: DeviceSp
     return 100.0 * ideal_ttft_ms(model, device, prompt_len, G, dtype, attn_dtype) / measured_ttft_ms
 
 
-__all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "model_of", "analytic_cost_model", "per_layer_costs", "embedding_ms",
+__all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "model_of", "check_tp", "analytic_cost_model", "per_layer_costs", "embedding_ms",
            "layer_comm_ms", "layer_comm_bytes", "kv_bytes_per_token", "check_tp_cp",
            "lm_head_ms", "prefill_flops", "ideal_ttft_ms", "percent_of_limit"]
