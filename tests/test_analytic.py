@@ -525,4 +525,22 @@ def test_plan_takes_the_users_model_as_simulate_does(tmp_path, capsys):
     want = plan_for("plan", 65536, cost, 4, 8192, max_prefill=16384, overhead_ms=DEVICES["H100"].chunk_overhead_ms)
     assert got["chunks"] == list(want.chunks) and got["overhead_ms"] == DEVICES["H100"].chunk_overhead_ms
     assert cli_main(argv[:3] + argv[5:]) == 2
-    assert "--model-path needs --device: one of" in capsys.readouterr().err
+    assert "an analytic model needs --device: one of" in capsys.readouterr().err
+
+
+def test_the_device_is_required_and_matched_in_any_case(capsys):
+    """Issue 47 item 1: --analytic without --device silently meant H100; presets are case-insensitive."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    base = ["simulate", "--analytic", "llama3-8b", "--pp-size", "2", "--input-len", "8k", "--json"]
+    assert cli_main(base) == 2
+    assert "an analytic model needs --device: one of" in capsys.readouterr().err
+    ttft = []
+    for dev in ("h20", "H20"):
+        assert cli_main(base + ["--device", dev]) == 0
+        ttft.append(json.loads(capsys.readouterr().out)["ttft_ms"])
+    assert ttft[0] == ttft[1]
+    assert cli_main(base + ["--device", "B300x"]) == 2
+    assert "--device 'B300x': choose one of" in capsys.readouterr().err

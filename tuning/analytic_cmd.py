@@ -47,15 +47,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..whatif.analytic import DEVICES, model_of
+    from ..whatif.analytic import device_of, model_of
     from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
     from ..core.costmodel import PipelineCost, add_constant, save_profile
     from ..files import device_file_name
 
     model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))
-    if args.device not in DEVICES:
-        raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
-    device = DEVICES[args.device]
+    device = device_of(args.device)
     points = [Measured.parse(m) for m in args.measured] + [Ratio.parse(r) for r in args.measured_ratio]
     f = fit(model, device, args.tp, points, overhead_ms=args.overhead_ms, fit_overhead=args.fit_overhead,
             max_prefill=args.max_prefill_tokens, dtype=args.dtype)

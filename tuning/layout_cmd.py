@@ -140,14 +140,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..whatif.analytic import DEVICES, model_of
+    from ..whatif.analytic import device_of, model_of
     from ..whatif.layout import crossovers, rank_layouts, winners
 
     cfg = config_from_args(LayoutConfig, args)
     model = model_of(cfg.analytic, getattr(args, "model_flag", "--analytic"))
-    if cfg.device not in DEVICES:
-        raise ValueError(f"--device {cfg.device!r}: choose one of {sorted(DEVICES)}")
-    dev = DEVICES[cfg.device]
+    dev = device_of(cfg.device)
     dev = replace(dev, **{k: v for k, v in (("efficiency", cfg.efficiency), ("mem_gb", cfg.mem_gb)) if v is not None})
     ranked = rank_layouts(model, dev, cfg.gpus, cfg.input_lens, virtual_stages=cfg.virtual_stages,
                           fixed_chunks=cfg.fixed_chunks, overhead_ms=cfg.chunk_overhead_ms,

@@ -68,12 +68,10 @@ class LayerCosts:
 
 
 def analytic_costs(cfg: PartitionConfig, flag: str = "--analytic") -> LayerCosts:
-    from ..whatif.analytic import DEVICES, embedding_ms, lm_head_ms, model_of, per_layer_costs
+    from ..whatif.analytic import device_of, embedding_ms, lm_head_ms, model_of, per_layer_costs
 
     model = model_of(cfg.analytic, flag)
-    if cfg.device not in DEVICES:
-        raise ValueError(f"--device {cfg.device!r}: choose one of {', '.join(sorted(DEVICES))}")
-    dev = DEVICES[cfg.device]
+    dev = device_of(cfg.device)
     if cfg.num_layers is not None and cfg.num_layers != model.num_layers:
         model = replace(model, num_layers=cfg.num_layers,
                         num_dense_layers=min(model.num_dense_layers, cfg.num_layers))

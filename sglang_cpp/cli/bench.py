@@ -100,7 +100,7 @@ def side_by_side(records: list[dict], args) -> str:
     kinds = {r["policy"]: r["chunk_plan"]["policy"] for r in records}
     plan = next((lb for lb in labels if kinds[lb] == "plan"), None)
     dck = next((lb for lb in labels if kinds[lb] == "quadratic"), None)
-    from ..whatif.analytic import DEVICES, model_of, percent_of_limit
+    from ..whatif.analytic import device_of, model_of, percent_of_limit
 
     limit, model, device, tp = None, args.analytic, args.device, args.tp
     if args.simulate:  # a `tune analytic` JSON names its model and device
@@ -112,8 +112,12 @@ def side_by_side(records: list[dict], args) -> str:
         spec = model_of(model) if model else None
     except ValueError:
         spec = None
-    if spec is not None and device in DEVICES:
-        limit = lambda ms, L: percent_of_limit(ms, spec, DEVICES[device], L, tp=tp, pp=args.pp_size)  # noqa: E731
+    try:
+        dev = device_of(device) if spec is not None else None
+    except ValueError:
+        dev = None
+    if dev is not None:
+        limit = lambda ms, L: percent_of_limit(ms, spec, dev, L, tp=tp, pp=args.pp_size)  # noqa: E731
     head = ["input"] + [f"{lb} (s)" for lb in labels] + (["plan / upstream dynamic"] if plan and dck else [])
     head += [f"{lb} % of limit" for lb in labels] if limit else []
     out = ["SIMULATED side by side: median TTFT", "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -149,7 +153,7 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
     g.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
     g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
-    g.add_argument("--device", default="H100", help="device preset for --analytic")
+    g.add_argument("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
     g.add_argument("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
     g.add_argument("--pp-size", type=int, default=2)
     g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,

@@ -19,10 +19,9 @@ def chunk_overhead_ms(args, given: float | None) -> float:
             raise ValueError(f"--chunk-overhead-ms={given} must be a finite number >= 0")
         return given
     if getattr(args, "analytic", None) and not getattr(args, "profile", None) and not getattr(args, "coeffs", None):
-        from ..whatif.analytic import DEVICES
+        from ..whatif.analytic import device_of
 
-        if args.device in DEVICES:
-            return DEVICES[args.device].chunk_overhead_ms
+        return device_of(getattr(args, "device", None)).chunk_overhead_ms
     return 0.0
 
 
@@ -45,14 +44,12 @@ def cli_costs(args) -> tuple[list, int]:
         return _stage_costs(load_cost(args.profile, pp_size=P), P), 0
     if args.coeffs:
         return [parse_coeffs(args.coeffs)] * P, 0
-    from ..whatif.analytic import DEVICES, check_tp, model_of
+    from ..whatif.analytic import check_tp, device_of, model_of
     from ..whatif.analytic_fit import stage_models
 
     model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))
     check_tp(model, int(args.tp))
-    if args.device not in DEVICES:
-        raise ValueError(f"--device {args.device!r}: choose one of {sorted(DEVICES)}")
-    dev = DEVICES[args.device]
+    dev = device_of(args.device)
     if getattr(args, "efficiency", None) is not None:
         from dataclasses import replace
         dev = replace(dev, efficiency=args.efficiency)

@@ -25,11 +25,6 @@ def load_cost_arg(args):
     if getattr(args, "analytic", None):  # every stage's roofline model (the simulator's, cli_costs)
         from .common import cli_costs
 
-        if not getattr(args, "device", None):
-            from ..whatif.analytic import DEVICES
-
-            raise ValueError(f"{getattr(args, 'model_flag', '--analytic')} needs --device: one of "
-                             f"{', '.join(sorted(DEVICES))}")
         stages, _ = cli_costs(args)
         return stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
     raise ValueError("give a cost model: --profile JSON, --coeffs c0,g,b,d,e,f or --model-path (a preset or your "

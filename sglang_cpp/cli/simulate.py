@@ -29,7 +29,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     src.add_argument("--profile", help="profile JSON (sglang-cpp profile)")
     src.add_argument("--coeffs", help="'a,b,c' (upstream) or 'c0,g,b,d,e,f'")
     src.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
-    a("--device", default="H100", help="device preset for --analytic")
+    a("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
     a("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
     a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
     a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")

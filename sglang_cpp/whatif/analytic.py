@@ -229,6 +229,17 @@ MODELS = {
 MODELS["qwen3-235b-a22b-fp8"] = replace(MODELS["qwen3-235b-a22b"], weight_bytes=1, name="qwen3-235b-a22b-fp8")
 
 
+def device_of(name: str | None, flag: str = "--device") -> "DeviceSpec":
+    """The device preset `name`, matched case-insensitively (h20, H20); none given, or an unknown one, is one
+    line listing the presets: an analytic figure depends on the device, so none is assumed."""
+    if name:
+        found = {k.lower(): v for k, v in DEVICES.items()}.get(str(name).lower())
+        if found is not None:
+            return found
+    raise ValueError(f"{flag} {name!r}: choose one of {', '.join(sorted(DEVICES))}" if name else
+                     f"an analytic model needs {flag}: one of {', '.join(sorted(DEVICES))}")
+
+
 def check_tp(model: ModelSpec, tp: int, flag: str = "--tp-size") -> None:
     """SGLang shards attention heads over TP: the query heads must divide evenly, and the KV heads either
     divide or are replicated (tp a multiple of them). Otherwise one line naming the flag and the sizes that work."""
@@ -445,6 +456,6 @@ def percent_of_limit(measured_ttft_ms: float, model: ModelSpec, device: DeviceSp
     return 100.0 * ideal_ttft_ms(model, device, prompt_len, G, dtype, attn_dtype) / measured_ttft_ms
 
 
-__all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "model_of", "check_tp", "analytic_cost_model", "per_layer_costs", "embedding_ms",
+__all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "model_of", "check_tp", "device_of", "analytic_cost_model", "per_layer_costs", "embedding_ms",
            "layer_comm_ms", "layer_comm_bytes", "kv_bytes_per_token", "check_tp_cp",
            "lm_head_ms", "prefill_flops", "ideal_ttft_ms", "percent_of_limit"]
