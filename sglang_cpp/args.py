@@ -75,6 +75,13 @@ class ModelSource(argparse.Action):
         setattr(namespace, "model_flag", option_string or "--analytic")
 
 
+def add_model_source(add, **kw) -> None:
+    """`--analytic` / `--model-path` through `add` (a parser's or group's add_argument): one flag, one help,
+    in every analytic command."""
+    add("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. "
+        "qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline", **kw)
+
+
 def alias(parser, new: str, *old: str) -> None:
     """Old spellings of flag `new` (SGLang's name where it has one), accepted for one release and hidden
     from --help: they parse into the same action."""

@@ -14,11 +14,11 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from ..args import ModelSource, alias, parse_len, parse_lens
+from ..args import add_model_source, alias, parse_len, parse_lens
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", required=True, help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
+    add_model_source(p.add_argument, required=True)
     p.add_argument("--device", required=True, help="device preset, e.g. H20")
     p.add_argument("--tp-size", dest="tp", type=int, default=1)
     p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (default: the model's)")

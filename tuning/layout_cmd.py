@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..args import ModelSource, alias, parse_ints, parse_len, parse_lens
+from ..args import add_model_source, alias, parse_ints, parse_len, parse_lens
 from ..core.partition import default_partition, format_partition
 from . import config_from_args
 
@@ -118,7 +118,7 @@ def plot(path: str, cfg: LayoutConfig, ranked, top: int = 10) -> Path:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     d = LayoutConfig(analytic="")
-    p.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", required=True, help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
+    add_model_source(p.add_argument, required=True)
     p.add_argument("--device", default=d.device, help="device preset, e.g. H20")
     p.add_argument("--gpus", type=int, default=d.gpus, help="GPUs for one prefill instance (TP x PP)")
     p.add_argument("--input-lens", type=parse_lens, default=d.input_lens, help="prompt lengths, e.g. 32k,128k,1m")

@@ -173,11 +173,11 @@ def render(cfg: PartitionConfig, lc: LayerCosts, res: dict) -> str:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ..args import ModelSource, alias, parse_len
+    from ..args import add_model_source, alias, parse_len
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON with per-layer breakdown (layer_ms, embed_ms, head_ms)")
-    src.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
+    add_model_source(src.add_argument)
     p.add_argument("--device", default="H100", help="device preset for --analytic (H100, H200, H20, A100, cpu-2core)")
     p.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
     alias(p, "--tp-size", "--tp")

@@ -8,7 +8,7 @@ import math
 import sys
 from types import SimpleNamespace
 
-from ..args import ModelSource, alias, parse_chunk, parse_len, parse_lens, positive_int
+from ..args import add_model_source, alias, parse_chunk, parse_len, parse_lens, positive_int
 from ..bench import experiment
 from ..bench import serve as serve_bench
 from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
@@ -108,16 +108,11 @@ def side_by_side(records: list[dict], args) -> str:
 
         meta = load_profile(args.simulate)["meta"]
         model, device, tp = meta.get("model"), meta.get("device_name"), int(meta.get("tp") or 1)
-    try:  # a preset or the user's config (model_of); a profile's model name that is neither: no limit column
-        spec = model_of(model) if model else None
-    except ValueError:
-        spec = None
-    try:
-        dev = device_of(device) if spec is not None else None
-    except ValueError:
-        dev = None
-    if dev is not None:
+    try:  # a preset or the user's config on a device preset; a profile naming neither: no limit column
+        spec, dev = model_of(model), device_of(device)
         limit = lambda ms, L: percent_of_limit(ms, spec, dev, L, tp=tp, pp=args.pp_size)  # noqa: E731
+    except ValueError:
+        pass
     head = ["input"] + [f"{lb} (s)" for lb in labels] + (["plan / upstream dynamic"] if plan and dck else [])
     head += [f"{lb} % of limit" for lb in labels] if limit else []
     out = ["SIMULATED side by side: median TTFT", "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -151,7 +146,7 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--input-len", "--input-lens")
     g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
     g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
-    g.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
+    add_model_source(g.add_argument)
     g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
     g.add_argument("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
     g.add_argument("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")

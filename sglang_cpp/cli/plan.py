@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import argparse
 
-from ..args import ModelSource, alias, parse_chunk, parse_len, positive_int
+from ..args import add_model_source, alias, parse_chunk, parse_len, positive_int
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--profile", help="profile / cost-model JSON (from `sglang-cpp profile` or `tune`)")
     g.add_argument("--coeffs", help="A,B,C (upstream f(l)=A l^2+B l+C) or c0,g,b,d,e,f (2-D model)")
-    g.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", default=None,
-                   help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its "
-                        "config.json, read offline (with --device and --tp-size)")
+    add_model_source(g.add_argument, default=None)
 
 
 def load_cost_arg(args):

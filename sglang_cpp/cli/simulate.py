@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..args import ModelSource, alias, parse_chunk, parse_len, positive_int
+from ..args import add_model_source, alias, parse_chunk, parse_len, positive_int
 from ..files import dumps
 from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
 from .common import add_attention_backend, chunk_overhead_ms, cli_costs
@@ -28,7 +28,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON (sglang-cpp profile)")
     src.add_argument("--coeffs", help="'a,b,c' (upstream) or 'c0,g,b,d,e,f'")
-    src.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
+    add_model_source(src.add_argument)
     a("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
     a("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
     a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")

@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from ..args import ModelSource, alias, parse_chunk, parse_len, positive_int
+from ..args import add_model_source, alias, parse_chunk, parse_len, positive_int
 from ..files import dumps
 from .common import add_attention_backend
 
@@ -16,7 +16,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="per-stage cost-model JSON (calibration, `tune chunk`, `tune analytic`)")
     src.add_argument("--coeffs", help="one stage model for every stage: c0,g,b,d,e,f or upstream's A,B,C")
-    src.add_argument("--analytic", "--model-path", action=ModelSource, metavar="MODEL", help="a model preset (e.g. qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline")
+    add_model_source(src.add_argument)
     a("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
     a("--tp-size", dest="tp", type=positive_int, default=1)
     a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")

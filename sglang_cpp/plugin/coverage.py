@@ -137,13 +137,13 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
         save(samples, calibrated)
     cap = int(from_rank0(lambda: max((int(s["x"]) for s in samples), default=0))) if refit else 0
     left = shapes
-    if cap and cap < pc.hi:  # the plans the server runs: cut under the cap
+    if cap and cap < pc.hi:  # the plans the server runs: cut under the cap, as the sizer will (SizerConfig)
         from dataclasses import replace
 
         logger.info("[sglang-cpp] plans cut no chunk above %d tokens, the largest chunk calibration and coverage "
                     "measured (below the %d-token ceiling): bigger chunks would be priced by extrapolation",
                     cap, pc.hi)
-        left = [tuple(s) for s in from_rank0(lambda: outside(replace(pc, max_chunk=max(cap, pc.align))))]
+        left = [tuple(s) for s in from_rank0(lambda: outside(replace(cfg, measured_chunk=cap).plan_config()))]
     if left:
         logger.warning("[sglang-cpp] the plans for %s tokens still run %d chunk(s) outside the calibrated (L, x) "
                        "range, so their times are extrapolated: %s. %s", lengths, len(left),

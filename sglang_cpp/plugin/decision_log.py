@@ -107,14 +107,11 @@ class DecisionLog:
                 if event not in HOT or len(self._buf) >= self.buffer_lines:
                     self._flush_locked()
 
-    def flush(self, wait: bool = False) -> None:
-        """Hand the buffered lines to the writer thread now (a request's end, an idle pass, exit); with
-        `wait`, return once they are on disk."""
+    def flush(self) -> None:
+        """Hand the buffered lines over now (a request's end, an idle pass, exit)."""
         if self._buf:
             with self._lock:
                 self._flush_locked()
-        if wait:
-            _WRITER.drain()
 
     def _flush_locked(self) -> None:
         lines, self._buf = "".join(self._buf), []
@@ -125,7 +122,7 @@ class DecisionLog:
                 self._write_file(lines)
 
     def _write_file(self, lines: str) -> None:
-        """On the writer thread only."""
+        """A server's log: on the writer thread; a tool's: on its caller's."""
         if not self.path:
             return
         try:

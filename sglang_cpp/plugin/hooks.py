@@ -164,11 +164,9 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
             cfg = replace(cfg, measured_chunk=measured_chunk)  # no plan cuts a chunk bigger than was measured
             if probe:
                 save_served(self, cfg, cost, over, calibrated_len)
-        from ..core.planner_base import prefill_buffer_tokens
         from .calibrate import STARTUP_FORWARDS
 
-        LOG.write("startup_forwards", **STARTUP_FORWARDS, ceiling=cfg.buffer_tokens or prefill_buffer_tokens(
-            cfg.chunk_size, cfg.max_prefill_tokens, cfg.pp_size))  # calibration, probe, coverage: none above it
+        LOG.write("startup_forwards", **STARTUP_FORWARDS, ceiling=cfg.ceiling)  # calibration, probe, coverage
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self),
                           queue_view=lambda rid: _queue_view(self, rid, int(par.pp_size)))
@@ -514,7 +512,7 @@ def _run_batch(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)
     if not log.path and ONLINE is None:  # nothing to time or log (issue 45 item 8): only what the client is told
         extend = batch.forward_mode.is_extend()
-        prefix, ext = (getattr(batch, "prefix_lens", None), getattr(batch, "extend_lens", None)) if extend else (0, 0)
+        prefix, ext = getattr(batch, "prefix_lens", None), getattr(batch, "extend_lens", None)
         out = original(self, batch, *args, **kwargs)
         if extend and prefix is not None and ext is not None:
             _report_plans(log, batch.reqs, prefix, ext)
@@ -544,27 +542,25 @@ def _run_batch(original, self, batch, *args, **kwargs):
         out = original(self, batch, *args, **kwargs)
     finally:
         ran = FORWARD.disarm()
-    if not ran:  # no forward of the scheduler's own runner ran (nothing to time): logged untimed
-        done = event == "forward" and _report_plans(log, batch.reqs, prefix, ext)
-        log.write(event, **rec, ms=None, timing="none")
-        if done:
-            log.flush()
-        return out
     online = ONLINE
-    chunk = event == "forward" and len(ext) == 1 and ext[0] > 0 and prefix[0] < len(batch.reqs[0].origin_input_ids)
-    if chunk and step is not None and step["rid"] == rec["rids"][0]:  # the same request's next chunk
-        if online is not None:
-            online.record_step(step["loop_ms"])
-        if log.path:
-            log.write("step", **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in step.items()})
-    CLOCK.forward_end(rec["rids"][0] if chunk else None, None if timer.cuda else timer.elapsed_ms())
     done = event == "forward" and _report_plans(log, batch.reqs, prefix, ext)
-    _PENDING.add(timer, {"event": event, **rec, "synchronous": True, "timing": "cuda-event" if timer.cuda else "host"})
-    for rec in _PENDING.drain():
-        sample = online_sample(rec)
+    if ran:
+        chunk = event == "forward" and len(ext) == 1 and ext[0] > 0 and prefix[0] < len(batch.reqs[0].origin_input_ids)
+        if chunk and step is not None and step["rid"] == rec["rids"][0]:  # the same request's next chunk
+            if online is not None:
+                online.record_step(step["loop_ms"])
+            if log.path:
+                log.write("step", **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in step.items()})
+        CLOCK.forward_end(rec["rids"][0] if chunk else None, None if timer.cuda else timer.elapsed_ms())
+        _PENDING.add(timer, {"event": event, **rec, "synchronous": True,
+                             "timing": "cuda-event" if timer.cuda else "host"})
+    for pending in _PENDING.drain():
+        sample = online_sample(pending)
         if online is not None and sample is not None:
             online.record(*sample)
-        log.write(rec.pop("event"), **rec)
+        log.write(pending.pop("event"), **pending)
+    if not ran:  # no forward of the scheduler's own runner ran (nothing to time): logged untimed
+        log.write(event, **rec, ms=None, timing="none")
     if done:  # a prompt ran its last chunk: its lines go to the writer before its first token reaches the client
         log.flush()
         if online is not None:

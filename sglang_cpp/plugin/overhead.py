@@ -57,7 +57,6 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
     from .calibrate import forward, synthetic_req
-
     from .timing import DeviceTimer
 
     pp = get_pp_group()

@@ -62,12 +62,17 @@ class SizerConfig:
                              f"({DP_MAX_UNITS * max(1, self.align)} tokens at align {self.align}), and this server "
                              f"takes {self.context_len}-token prompts (the context length): unset SGLANG_CPP_PLANNER "
                              "(equal-time, within 1% of the DP), or lower --context-length")
-        ceiling = self.buffer_tokens or prefill_buffer_tokens(self.chunk_size, self.max_prefill_tokens, self.pp_size)
+        ceiling = self.ceiling
         if self.max_chunk > ceiling:
             raise ValueError(f"SGLANG_CPP_MAX_CHUNK={self.max_chunk} exceeds SGLang's prefill-buffer ceiling "
                              f"{ceiling} (max(--chunked-prefill-size, --max-prefill-tokens, 1.25x the first) with "
                              "dynamic chunking): no prefill workspace holds a longer forward. Lower it, or raise "
                              "--max-prefill-tokens")
+
+    @property
+    def ceiling(self) -> int:
+        """SGLang's prefill-buffer ceiling: the most tokens one prefill forward may hold."""
+        return self.buffer_tokens or prefill_buffer_tokens(self.chunk_size, self.max_prefill_tokens, self.pp_size)
 
     @classmethod
     def from_env(cls, **server) -> "SizerConfig":
