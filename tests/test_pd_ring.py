@@ -239,3 +239,17 @@ def test_only_an_abort_the_relay_marked_stops_the_chunked_request():
     sched2 = SimpleNamespace(chunked_req=chunked, _pending_chunked_abort_req=chunked)
     pd_ring.abort_requested(sched2, SimpleNamespace(rid="", abort_all=True))
     assert sched2.sglang_cpp_relayed_abort is chunked
+
+
+def test_an_abort_with_an_empty_rid_is_matched_as_sglang_matches_it():
+    """SGLang tests `chunked_req.rid.startswith(recv_req.rid)` (scheduler.py:5677), and a None rid becomes ""
+    (io_struct.py:2295): an empty rid marks the chunked request on every rank, so the relay acts on it too;
+    no AbortReq at all (a direct call) promotes nothing."""
+    chunked = SimpleNamespace(rid="long-1")
+    for rid in ("", None):
+        sched = SimpleNamespace(chunked_req=chunked, _pending_chunked_abort_req=chunked)
+        pd_ring.abort_requested(sched, SimpleNamespace(rid=rid, abort_all=False))
+        assert sched.sglang_cpp_relayed_abort is chunked
+    sched = SimpleNamespace(chunked_req=chunked, _pending_chunked_abort_req=chunked)
+    pd_ring.abort_requested(sched, None)
+    assert getattr(sched, "sglang_cpp_relayed_abort", None) is None

@@ -194,3 +194,31 @@ def test_a_startup_forward_waits_for_its_stream_not_the_device(monkeypatch):
     monkeypatch.setattr(common, "get_device_module", lambda: mod)
     DeviceTimer("cuda:0", event_factory=lambda: None).sync()
     assert waited == ["stream"]
+
+
+def test_an_idle_pass_writes_the_forwards_whose_events_completed_after_their_batch(monkeypatch, tmp_path):
+    """On a GPU the last forward before idle is still pending (its CUDA events) when run_batch returns, and no
+    run_batch follows: SGLang's on_idle, which every loop calls (scheduler.py:5241), drains it once done."""
+    import json
+    from types import SimpleNamespace
+
+    from sglang_cpp.plugin import decision_log, hooks
+    from sglang_cpp.plugin.decision_log import DecisionLog
+    from sglang_cpp.plugin.timing import LazyTimes
+
+    log = DecisionLog(0, str(tmp_path / "dec_{rank}.jsonl"), rank=0, buffer_lines=256)
+    monkeypatch.setattr(hooks, "LOG", log)
+    monkeypatch.setattr(hooks, "ONLINE", None)
+    monkeypatch.setattr(hooks, "_PENDING", LazyTimes())
+    state = {"done": False}
+    timer = SimpleNamespace(done=lambda: state["done"], elapsed_ms=lambda: 12.5)
+    hooks._PENDING.add(timer, {"event": "forward", "rids": ["r"], "prefix": [0], "chunk": [64]})
+    lines = lambda: [json.loads(x) for x in (tmp_path / "dec_0.jsonl").read_text().splitlines()] \
+        if (tmp_path / "dec_0.jsonl").exists() else []  # noqa: E731
+    hooks.Scheduler_on_idle(None, None)
+    decision_log._WRITER.drain()
+    assert lines() == []  # its events have not completed: still pending
+    state["done"] = True
+    hooks.Scheduler_on_idle(None, None)
+    decision_log._WRITER.drain()
+    assert [(r["event"], r["ms"]) for r in lines()] == [("forward", 12.5)]

@@ -291,8 +291,11 @@ def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):
 
 def Scheduler_on_idle(result, self, *args, **kwargs):
     """AFTER SGLang's idle housekeeping, which every event loop calls when a pass ran nothing (scheduler.py:5241;
-    the PD loops never call get_next_batch_to_run): the decision log's buffered lines go to its writer."""
+    the PD loops never call get_next_batch_to_run): the forwards whose device events completed since the last
+    batch (on a GPU the last forward before idle is still pending when run_batch returns, and no run_batch
+    follows) and the decision log's buffered lines go to its writer."""
     if LOG is not None:
+        _drain_pending(LOG, ONLINE)
         LOG.flush()
     return None
 
@@ -554,11 +557,7 @@ def _run_batch(original, self, batch, *args, **kwargs):
         CLOCK.forward_end(rec["rids"][0] if chunk else None, None if timer.cuda else timer.elapsed_ms())
         _PENDING.add(timer, {"event": event, **rec, "synchronous": True,
                              "timing": "cuda-event" if timer.cuda else "host"})
-    for pending in _PENDING.drain():
-        sample = online_sample(pending)
-        if online is not None and sample is not None:
-            online.record(*sample)
-        log.write(pending.pop("event"), **pending)
+    _drain_pending(log, online)
     if not ran:  # no forward of the scheduler's own runner ran (nothing to time): logged untimed
         log.write(event, **rec, ms=None, timing="none")
     if done:  # a prompt ran its last chunk: its lines go to the writer before its first token reaches the client
@@ -566,6 +565,16 @@ def _run_batch(original, self, batch, *args, **kwargs):
         if online is not None:
             online.prompt_done()
     return out
+
+
+def _drain_pending(log, online) -> None:
+    """The timed forwards whose events have completed: each to online refinement (if it may fit it) and to
+    the decision log, in order."""
+    for rec in _PENDING.drain():
+        sample = online_sample(rec)
+        if online is not None and sample is not None:
+            online.record(*sample)
+        log.write(rec.pop("event"), **rec)
 
 
 def online_sample(rec: dict) -> tuple | None:

@@ -193,9 +193,10 @@ def abort_requested(sched, recv_req) -> None:
     rides the request relay, so every stage and TP rank marks the same request at the same loop index; only
     such a mark is acted on in `chunked_abort`, never one a rank set alone that was pending meanwhile."""
     chunked = getattr(sched, "chunked_req", None)
-    if chunked is None or getattr(sched, "_pending_chunked_abort_req", None) is not chunked:
+    if recv_req is None or chunked is None or getattr(sched, "_pending_chunked_abort_req", None) is not chunked:
         return
-    if getattr(recv_req, "abort_all", False) or chunked.rid.startswith(getattr(recv_req, "rid", None) or "\0"):
+    # an empty rid matches every request there, as a None one does (io_struct.py:2295 makes it "")
+    if getattr(recv_req, "abort_all", False) or chunked.rid.startswith(getattr(recv_req, "rid", None) or ""):
         sched.sglang_cpp_relayed_abort = chunked
 
 
