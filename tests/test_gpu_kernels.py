@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 GPU = Path(__file__).resolve().parents[1] / "examples" / "gpu"
+TINY_MOE = dict(num_experts=8, top_k=2, moe_intermediate_size=32, num_shared_experts=1)
+TINY_MLA = dict(kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
 
 
 def _load(name: str):
@@ -59,6 +61,42 @@ def test_the_report_fits_a_flash_shaped_stage_and_counts_flops_and_small_chunk_c
     assert "NVIDIA H100 80GB HBM3" in text and "abc1234" in text and "FLASH_ATTENTION" in text
 
 
+def _mla_doc(slow: float) -> dict:
+    """One TP rank's share of a tiny fp8 MLA + MoE checkpoint whose GEMMs and attention take exactly their FLOPs
+    counted by hand at a fixed rate, the whole forward `slow` times their sum."""
+    spec = {"num_layers": 4, "hidden_size": 64, "num_heads": 2, "num_kv_heads": 2, "head_dim": 24,
+            "intermediate_size": 128, "vocab_size": 100, "num_experts": 8, "top_k": 2, "moe_intermediate_size": 32,
+            "num_shared_experts": 1, "weight_bytes": 1, "name": "tiny-mla", **TINY_MLA}
+    # per layer: q_a 64*48 + q_b 48*2*24, kv_a 64*(32+8), kv_b 32*2*(16+16), o 2*16*64; router 64*8 and
+    # (top-2 + 1 shared) SwiGLU experts 3*3*64*32
+    params, kv_b = 64 * 48 + 48 * 2 * 24 + 64 * 40 + 2048 + 2 * 16 * 64 + 64 * 8 + 3 * 3 * 64 * 32, 2048
+    rows = []
+    for L in (0, 65536):
+        for x in (512, 1024, 6144, 18432):
+            lin = 2 * (2 * x * params + 2 * L * kv_b) / 1e9  # 2 layers at 1 GFLOP per ms
+            att = 2 * 2 * (24 + 16) * x * (2 * L + x) / 2e9  # attention at half that rate
+            rows.append({"L": L, "x": x, "kind": "small", "ms": slow * (lin + att),
+                         "spread": (slow * (lin + att),) * 2, "linear_ms": lin, "attention_ms": att})
+    grid = [{"L": L, "x": x, "kind": "grid", "ms": _t(L, x), "spread": (_t(L, x), _t(L, x))}
+            for L in (0, 16384, 32768, 65536, 98304) for x in (1024, 2048, 4096, 8192, 16384)]
+    return {**_doc("NVIDIA H200"), "shapes": [{"shape": "tiny-mla", "spec": spec, "layers": 2, "tp": 8,
+            "attention": {"backend": "FLASH_ATTENTION", "gqa": False, "kv_heads": 2, "pad_v": True},
+            "moe_kernel": "grouped_mm", "samples": grid + rows}]}
+
+
+def test_an_fp8_mla_stage_is_priced_as_the_bf16_kernels_ran_with_its_prefix_rebuilt_once():
+    """The GPU run of 2026-11-27 (DeepSeek-V3's TP8 share) read 1.55x the analytic model at its own reference
+    row: the report priced an fp8 checkpoint's GEMMs at the fp8 peak while kernels.py runs bf16, and counted the
+    chunk's own tokens through kv_b twice. A stage whose parts take exactly their FLOPs is 1.000x everywhere."""
+    rep = _load("kernels_report")
+    text, ((_, v),) = rep.report(_mla_doc(1.0), "abc1234", "cmd")
+    for L in (0, 65536):
+        assert abs(v[f"analytic_6k_L{L}"] - 1.0) < 1e-9 and v[f"knee_L{L}"] == 512
+    assert "MLA" in text and "one TP8 rank's share" in text
+    _, ((_, slow),) = rep.report(_mla_doc(1.5), "abc1234", "cmd")  # 1.5x everywhere: no chunk within 5%
+    assert slow["knee_L0"] is None and abs(slow["analytic_6k_L0"] - 1.5) < 1e-9
+
+
 def test_the_written_report_brings_each_shapes_profile_beside_it(tmp_path):
     """check.py's kernels step and the report script write the same files: the report and, per shape, a
     profile that `bench ttft --simulate` prices chunks with (what the lent GPU runs must bring back)."""
@@ -98,10 +136,6 @@ def test_the_measurement_runs_every_configured_point_on_cpu_at_toy_sizes():
     for s in out["samples"]:
         assert s["ms"] > 0 and s["spread"][0] <= s["ms"] <= s["spread"][1]
         assert ("linear_ms" in s and s["linear_ms"] > 0 and s["attention_ms"] > 0) == (s["kind"] == "small")
-
-
-TINY_MOE = dict(num_experts=8, top_k=2, moe_intermediate_size=32, num_shared_experts=1)
-TINY_MLA = dict(kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
 
 
 @pytest.mark.parametrize("mla", [False, True], ids=["moe", "mla-moe"])

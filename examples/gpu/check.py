@@ -192,9 +192,10 @@ def check_pp2(rows: list, model: Path, work: Path, gpus: int) -> None:
     _row(rows, "pp2", ok, f"PP=2 startup calibration on CUDA: {'done' if ok else 'missing'}; {len(events)} log events")
 
 
-def check_kernels(rows: list, out: Path) -> None:
-    """Step 8: kernels.py's measurement (JSON beside `out`), then kernels_report.py's fit and verdicts, its
-    report and each shape's profile (gpu_kernels-<shape>.profile.json) beside `out` too."""
+def check_kernels(rows: list, out: Path, shapes: list) -> None:
+    """Step 8: kernels.py's measurement of `shapes`, in that order (JSON beside `out`, written after each shape),
+    then kernels_report.py's fit and verdicts, its report and each shape's profile
+    (gpu_kernels-<shape>.profile.json) beside `out` too."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -204,7 +205,7 @@ def check_kernels(rows: list, out: Path) -> None:
     doc = kernels.new_doc(torch, cfg, "cuda", "python examples/gpu/check.py (step kernels)")
     js = out.with_name("gpu_kernels.json")
     try:
-        kernels.measure(torch, doc, list(kernels.SHAPES), cfg, "cuda", js)
+        kernels.measure(torch, doc, shapes, cfg, "cuda", js)
         import kernels_report
 
         _, verdicts, profiles = kernels_report.write_report(
@@ -240,7 +241,16 @@ def write_results(path: Path, rows: list, info: dict, cmd: str, samples: list) -
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "results" / "gpu_check.md"), help="results file")
+    ap.add_argument("--shapes", default=None,
+                    help="comma list of kernels.py's shapes for step 8, measured in that order (default: all); "
+                         "put first the ones a short lease must not lose")
     a = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import kernels
+
+    shapes = a.shapes.split(",") if a.shapes else list(kernels.SHAPES)
+    if unknown := sorted(set(shapes) - set(kernels.SHAPES)):
+        ap.error(f"--shapes: unknown {unknown}; pick from {sorted(kernels.SHAPES)}")
     rows: list = []
     info = check_env(rows)
     samples: list = []
@@ -263,7 +273,7 @@ def main(argv=None) -> int:
             except Exception as exc:
                 _row(rows, "pp2", False, f"{type(exc).__name__}: {str(exc)[-400:]}")
     if info["cuda_ok"]:
-        check_kernels(rows, Path(a.out))
+        check_kernels(rows, Path(a.out), shapes)
     write_results(Path(a.out), rows, info, " ".join([os.path.relpath(sys.argv[0], ROOT), *(argv or sys.argv[1:])]),
                   samples)
     return 0 if all(r in ("PASS", "SKIPPED") for _, r, _ in rows) else 1

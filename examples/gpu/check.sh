@@ -6,7 +6,7 @@
 # With SGLang there, this checkout is installed (--no-deps) for its plugin entry point; without it, it is used in
 # place (PYTHONPATH). Writes results/gpu_check.md, gpu_kernels.md,
 # gpu_kernels.json and gpu_kernels-<shape>.profile.json (or beside --out FILE). Never part of CI.
-# Usage: bash examples/gpu/check.sh [--out FILE]    (PYTHON=... to pick the interpreter)
+# Usage: bash examples/gpu/check.sh [--out FILE] [--shapes a,b,...]    (PYTHON=... to pick the interpreter)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"

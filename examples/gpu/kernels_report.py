@@ -34,10 +34,11 @@ def device_spec(gpu: str):
 
 def flops(spec: ModelSpec, layers: int, L: float, x: float) -> tuple[float, float]:
     """(GEMM FLOPs, attention-core FLOPs) of one forward of `layers` layers, as the analytic model counts them;
-    MLA adds the prefix's K/V rebuilt from the latent cache (kv_b_proj over all L + x tokens, every chunk)."""
+    MLA adds the prefix's K/V rebuilt from the latent cache (kv_b_proj over the L prefix tokens every chunk: the
+    chunk's own x tokens are in layer_params already)."""
     gemm = 2.0 * x * spec.layer_params(0)
     if spec.is_mla:
-        gemm += 2.0 * (L + x) * spec.kv_lora_rank * spec.num_heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+        gemm += 2.0 * L * spec.kv_b_params
     return gemm * layers, float(spec.attn_coef) * x * (2 * L + x) * layers
 
 
@@ -73,8 +74,9 @@ def shape_section(sh: dict, dev) -> tuple[list[str], dict]:
         big = at[-1]
         f_lin, f_att = flops(spec, layers, L, big["x"])
         eff = (f_lin / big["linear_ms"] / 1e9 / peak, f_att / big["attention_ms"] / 1e9 / peak) if peak else None
+        # dtype bf16: kernels.py runs bf16 GEMMs also for an fp8 checkpoint (DeepSeek-V3), whose analytic default is fp8
         ana = (analytic_cost_model(spec, replace(dev, efficiency=min(eff[0], 1.0), attn_efficiency=min(eff[1], 1.0)),
-                                   layers=layers) if peak else None)
+                                   layers=layers, dtype="bf16") if peak else None)
         out += [f"Small chunks at prefix L = {L} (median of {sh.get('repeats', 'the')} forwards; efficiency = "
                 f"the analytic model's FLOPs / time / {dev.name if dev else '?'} dense bf16 peak "
                 f"{peak if peak else '?'} TFLOP/s; 'analytic' uses the efficiencies of the x = {big['x']} row):", "",
@@ -93,12 +95,15 @@ def shape_section(sh: dict, dev) -> tuple[list[str], dict]:
             out.append("| " + " | ".join(cells) + " |")
         ratio = {r["x"]: r["ms"] / float(ana.time(L, r["x"])) for r in at} if peak else {}
         if BLOG_SMALL in ratio:
-            knee = min(x for x in ratio if all(ratio[y] <= KNEE for y in ratio if y >= x))
+            knee = min((x for x in ratio if all(ratio[y] <= KNEE for y in ratio if y >= x)), default=None)
             verdicts[f"analytic_6k_L{L}"], verdicts[f"knee_L{L}"] = ratio[BLOG_SMALL], knee
+            within = (f"every chunk of {knee} tokens or more is within {KNEE - 1:.0%} of it" if knee is not None else
+                      f"not even the x = {big['x']} chunk is within {KNEE - 1:.0%} of it (its efficiencies do not "
+                      "add up to the whole forward's time)")
             out += ["", f"At L = {L} a {BLOG_SMALL}-token chunk takes {ratio[BLOG_SMALL]:.3f}x what the analytic "
-                        f"model predicts at the x = {big['x']} efficiencies; every chunk of {knee} tokens or more is "
-                        f"within {KNEE - 1:.0%} of it; smaller ones cost more than their FLOPs say (x = {at[0]['x']}: "
-                        f"{at[0]['ms'] / layers:.3f} ms per layer, {ratio[at[0]['x']]:.1f}x the analytic model)."]
+                        f"model predicts at the x = {big['x']} efficiencies; {within}; smaller ones cost more than "
+                        f"their FLOPs say (x = {at[0]['x']}: {at[0]['ms'] / layers:.3f} ms per layer, "
+                        f"{ratio[at[0]['x']]:.1f}x the analytic model)."]
         out.append("")
     return out, verdicts
 
@@ -113,7 +118,8 @@ def report(doc: dict, commit: str, command: str) -> tuple[str, list]:
              "on the lent machine",
              f"- commit: {commit}",
              f"- command: `{doc['command']}` (measure, on the GPU), then `{command}` (this file)",
-             "- what runs: a Llama-shaped decoder stack in plain torch (bf16, random weights, no RoPE): cuBLAS "
+             "- what runs: a decoder stack in plain torch (bf16, random weights, no RoPE; MoE experts on torch's "
+             "grouped GEMM where it runs; MLA's prefix K/V rebuilt from the latent every chunk): cuBLAS "
              "GEMMs and torch's fused attention with a lower-right causal mask (x queries over L + x keys), each "
              "forward timed on CUDA events by the plugin's DeviceTimer. 'ms' is the whole forward; the efficiency "
              "columns time the GEMMs alone and the attention alone (one pass each).", ""]
