@@ -282,7 +282,37 @@ def test_overhead_is_the_median_of_what_a_step_costs_beyond_its_forward_and_its_
     assert stage_overhead(steps) == pytest.approx(3.5)  # medians of 4.0, 2.5, 3.5
     got = [{"stage": 1, "steps": [(10.0, 9.0, 0.0)]}, {"stage": 0, "steps": steps},
            {"stage": 1, "steps": [(10.0, 7.0, 0.5)]}]  # two TP ranks on stage 1: the slower one counts
-    assert decide_overheads(got) == [pytest.approx(3.5), pytest.approx(2.5)]
+    assert [o.ms for o in decide_overheads(got)] == [pytest.approx(3.5), pytest.approx(2.5)]
+
+
+def test_the_received_hidden_states_give_the_receiving_stage_a_term_in_x():
+    """Issue 45 item 6: a hop's receive timed alone at two sizes; a line through the two medians is the
+    receiving stage's ms at x = 0 (added to its step median) and ms per token; the slowest TP rank's of each;
+    PP0 receives nothing. A pair that falls with x (noise) gives no term in x, never a negative one."""
+    from sglang_cpp.core.costmodel import ChunkOverhead, CostModel, PipelineCost
+    from sglang_cpp.plugin.overhead import (decide_overheads, transfer_line, transfer_medians, transfer_sizes,
+                                            with_overheads)
+
+    assert transfer_line({128: [1.0, 0.9, 5.0], 2048: [2.9, 3.0, 3.1]}) == (pytest.approx(1 - 128 / 960),
+                                                                           pytest.approx(1 / 960))
+    assert transfer_line({128: [2.0], 2048: [1.5]}) == (2.0, 0.0) and transfer_line({}) == (0.0, 0.0)
+    assert transfer_line({128: [0.5]}) == (0.5, 0.0)
+    steps = [(10.0, 7.0, 1.0)]  # 2 ms beyond forward and waits
+    got = [{"stage": 0, "steps": steps, "transfer": {}},
+           {"stage": 1, "steps": steps, "transfer": {128: [1.0], 2048: [3.0]}},  # TP0: 0.8667 + 1/960 per token
+           {"stage": 1, "steps": steps, "transfer": {128: [1.0], 2048: [4.0]}}]  # TP1: 0.8 + 1/640 per token
+    over = decide_overheads(got)
+    assert over[0] == ChunkOverhead(2.0, 0.0)
+    assert over[1].ms == pytest.approx(2.0 + 1.0 - 128 / 960) and over[1].per_token_ms == pytest.approx(1 / 640)
+    assert transfer_medians(got) == [[], [[128, 1.0], [2048, 4.0]]]
+    base = CostModel(c0=1.0, b=0.01, e=2e-6, f=1e-6)
+    served = with_overheads(PipelineCost((base, base)), over)
+    assert served.stages[1].c0 == pytest.approx(1.0 + over[1].ms) and served.stages[1].b == pytest.approx(0.01 + 1 / 640)
+    assert served.stages[0].b == 0.01 and float(served.stages[1].time(0, 4096) - base.time(0, 4096)) == pytest.approx(
+        over[1].ms + 4096 / 640)
+    # the probe's own size and 16 times it, at most 4096 and the plans' largest chunk; one size if too close
+    assert transfer_sizes(64, 16384) == (128, 2048) and transfer_sizes(256, 16384) == (512, 4096)
+    assert transfer_sizes(64, 1000) == (128, 960) and transfer_sizes(64, 256) == (128,)
 
 
 @pytest.mark.parametrize("steps", [[(10.0, 12.0, 0.0)], []])

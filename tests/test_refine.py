@@ -108,7 +108,7 @@ def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference
     notes = r.refit()
     assert r.version == 1 and notes == ["stage 1: per-chunk overhead 0.50 -> 12.00 ms (the median of the last 8 "
                                         "serving steps' cost beyond forward and waits)"]
-    assert r.model.stages[1].c0 == pytest.approx(TRUE.c0 + 12.0) and r.stages[1].overhead_ms == 12.0
+    assert r.model.stages[1].c0 == pytest.approx(TRUE.c0 + 12.0) and r.stages[1].overhead.ms == 12.0
     assert r.model.stages[0] is served  # stage 0 sent no steps
     # a later forward refit adds the new overhead back onto its forward fit, and judges forwards without it
     rng = np.random.default_rng(5)
@@ -118,6 +118,31 @@ def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference
 
     pts = r.stages[1].base + list(r.stages[1].fitted)
     assert r.model.stages[1].c0 == pytest.approx(fit_cost_model(*zip(*pts), holdout=0.0).c0 + 12.0)
+
+
+def test_the_probes_per_token_overhead_stays_in_b_through_a_new_step_median_and_a_forward_refit():
+    """The probe's overhead has a term in x (the hidden states received): 0.5 ms + 1 ms per token, folded
+    into c0 and b. Serving steps replace the per-chunk 0.5 ms only; a forward refit adds both back onto its fit;
+    forwards that cost exactly the forward model are no drift (the per-token part is taken out of the
+    prediction before the comparison)."""
+    from sglang_cpp.core.costmodel import ChunkOverhead, fit_cost_model
+
+    ov = ChunkOverhead(0.5, 1.0)
+    served = CostModel(**{**TRUE.coeffs, "c0": TRUE.c0 + 0.5, "b": TRUE.b + 1.0})
+    r = Refiner(PipelineCost((served, served)), _grid(TRUE, 0) + _grid(TRUE, 1), overheads=[ov, ov],
+                cfg=RefineConfig(drift_run=5))
+    for ms in [12.0] * 8:
+        r.add_step(1, ms)
+    assert r.refit() and r.stages[1].overhead == ChunkOverhead(12.0, 1.0)
+    assert r.model.stages[1].c0 == pytest.approx(TRUE.c0 + 12.0) and r.model.stages[1].b == pytest.approx(TRUE.b + 1.0)
+    drifted = [r.add(1, L, 2048, float(TRUE.time(L, 2048))) for L in range(0, 5120, 1024)]
+    assert not any(drifted) and r.stages[1].streak == 0  # 2048 ms of per-token overhead at x = 2048 taken out
+    _serve(r, CostModel(**{**TRUE.coeffs, "c0": 2 * TRUE.c0}), 40, np.random.default_rng(5), stage=1, noise=0.0)
+    assert any(n.startswith("stage 1: refit accepted") for n in r.refit())
+    fit = fit_cost_model(*zip(*(r.stages[1].base + list(r.stages[1].fitted))), holdout=0.0)
+    assert r.model.stages[1].b == pytest.approx(fit.b + 1.0) and r.model.stages[1].c0 == pytest.approx(fit.c0 + 12.0)
+    with pytest.raises(ValueError, match="per_token_ms=-1"):
+        ChunkOverhead(1.0, -1)
 
 
 def test_an_overhead_inside_the_band_makes_no_new_model_and_bad_steps_are_dropped():
@@ -130,6 +155,6 @@ def test_an_overhead_inside_the_band_makes_no_new_model_and_bad_steps_are_droppe
     assert r.refit() == [] and r.version == 0 and r.bad_steps == 3 and list(r.stages[0].steps) == [10.5, 10.8, 9.5, 10.9]
     for ms in (14.0, 14.0, 14.0, 14.0):  # median of the last 8: (10.9 + 14) / 2, outside the band
         r.add_step(0, ms)
-    assert r.refit() and r.stages[0].overhead_ms == pytest.approx(12.45)
+    assert r.refit() and r.stages[0].overhead.ms == pytest.approx(12.45)
     with pytest.raises(ValueError, match="min_steps"):
         RefineConfig(min_steps=0)

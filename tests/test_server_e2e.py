@@ -242,8 +242,15 @@ def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_
     d = plan_run["dir"]
     over = [read_events(d / f"dec_{r}.jsonl", "overhead") for r in (0, 1)]
     assert len(over[0]) == len(over[1]) == 1 and over[0][0]["stages_ms"] == over[1][0]["stages_ms"]
-    o = over[0][0]["stages_ms"]
+    o, pt = over[0][0]["stages_ms"], over[0][0]["per_token_ms"]
     assert len(o) == 2 and all(v >= 0 for v in o) and over[0][0]["chunks"] == 8
+    # issue 45 item 6: PP1's receive of the hidden states timed alone at two sizes gives it a term in x
+    # (PP0 receives nothing); world rank 0's figures on both stages
+    assert over[1][0]["per_token_ms"] == pt and pt[0] == 0 and pt[1] >= 0
+    small, big = over[0][0]["transfer_sizes"]
+    assert small == over[0][0]["chunk"] and big >= 4 * small
+    recv = over[0][0]["transfer_ms"]
+    assert recv[0] == [] and [x for x, _ in recv[1]] == [small, big] and all(ms > 0 for _, ms in recv[1])
     calib = json.loads(plan_run["calib"][0].read_text())["stages"]
     saved = json.loads(open(reported_calibration(plan_run["log"])).read())["stages"]
     for r in (0, 1):
@@ -253,7 +260,7 @@ def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_
             assert len(_rows(served[st])) == len(_rows(calib[st])) >= 1
             for got, cal in zip(_rows(served[st]), _rows(calib[st])):
                 assert got["c0"] == pytest.approx(cal["c0"] + o[st], abs=1e-3)
-                assert got["b"] == cal["b"]
+                assert got["b"] == pytest.approx(cal["b"] + pt[st], rel=1e-5, abs=1e-12)
     assert "per-chunk overhead measured in the pipeline" in plan_run["log"]
 
 

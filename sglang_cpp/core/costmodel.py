@@ -176,13 +176,41 @@ def model_from_dict(d: dict, where: str = "cost model"):
     return CostModel.from_dict(d, where)
 
 
-def add_constant(cost, ms: float):
-    """The same model with `ms` more per chunk (every row): a per-chunk overhead folded into c0."""
+@dataclass(frozen=True)
+class ChunkOverhead:
+    """What a chunk costs a stage beyond its timed forward: `ms` per chunk plus `per_token_ms` per token of
+    the chunk (the hidden states a stage receives grow with x: about 470 MB per hop for 16K tokens at hidden
+    7168). Both >= 0 and finite."""
+
+    ms: float = 0.0
+    per_token_ms: float = 0.0
+
+    def __post_init__(self):
+        for name in ("ms", "per_token_ms"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"per-chunk overhead {name}={v!r} must be a finite number >= 0")
+
+    @classmethod
+    def of(cls, v) -> "ChunkOverhead":
+        """A ChunkOverhead as is; a number as that many ms per chunk."""
+        return v if isinstance(v, cls) else cls(float(v))
+
+    def at(self, x):
+        """ms for a chunk of x tokens (numpy broadcasting)."""
+        return self.ms + self.per_token_ms * np.asarray(x, float)
+
+
+def add_constant(cost, ms):
+    """The same model with a per-chunk overhead more (every row): `ms` ms per chunk, or a ChunkOverhead (its
+    ms folded into c0, its per-token ms into b)."""
+    ov = ChunkOverhead.of(ms)
     if isinstance(cost, PipelineCost):
-        return PipelineCost(tuple(add_constant(m, ms) for m in cost.stages))
+        return PipelineCost(tuple(add_constant(m, ov) for m in cost.stages))
     if isinstance(cost, PiecewiseCost):  # every regime
-        return add_constant_piecewise(cost, ms, add_constant)
-    return CostModel(**{**cost.coeffs, "c0": cost.c0 + ms}, meta=cost.meta, fit=cost.fit)
+        return add_constant_piecewise(cost, ov, add_constant)
+    return CostModel(**{**cost.coeffs, "c0": cost.c0 + ov.ms, "b": cost.b + ov.per_token_ms}, meta=cost.meta,
+                     fit=cost.fit)
 
 
 def _design(L: np.ndarray, x: np.ndarray, form: str, xi: np.ndarray | None = None, nx: int = 1) -> np.ndarray:
@@ -456,5 +484,5 @@ def parse_coeffs(text: str) -> CostModel:
     raise ValueError(f"--coeffs {text!r}: give 3 values (upstream a,b,c) or 6 (c0,g,b,d,e,f)")
 
 
-__all__ = ["CostModel", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
+__all__ = ["CostModel", "ChunkOverhead", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
            "save_profile", "parse_coeffs", "COEFS", "META_KEYS", "asdict"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .costmodel import COEFS, CostModel, PiecewiseCost, PipelineCost, fit_piecewise
+from .costmodel import COEFS, ChunkOverhead, CostModel, PiecewiseCost, PipelineCost, fit_piecewise
 from .regimes import regime_index, x_bounds_of
 
 
@@ -42,23 +42,25 @@ class RefineConfig:
             raise ValueError(f"RefineConfig.drift_band={self.drift_band} must be in (0, 1)")
 
 
-def _median_rel_err(model, pts, overhead_ms: float = 0.0) -> float:
+def _median_rel_err(model, pts, overhead: ChunkOverhead = ChunkOverhead()) -> float:
     """Median |predicted / measured - 1| of a stage's forward times (the per-chunk overhead in the model's
-    c0 is no part of a logged forward, so it is taken out)."""
+    c0 and b is no part of a logged forward, so it is taken out)."""
     if not pts:
         return math.inf
     L, x, y = (np.array(v, dtype=float) for v in zip(*pts))
-    return float(np.median(np.abs((model.time(L, x) - overhead_ms) / y - 1.0)))
+    return float(np.median(np.abs((model.time(L, x) - overhead.at(x)) / y - 1.0)))
 
 
-def _with_c0(model, ms: float, meta: dict | None = None, keep: float = 0.0):
-    """`model` with ms more per chunk in c0 (less `keep`, floored at 0), in every regime; a coefficient
-    that is negative or not finite raises ValueError (CostModel checks each)."""
+def _with_overhead(model, add: ChunkOverhead, meta: dict | None = None, keep: ChunkOverhead = ChunkOverhead()):
+    """`model` with the overhead `add` folded in (ms into c0, per-token ms into b) in place of `keep` (taken
+    out, floored at 0), in every regime; a coefficient that is negative or not finite raises ValueError
+    (CostModel checks each)."""
     if isinstance(model, PiecewiseCost):
-        return replace(model.with_models(_with_c0(r, ms, None, keep) for r in model.models),
+        return replace(model.with_models(_with_overhead(r, add, None, keep) for r in model.models),
                        meta=dict(model.meta if meta is None else meta))
     co = {k: getattr(model, k) for k in COEFS}
-    co["c0"] = max(co["c0"] - keep, 0.0) + ms
+    co["c0"] = max(co["c0"] - keep.ms, 0.0) + add.ms
+    co["b"] = max(co["b"] - keep.per_token_ms, 0.0) + add.per_token_ms
     return CostModel(**co, meta=dict(model.meta if meta is None else meta), fit=model.fit)
 
 
@@ -80,7 +82,7 @@ class StageRefit:
     """One stage's samples: the calibration's (kept), and the online ones (fitted or held back)."""
 
     base: list  # [(L, x, ms)] from the calibration
-    overhead_ms: float  # the per-chunk overhead charged on top of the fitted forward model
+    overhead: ChunkOverhead  # the per-chunk overhead charged on top of the fitted forward model
     fitted: deque  # online samples the refit uses (the most recent max_online)
     held: deque  # every holdback-th online sample: the refit's judge
     steps: deque  # serving steps' cost beyond forward and waits (ms): the per-chunk overhead measured
@@ -93,12 +95,13 @@ class StageRefit:
 
 class Refiner:
     """Samples in, accepted models out. `model` is the PipelineCost (or CostModel) the planner runs on,
-    the per-chunk overhead folded into c0; `overheads` says how much of each stage's c0 that is."""
+    the per-chunk overhead folded into c0 and b; `overheads` (ChunkOverhead or ms per chunk, per stage) says
+    how much of each stage's c0 and b that is."""
 
     def __init__(self, model, calibration: list[dict], overheads=None, cfg: RefineConfig | None = None):
         self.cfg = cfg or RefineConfig()
         stages = list(model.stages) if isinstance(model, PipelineCost) else [model]
-        over = list(overheads) if overheads is not None else [0.0] * len(stages)
+        over = [ChunkOverhead.of(o) for o in overheads] if overheads is not None else [ChunkOverhead()] * len(stages)
         if len(over) != len(stages):
             raise ValueError(f"{len(over)} overheads for {len(stages)} stages")
         self.models = stages
@@ -106,7 +109,7 @@ class Refiner:
         self.stages = []
         for s, o in enumerate(over):
             self.stages.append(StageRefit([(d["L"], d["x"], d["ms"]) for d in calibration if d.get("stage", 0) == s],
-                                          float(o), deque(maxlen=self.cfg.max_online),
+                                          o, deque(maxlen=self.cfg.max_online),
                                           deque(maxlen=max(8, self.cfg.max_online // 4)),
                                           deque(maxlen=self.cfg.max_steps)))
         for st, m in zip(self.stages, stages):
@@ -144,7 +147,7 @@ class Refiner:
         st.seen += 1
         (st.held if st.seen % self.cfg.holdback == 0 else st.fitted).append((int(L), int(x), float(ms)))
         st.new += 1
-        ratio = ms / max(float(self.models[stage].time(L, x)) - st.overhead_ms, 1e-9)
+        ratio = ms / max(float(self.models[stage].time(L, x) - st.overhead.at(x)), 1e-9)
         st.streak = st.streak + 1 if abs(ratio - 1.0) > self.cfg.drift_band else 0
         if st.streak >= self.cfg.drift_run and stage not in self.drifted:
             self.drifted.add(stage)
@@ -163,18 +166,20 @@ class Refiner:
         st.new_steps += 1
 
     def _overhead(self, s: int, st: StageRefit) -> str | None:
-        """The median serving step replaces the overhead in force (the probe's, or an earlier median) once
-        min_steps are in and it differs by more than the band; the stage's c0 moves by the difference."""
+        """The median serving step replaces the per-chunk ms in force (the probe's, or an earlier median) once
+        min_steps are in and it differs by more than the band; the stage's c0 moves by the difference. The
+        per-token part (the received hidden states, a wait the steps leave out) stays the probe's."""
         if st.new_steps < self.cfg.min_new or len(st.steps) < self.cfg.min_steps:
             return None
         st.new_steps = 0
         new = float(np.median(st.steps))
-        old = st.overhead_ms
+        old = st.overhead.ms
         if abs(new - old) <= max(self.cfg.overhead_band * old, self.cfg.overhead_floor_ms):
             return None
         m = self.models[s]  # the overhead `old` in c0 replaced by `new`, in every regime
-        self.models[s] = _with_c0(m, new, dict(m.meta, overhead="serving"), keep=old)
-        st.overhead_ms = new
+        now = replace(st.overhead, ms=new)
+        self.models[s] = _with_overhead(m, now, dict(m.meta, overhead="serving"), keep=st.overhead)
+        st.overhead = now
         return (f"stage {s}: per-chunk overhead {old:.2f} -> {new:.2f} ms (the median of the last {len(st.steps)} "
                 "serving steps' cost beyond forward and waits)")
 
@@ -200,14 +205,14 @@ class Refiner:
                 notes.append(f"stage {s}: refit skipped ({exc})")
                 continue
             try:
-                new = _with_c0(fwd, st.overhead_ms, dict(m.meta, refit=self.version + 1))
+                new = _with_overhead(fwd, st.overhead, dict(m.meta, refit=self.version + 1))
             except ValueError as exc:
                 notes.append(f"stage {s}: refit rejected, a coefficient is negative or not finite ({exc}); the "
                              "old model is kept")
                 continue
             held = [(L, x, ms) for L, x, ms in st.held]
-            old_err = _median_rel_err(self.models[s], held, st.overhead_ms)
-            new_err = _median_rel_err(new, held, st.overhead_ms)
+            old_err = _median_rel_err(self.models[s], held, st.overhead)
+            new_err = _median_rel_err(new, held, st.overhead)
             st.err = old_err
             if new_err >= old_err:
                 notes.append(f"stage {s}: refit rejected, held-back error {new_err:.1%} >= the model's {old_err:.1%}")

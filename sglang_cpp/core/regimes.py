@@ -197,8 +197,8 @@ def regime_rows(cost):
     return RegimeRows(bounds, table)
 
 
-def add_constant_piecewise(cost: PiecewiseCost, ms: float, add) -> PiecewiseCost:
-    """The same regimes with `ms` more per chunk (`add` is costmodel.add_constant, applied per regime)."""
+def add_constant_piecewise(cost: PiecewiseCost, ms, add) -> PiecewiseCost:
+    """The same regimes with the overhead `ms` more per chunk (`add` is costmodel.add_constant, per regime)."""
     return cost.with_models(add(m, ms) for m in cost.models)
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, replace
 
 from .. import envs
 from ..machine import cpu_dtype_warning
+from ..core.costmodel import ChunkOverhead
 from .calibrate import speculative_warning
 from .coverage import cover_plan
 from .deadline import startup_deadline
@@ -142,7 +143,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     if not active or policy == "off":
         return original(self)
     cost = upstream = None
-    calibrated_len, samples, over = 0, [], [0.0] * par.pp_size
+    calibrated_len, samples, over = 0, [], [ChunkOverhead()] * par.pp_size
     if policy == "quadratic":
         upstream = resolve_upstream(self, cfg, original)
     else:

@@ -44,7 +44,7 @@ class ModelUpdate:
 
     version: int
     model: dict  # PipelineCost.to_dict(): the served model (forward fit + each stage's overhead)
-    overheads: list  # each stage's per-chunk overhead in it (ms)
+    overheads: list  # each stage's per-chunk overhead in it (ms per chunk; the per-token part stays the probe's)
     covered: int  # the longest L + x the refined model has seen
     notes: list = field(default_factory=list)
     error: float = 0.0  # its held-back error (Refiner.error): the smallest predicted gain that moves a plan
@@ -52,7 +52,7 @@ class ModelUpdate:
 
 
 class Online:
-    def __init__(self, cost, calibration: list[dict], overheads: list[float], *, rank: int, leaders: list[int],
+    def __init__(self, cost, calibration: list[dict], overheads: list, *, rank: int, leaders: list[int],
                  pp_rank: int, log, group=None, dist=None, refine_cfg=None, relays: tuple = ()):
         self.rank, self.leaders, self.pp_rank, self.log = rank, list(leaders), pp_rank, log
         self.relays = tuple(r for r in relays if r != 0)  # the other DP groups' PP0 leaders (local control)
@@ -182,7 +182,7 @@ class Online:
         if self.refiner.version != before:
             with self._lock:
                 self._pending = ModelUpdate(self.refiner.version, self.refiner.model.to_dict(),
-                                            [st.overhead_ms for st in self.refiner.stages], self.covered, notes,
+                                            [st.overhead.ms for st in self.refiner.stages], self.covered, notes,
                                             self.refiner.error, self.refiner.measured)
 
     def take_update(self) -> ModelUpdate | None:

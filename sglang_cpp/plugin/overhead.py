@@ -15,8 +15,18 @@ step - forward - blocked: the time a chunk costs this stage beyond its forward w
 is >= 0 by construction. Not in it: the scheduler loop's own batch formation and the output relay (see
 docs/compatibility.md, 'Per-chunk overhead'; the serving logs measure those, `benchmarks/overhead.py`).
 
-World rank 0 gathers every stage's value and each stage's cost model gets its own overhead added to c0,
-the same on every rank. A negative or non-finite value is a startup error naming the stage.
+The hidden states a stage receives grow with the chunk (about 470 MB per hop for 16K tokens at hidden
+7168), and SGLang's receive finishes before the stage's forward starts (scheduler_pp_mixin.py
+_pp_recv_proxy_tensors; on NCCL a rendezvous, so the transfer cannot start before the receiver asks): the
+wait is the receiving stage's, per chunk, but it is "blocked" time above. So after the pipelined run every
+hop is timed alone, at two chunk sizes (`transfer_sizes`): the sender sends the proxy tensors of x tokens
+(the shapes its forward produced, split over attention TP as the scheduler's `send_tensor_dict` does)
+right after a barrier of the PP group, the receiver times its receive. A line through the two medians gives
+the receiving stage a term in x.
+
+World rank 0 gathers every stage's figures and each stage's cost model gets its own overhead, a
+`ChunkOverhead` (ms per chunk into c0, ms per token into b), the same on every rank. A negative or
+non-finite value is a startup error naming the stage.
 """
 from __future__ import annotations
 
@@ -26,6 +36,7 @@ import time
 
 import numpy as np
 
+from ..core.costmodel import ChunkOverhead
 from .deadline import tick
 
 logger = logging.getLogger("sglang_cpp")
@@ -36,23 +47,89 @@ def stage_overhead(steps: list[tuple[float, float, float]]) -> float:
     return float(np.median([s - f - b for s, f, b in steps])) if steps else math.nan
 
 
-def decide_overheads(gathered: list[dict]) -> list[float]:
-    """Per stage (ascending), the slowest of its TP ranks' overheads; a negative or non-finite one fails
-    naming the stage (it cannot happen with a working timer: the forward is inside the step)."""
+def transfer_line(timed: dict) -> tuple[float, float]:
+    """(ms at x = 0, ms per token) of a line through the medians of the receive times at two sizes
+    ({x: [ms, ...]}), both floored at 0 (a flat or noisy pair: no term in x); (0, 0) with none."""
+    pts = sorted((int(x), float(np.median(v))) for x, v in timed.items() if v)
+    if not pts:
+        return 0.0, 0.0
+    if len(pts) == 1:
+        return max(pts[0][1], 0.0), 0.0
+    (x1, t1), (x2, t2) = pts[0], pts[-1]
+    per_token = max((t2 - t1) / (x2 - x1), 0.0)
+    return max(t1 - per_token * x1, 0.0), per_token
+
+
+def decide_overheads(gathered: list[dict]) -> list[ChunkOverhead]:
+    """Per stage (ascending), the slowest of its TP ranks' overheads: the step median beyond forward and waits
+    plus the line of its receive times (`transfer`, {x: [ms]}; none on PP0) at x = 0 as ms per chunk, the
+    line's slope as ms per token. A negative or non-finite step median fails naming the stage (it cannot
+    happen with a working timer: the forward is inside the step)."""
     per_stage: dict[int, list] = {}
     for g in gathered:
-        per_stage.setdefault(g["stage"], []).append(stage_overhead(g["steps"]))
-    out = [max(per_stage[s]) for s in sorted(per_stage)]
-    for s, o in enumerate(out):
+        o = stage_overhead(g["steps"])
         if not (math.isfinite(o) and o >= 0):
-            raise RuntimeError(f"sglang-cpp: the per-chunk overhead measured on PP{s} is {o!r} ms (median of step - "
-                               "forward - blocked over the pipelined probe): the stage's timer is broken. Set "
-                               "SGLANG_CPP_OVERHEAD_PROBE=0 and give SGLANG_CPP_CHUNK_OVERHEAD_MS instead")
-    return out
+            raise RuntimeError(f"sglang-cpp: the per-chunk overhead measured on PP{g['stage']} is {o!r} ms (median "
+                               "of step - forward - blocked over the pipelined probe): the stage's timer is broken. "
+                               "Set SGLANG_CPP_OVERHEAD_PROBE=0 and give SGLANG_CPP_CHUNK_OVERHEAD_MS instead")
+        lat, per_token = transfer_line({int(x): v for x, v in (g.get("transfer") or {}).items()})
+        per_stage.setdefault(g["stage"], []).append(ChunkOverhead(o + lat, per_token))
+    return [ChunkOverhead(max(o.ms for o in per_stage[s]), max(o.per_token_ms for o in per_stage[s]))
+            for s in sorted(per_stage)]
 
 
-def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, seed: int = 0) -> list[tuple]:
-    """This stage's (step, forward, blocked) ms for each of `n_chunks` pipelined chunks (after one warm one)."""
+def transfer_medians(gathered: list[dict]) -> list[list]:
+    """Per stage (ascending), [[x, median receive ms], ...] of its slowest TP rank at each size (the log's)."""
+    per_stage: dict[int, dict] = {}
+    for g in gathered:
+        at = per_stage.setdefault(g["stage"], {})
+        for x, v in (g.get("transfer") or {}).items():
+            if v:
+                at[int(x)] = max(at.get(int(x), 0.0), float(np.median(v)))
+    return [[[x, round(ms, 4)] for x, ms in sorted(per_stage[s].items())] for s in sorted(per_stage)]
+
+
+def transfer_sizes(align: int, largest: int) -> tuple[int, ...]:
+    """The two chunk sizes a hop is timed at: the probe's own (two alignment units) and one 16 times that, at
+    most 4096 tokens (a transient of x * hidden on both GPUs at startup) and never above `largest`, the
+    plans' largest chunk; one size when the two would be closer than a factor of 4."""
+    small = 2 * align
+    big = min(max(16 * small, small), 4096, int(largest)) // align * align
+    return (small, big) if big >= 4 * small else (small,)
+
+
+def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=None, repeats: int = 3) -> dict:
+    """{x: [ms]} of this stage's receives from the previous stage at each size (empty on PP0): hop by hop,
+    one warm-up and `repeats` timed sends of `template`'s tensors at x rows, each after a barrier of the PP
+    group, so the receive waits for the transfer alone, not for a forward. `ag`: the attention-TP group the
+    scheduler splits its sends over (send_tensor_dict's all_gather_group)."""
+    import torch
+
+    got: dict = {}
+    for x in sizes:
+        payload = ({k: (v.new_zeros((x,) + tuple(v.shape[1:])) if torch.is_tensor(v) else v)
+                    for k, v in template.items()} if template is not None else None)
+        for hop in range(pp_size - 1):
+            for r in range(repeats + 1):
+                tick(f"in the hidden-state transfer timing (PP{hop} -> PP{hop + 1}, {x} tokens)")
+                pp.barrier()
+                if pp_rank == hop:
+                    pp.send_tensor_dict(payload, all_gather_group=ag)
+                    timer.sync()
+                elif pp_rank == hop + 1:
+                    t0 = time.perf_counter()
+                    pp.recv_tensor_dict(all_gather_group=ag)
+                    timer.sync()  # NCCL: the receive is queued on the stream
+                    if r:
+                        got.setdefault(x, []).append((time.perf_counter() - t0) * 1e3)
+        del payload
+    return got
+
+
+def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, seed: int = 0,
+                sizes: tuple = ()) -> dict:
+    """This stage's {"steps": (step, forward, blocked) ms for each of `n_chunks` pipelined chunks (after one
+    warm one), "transfer": {x: [ms]} of its receives timed alone at `sizes` (time_transfers)}."""
     from sglang.srt.distributed.parallel_state import get_pp_group
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
@@ -63,7 +140,7 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
     timer = DeviceTimer(str(getattr(sched, "device", "cpu")))  # its sync only: the stream's queued work
     rng = np.random.default_rng(seed + 7919)  # same ids on every stage
     req = synthetic_req(sched, rng, (n_chunks + 1) * chunk, "sglang-cpp-overhead-probe")
-    steps, pending, cache = [], [], {}
+    steps, pending, cache, template = [], [], {}, None
     try:
         for k in range(n_chunks + 1):
             tick(f"in step {k} of the pipelined overhead probe (a receive from the previous stage, a forward)")
@@ -83,15 +160,17 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
             req.extend_end = req.prefix_len + chunk
             fwd_ms, out = forward(sched, req, cache, received)
             if pp_rank < pp_size - 1:
-                pending = pp.send_tensor_dict(out.logits_output.tensors, async_send=True) or []
+                template = out.logits_output.tensors
+                pending = pp.send_tensor_dict(template, async_send=True) or []
             checkpoint_kv_cache(req, sched.tree_cache)
             req.init_next_round_input()
             if k:  # the first chunk warms the path up
                 steps.append(((time.perf_counter() - t0) * 1e3, fwd_ms, blocked * 1e3))
         _commit(pending)
+        transfer = time_transfers(pp, pp_rank, pp_size, template, sizes, timer, getattr(sched, "attn_tp_group", None))
     finally:
         release_kv_cache(req, sched.tree_cache, checkpoint=False)
-    return steps
+    return {"steps": steps, "transfer": transfer}
 
 
 def _commit(works) -> None:
@@ -104,23 +183,29 @@ def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
     """`cost` with each stage's measured overhead added to its c0 (world rank 0's figures, on every rank)."""
     from .consensus import from_rank0, on_every_rank
 
-    chunk = 2 * cfg.plan_config().align
+    pc = cfg.plan_config()
+    chunk, sizes = 2 * pc.align, transfer_sizes(pc.align, pc.max_chunk)
     got = on_every_rank(lambda: {"stage": cfg.pp_rank,
-                                 "steps": probe_stage(sched, cfg.pp_rank, cfg.pp_size, n_chunks, chunk)})
+                                 **probe_stage(sched, cfg.pp_rank, cfg.pp_size, n_chunks, chunk, sizes=sizes)})
 
-    over = from_rank0(lambda: decide_overheads(got))
-    logger.info("[sglang-cpp] per-chunk overhead measured in the pipeline (%d chunks of %d tokens): %s; "
-                "charged per stage on top of the calibrated forwards", n_chunks, chunk,
-                ", ".join(f"PP{s} {o:.2f} ms" for s, o in enumerate(over)))
+    over, received = from_rank0(lambda: (decide_overheads(got), transfer_medians(got)))
+    logger.info("[sglang-cpp] per-chunk overhead measured in the pipeline (%d chunks of %d tokens; hidden-state "
+                "receives timed at %s tokens): %s; charged per stage on top of the calibrated forwards", n_chunks,
+                chunk, "/".join(map(str, sizes)), ", ".join(f"PP{s} {o.ms:.2f} ms + {o.per_token_ms * 1e3:.3f} us per "
+                                                            "token" for s, o in enumerate(over)))
     if log is not None:
-        log.write("overhead", stages_ms=[round(o, 4) for o in over], chunks=n_chunks, chunk=chunk)
+        log.write("overhead", stages_ms=[round(o.ms, 4) for o in over],
+                  per_token_ms=[float(f"{o.per_token_ms:.6g}") for o in over], chunks=n_chunks, chunk=chunk,
+                  transfer_sizes=list(sizes), transfer_ms=received)
     return with_overheads(cost, over), over
 
 
-def with_overheads(cost, over: list[float]):
-    """`cost` with each stage's overhead added to its c0 (one model for every stage: the largest)."""
+def with_overheads(cost, over: list):
+    """`cost` with each stage's overhead (ChunkOverhead, or ms per chunk) folded in (one model for every
+    stage: the largest)."""
     from ..core.costmodel import PipelineCost, add_constant
 
+    over = [ChunkOverhead.of(o) for o in over]
     if isinstance(cost, PipelineCost) and len(cost.stages) == len(over):
         return PipelineCost(tuple(add_constant(m, o) for m, o in zip(cost.stages, over)))
-    return add_constant(cost, max(over))
+    return add_constant(cost, ChunkOverhead(max(o.ms for o in over), max(o.per_token_ms for o in over)))

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import envs
 from .cache_key import timing_args
 from ..machine import cpu_model
-from ..core.costmodel import PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
+from ..core.costmodel import ChunkOverhead, PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
 from .switches import server_chunk_switches, server_switches
 from ..files import device_file_name
 from ..core.upstream import UpstreamPredictor
@@ -272,7 +272,7 @@ def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int, kept: dict)
     return {**src, "doc": None}
 
 
-def save_served(sched, cfg, cost, overheads: list[float], calibrated_len: int) -> None:
+def save_served(sched, cfg, cost, overheads: list, calibrated_len: int) -> None:
     """World rank 0 writes the model the planner runs on (the calibration plus each stage's measured
     per-chunk overhead, and its cap `measured_chunk`) beside the cache, so `sglang-cpp plan --profile <it>`
     gives the server's chunks.
@@ -284,7 +284,9 @@ def save_served(sched, cfg, cost, overheads: list[float], calibrated_len: int) -
     meta = server_meta(sched, cfg)
     path = Path(envs.CACHE_DIR.get()) / "served" / cache_path(meta, calibrated_len).name
     try:
-        save_profile(path, cost=cost, meta={**meta, "backend": "served", "overhead_ms": overheads,
+        over = [ChunkOverhead.of(o) for o in overheads]
+        save_profile(path, cost=cost, meta={**meta, "backend": "served", "overhead_ms": [o.ms for o in over],
+                                            "overhead_per_token_ms": [o.per_token_ms for o in over],
                                             "calibrated_len": calibrated_len,
                                             "measured_chunk": int(getattr(cfg, "measured_chunk", 0) or 0)})
     except OSError as exc:

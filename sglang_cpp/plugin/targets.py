@@ -157,6 +157,11 @@ STATE_READS = {
     "ScheduleBatch.hicache_consumer_index": "managers/scheduler.py:4349-4355 (set at a prefill batch's build from "
         "the cache controller's start_loading, -1 when no load is queued), 4652 (SGLang's own `load_pending = "
         "index >= 0`), tp_worker.py:637 (the forward waits on it); hooks marks such forwards host_loaded",
+    "Scheduler.attn_tp_group; GroupCoordinator.send_tensor_dict / recv_tensor_dict(all_gather_group), "
+    "barrier": "managers/scheduler.py:1247 (attn_tp_group), scheduler_pp_mixin.py:851-876 and 928-937 (the PP "
+        "loop sends the proxy tensors split over attention TP and receives them before the stage's forward), "
+        "distributed/parallel_state.py:1783-1900 (the split and the all-gather), 2053-2060 (barrier on the CPU "
+        "group); overhead.time_transfers times each hop's receive alone that way, at two chunk sizes",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
         "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
         "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",
