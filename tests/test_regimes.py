@@ -323,3 +323,50 @@ def test_the_plugin_reads_the_mla_dispatch_predicates_where_sglang_does(monkeypa
     assert read() == {"deterministic": False, "disable_ragged": False, "cp": False, "sm100": False}
     assert read(det=True)["deterministic"] and read(ragged_off=True)["disable_ragged"]
     assert read(rope=0)["disable_ragged"] and read(cp=True)["cp"] and read(sm100=True)["sm100"]
+
+
+def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed_mla_everywhere(monkeypatch, caplog):
+    """Issue 45 item 7: SGLang 0.5.23 replays chunks of up to max_num_tokens (over contexts up to the smaller of
+    max_context_size and max_seq_len) in the captured prefill graph, where its MLA dispatch pins absorbed MLA
+    (attention_backend_handler.py:109-112) for the tc_piecewise and breakable graphs, not for a full one. The
+    stand-ins carry the attributes prefill_cuda_graph_runner.py:348-387 sets. Every planned chunk captured:
+    one method at every prefix; some: the eager regimes and one WARNING naming both limits."""
+    from types import SimpleNamespace
+
+    import sglang.srt.runtime_context as rc
+
+    from sglang_cpp.core.regimes import captured_everywhere, mla_switches
+    from sglang_cpp.plugin import switches
+
+    class PrefillCudaGraphRunner(SimpleNamespace):
+        pass
+
+    class EagerRunner(SimpleNamespace):
+        pass
+
+    def runner(graphs):
+        return SimpleNamespace(prefill_cuda_graph_runner=graphs)
+
+    pcg = PrefillCudaGraphRunner(max_num_tokens=16384, max_context_size=None, max_seq_len=None,
+                                 prefill_backend_name="tc_piecewise")
+    assert switches.captured_prefill(runner(pcg)) == (16384, None)
+    bcg = PrefillCudaGraphRunner(max_num_tokens=4096, max_context_size=65536, max_seq_len=32768,
+                                 prefill_backend_name="breakable")
+    assert switches.captured_prefill(runner(bcg)) == (4096, 32768)
+    full = PrefillCudaGraphRunner(max_num_tokens=4096, max_context_size=None, max_seq_len=None,
+                                  prefill_backend_name="full")
+    assert switches.captured_prefill(runner(full)) is None and switches.captured_prefill(runner(None)) is None
+    assert switches.captured_prefill(runner(EagerRunner(max_num_tokens=8))) is None
+    assert captured_everywhere(16384, None, 16384, 131072) and not captured_everywhere(16384, None, 16385, 131072)
+    assert not captured_everywhere(16384, 65536, 8192, 131072) and captured_everywhere(16384, 131072, 8192, 131072)
+
+    monkeypatch.setattr(rc, "max_prefill_buffer_tokens", lambda: 16384)
+    sched = SimpleNamespace(model_config=SimpleNamespace(context_len=131072))
+    assert switches._captured_everywhere(sched, runner(pcg)) is True
+    assert mla_switches("fa3", captured_prefill=True) == ((), ())
+    switches._WARNED.clear()
+    with caplog.at_level("WARNING", logger="sglang_cpp"):
+        assert switches._captured_everywhere(sched, runner(bcg)) is False
+        assert switches._captured_everywhere(sched, runner(bcg)) is False  # once per server
+    warned = [r.getMessage() for r in caplog.records if "captured prefill CUDA graph" in r.getMessage()]
+    assert len(warned) == 1 and "4096 tokens over contexts of up to 32768" in warned[0] and "16384" in warned[0]

@@ -217,6 +217,14 @@ _HANDLED = ("flashinfer", "fa3", "flashmla", "fa4", "intel_xpu")  # `_handle_att
 _ONE_SHOT = ("fa3", "flashinfer", "flashmla", "aiter")  # MHA_ONE_SHOT_SUPPORTED_BACKENDS
 
 
+def captured_everywhere(max_tokens: int, context_limit: int | None, largest_chunk: int, context_len: int) -> bool:
+    """Whether every chunk a server plans runs in its captured prefill graph (SGLang 0.5.23
+    prefill_cuda_graph_runner.py can_replay_locally: a chunk of at most `max_tokens` tokens, over a context of at
+    most `context_limit`, None: no limit): then MLA runs absorbed at every prefix (mla_switches' captured_prefill).
+    False when some chunk can run eager: the regimes in L then hold for the eager chunks only."""
+    return largest_chunk <= max_tokens and (context_limit is None or context_len <= context_limit)
+
+
 def mla_switches(backend: str, threshold: int = MLA_THRESHOLD, capacity: int = MLA_CAPACITY,
                  chunked_prefix_cache: bool = True, *, deterministic: bool = False, disable_ragged: bool = False,
                  cp: bool = False, captured_prefill: bool = False, sm100: bool = True) -> tuple:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 
 from .. import envs
-from ..core.regimes import CPU_FLASH_SWITCHES, mla_switches
+from ..core.regimes import CPU_FLASH_SWITCHES, captured_everywhere, mla_switches
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -48,10 +48,52 @@ def server_switches(sched) -> tuple:
     out = mla_switches(backend, int(sgl_envs.SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD.get()),
                        int(sgl_envs.SGLANG_MAX_KV_CHUNK_CAPACITY.get()),
                        not bool(get_schedule().disable_chunked_prefix_cache),  # after the model runner's gate
-                       **_dispatch_predicates(sched))
+                       captured_prefill=_captured_everywhere(sched, runner), **_dispatch_predicates(sched))
     logger.info("[sglang-cpp] MLA prefill on %s switches attention method at prefixes %s (%s): the cost model "
                 "is fitted per regime", backend or "the default backend", list(out[0]), ", ".join(out[1]))
     return out
+
+
+def captured_prefill(runner) -> tuple[int, int | None] | None:
+    """(the largest captured chunk, the context limit or None) of a model runner's prefill CUDA graph runner
+    (model_runner.py:1201 and 1685 set it, 2036-2060 replay it) when it replays inside the context MLA's dispatch
+    reads (tc_piecewise or breakable, cuda_graph_config.py:40-47); None without one, with the eager runner or
+    with a full graph (whose replay leaves the dispatch as eager)."""
+    graphs = getattr(runner, "prefill_cuda_graph_runner", None)
+    if graphs is None or type(graphs).__name__ == "EagerRunner" or not getattr(graphs, "max_num_tokens", None):
+        return None
+    if str(getattr(graphs, "prefill_backend_name", "")) not in ("tc_piecewise", "breakable"):
+        return None
+    limits = [int(v) for v in (getattr(graphs, "max_context_size", None), getattr(graphs, "max_seq_len", None))
+              if v is not None]
+    return int(graphs.max_num_tokens), (min(limits) if limits else None)
+
+
+_WARNED: set = set()
+
+
+def _captured_everywhere(sched, runner) -> bool:
+    """Whether every planned chunk runs in the captured prefill graph, where SGLang's MLA dispatch takes absorbed
+    MLA at every prefix (attention_backend_handler.py:109-112). Some but not all: one WARNING naming both limits
+    (the eager chunks follow the regimes in L; the captured ones are priced as if eager)."""
+    cap = captured_prefill(runner)
+    if cap is None:
+        return False
+    from sglang.srt.runtime_context import max_prefill_buffer_tokens
+
+    largest, context = int(max_prefill_buffer_tokens()), int(getattr(sched.model_config, "context_len", 0) or 0)
+    if captured_everywhere(cap[0], cap[1], largest, context):
+        return True
+    if cap not in _WARNED:
+        _WARNED.add(cap)
+        logger.warning("[sglang-cpp] MLA prefill: chunks of up to %d tokens%s replay the captured prefill CUDA graph "
+                       "(absorbed MLA at every prefix), larger ones run eager (the attention method switches with "
+                       "the prefix); the cost model prices every chunk as eager, so planned chunks under %d tokens "
+                       "are priced off. To price them exactly, capture up to the prefill ceiling (%d tokens%s) in "
+                       "the cuda-graph config's prefill bs, or run prefill eager", cap[0],
+                       f" over contexts of up to {cap[1]}" if cap[1] is not None else "", cap[0] + 1, largest,
+                       f", contexts up to {context}" if cap[1] is not None else "")
+    return False
 
 
 def _dispatch_predicates(sched) -> dict:
@@ -59,7 +101,7 @@ def _dispatch_predicates(sched) -> dict:
     inference (fa3, fa4, triton: MLA everywhere), `flashinfer_mla_disable_ragged` or a model without rope dims
     (forward_mla.py:141-144; flashinfer, flashmla), prefill context parallelism configured for MLA
     (layers/cp/utils.py:138-140; it may still decline a short chunk, priced here as CP), and SM100/110 for fa4.
-    Captured prefill graphs are not read: they run only chunks up to their capture size (MLA there)."""
+    Captured prefill graphs: _captured_everywhere."""
     from sglang.srt.runtime_context import get_exec, get_platform
 
     ex = get_exec()
