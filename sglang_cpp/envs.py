@@ -67,7 +67,9 @@ POLICY = EnvVar("SGLANG_CPP_POLICY", str, "plan",
 PROFILE = EnvVar("SGLANG_CPP_PROFILE", str, "",
                  "Path to a cost-model/profile JSON written by `sglang-cpp tune`; skips startup calibration.")
 CACHE_DIR = EnvVar("SGLANG_CPP_CACHE_DIR", str, os.path.expanduser("~/.cache/sglang-cpp"),
-                   "Where calibrations and built test models are cached (per node; world rank 0's is used).",
+                   "Where calibrations (calibration/model=...,pp=...,tp=...,device_name=...,dtype=...,layers=...,"
+                   "key=<digest>,maxlen=N.json; the digest covers every setting that changes forward time), the "
+                   "served models (served/) and built test models are cached (per node; world rank 0's is used).",
                    node_local=True)
 CALIB_MAX_LEN = EnvVar("SGLANG_CPP_CALIB_MAX_LEN", int, 0,
                        "Largest prefix+chunk the startup calibration measures (0: the context length); clamped "
@@ -77,7 +79,9 @@ CALIB_PREFIX = EnvVar("SGLANG_CPP_CALIB_PREFIX", str, "random",
                       "values, one forward of the chunk per sample) or computed (the prefix run through the model "
                       "first; the equivalence check of results/calibration_grid.md).", ("random", "computed"))
 CALIB_BUDGET_S = EnvVar("SGLANG_CPP_CALIB_BUDGET_S", float, 300.0,
-                        "Startup calibration time budget in seconds (0: none); levels 4x apart up to the max length.")
+                        "Startup calibration time budget in seconds (0: none): it measures the grids of lengths 4x "
+                        "apart up to the max (none below 1024) and stops early, with a WARNING, when the next level "
+                        "would overrun it; a cut-short calibration is cached under the length it reached.")
 CALIB_REPEATS = EnvVar("SGLANG_CPP_CALIB_REPEATS", int, 0,
                        "Timed repeats per calibration point, minimum kept; above 1 every shape is warmed first "
                        "(0: 2 on GPUs, 1 on CPU).")
@@ -94,8 +98,10 @@ def _count(raw: str) -> int:
 
 OVERHEAD_PROBE = EnvVar("SGLANG_CPP_OVERHEAD_PROBE", _count, 8,
                         "Chunks of the startup pipelined run that measures each stage's per-chunk overhead beyond "
-                        "its forward (P2P, batch set-up), charged on top of the calibration (0: off; then only "
-                        "SGLANG_CPP_CHUNK_OVERHEAD_MS is charged).")
+                        "its forward (P2P, batch set-up; the received hidden states timed at two chunk sizes give it "
+                        "a term per token), charged on top of the calibration (0: off; then only "
+                        "SGLANG_CPP_CHUNK_OVERHEAD_MS is charged). World rank 0 writes the served model to "
+                        "SGLANG_CPP_CACHE_DIR/served/: `sglang-cpp plan --profile` on it gives the server's chunks.")
 MIN_CHUNK = EnvVar("SGLANG_CPP_MIN_CHUNK", int, 0,
                    "Smallest non-final chunk the planner may use (0: one alignment unit; the cost model and "
                    "the per-chunk overhead decide).")
@@ -109,9 +115,14 @@ QUEUE_AWARE = EnvVar("SGLANG_CPP_QUEUE_AWARE", _bool, True,
                      "every prompt planned as if alone in an empty pipeline.")
 DECISION_LOG = EnvVar("SGLANG_CPP_DECISION_LOG", str, "",
                       "JSONL file each scheduler appends its chunk decisions and measured forward times to "
-                      "({rank}: world rank, {pp_rank}, {tp_rank}).", node_local=True)
+                      "({rank}: world rank, {pp_rank}, {tp_rank}): decision, batch, forward (timed over "
+                      "ModelRunner.forward alone, on CUDA events on GPUs), decode_forward, host_hit, kv_send, "
+                      "refit, plan_kept / plan_moved, queue_plan and the PD ring's events; written on a thread of "
+                      "its own, never on the scheduler's.", node_local=True)
 ASYNC_RECV = EnvVar("SGLANG_CPP_ASYNC_RECV", _bool, False,
-                    "Post all PP proxy irecvs of a message at once and wait only before the forward.")
+                    "Post all PP proxy irecvs of a message at once and wait only before the forward. Gains only "
+                    "where a receive blocks the CPU (gloo); on NCCL the receives are already asynchronous, and "
+                    "with TP > 1 the send-allgather proxies are never deferred: keep it off on GPUs.")
 BATCH_POLICY = EnvVar("SGLANG_CPP_BATCH_POLICY", str, "sglang",
                       "Prefill budget per PP micro-batch under mixed load: sglang (SGLang's own), gllm (gLLM Token "
                       "Throttling, tokens), time (ours: the same predicted ms per micro-batch, chunks sized by "
@@ -123,8 +134,11 @@ EVEN_DECODES = EnvVar("SGLANG_CPP_EVEN_DECODES", _bool, False,
                       "(results/serving_real-even-decodes.md).")
 
 ONLINE = EnvVar("SGLANG_CPP_ONLINE", _bool, True,
-                "Refine each stage's cost model from its logged prefill forwards while serving (world rank 0 fits, "
-                "every rank switches at the same point of the request stream; 0: the startup model throughout).")
+                "Refine each stage's cost model from its logged prefill forwards while serving (world rank 0 fits "
+                "on a background thread and keeps a refit only if it predicts held-back forwards better; every "
+                "rank switches at the same point of the request stream; a prompt length seen before keeps its "
+                "chunks unless the refined model predicts the new plan faster by more than its held-back error, "
+                "core/hysteresis.py; 0: the startup model throughout).")
 CALIB_DEADLINE_S = EnvVar("SGLANG_CPP_CALIB_DEADLINE_S", float, 600.0,
                           "Seconds a rank may go without progress (a forward that ends, a gather every rank reached) "
                           "in the startup calibration and overhead probe before it ends the server with the reason "
@@ -157,3 +171,33 @@ PD_EARLY_KV = EnvVar("SGLANG_CPP_PD_EARLY_KV", _bool, False,
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER, QUEUE_AWARE,
        DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, ONLINE, CALIB_DEADLINE_S,
        CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN, PD_FAST_RING, PD_EARLY_KV)
+
+
+# read by the plugin, but SGLang's own: listed beside ours in docs/env.md
+UPSTREAM = (("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75",
+             "Upstream's sigma, validated in [0, 1] at startup (used by the quadratic policy)."),)
+
+
+def markdown_table() -> str:
+    """docs/env.md's table, from this registry (tests/test_sizer.py keeps the file equal to it)."""
+    def default(v: EnvVar) -> str:
+        d = v.default
+        if isinstance(d, bool):
+            return "`1`" if d else "`0`"
+        if d == "" or d is None:
+            return "unset"
+        if isinstance(d, str) and d.startswith(os.path.expanduser("~")):
+            return "`~" + d[len(os.path.expanduser("~")):] + "`"
+        return f"`{d}`"
+
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for v in ALL:
+        name = " / ".join(f"`{n}`" for n in (v.name, *v.old_names))
+        help_ = v.help + (f" Choices: {', '.join(map(str, v.choices))}." if v.choices else "")
+        rows.append(f"| {name} | {default(v)} | {help_.replace('|', '/')} |")
+    rows += [f"| `{n}` | `{d}` | {h} |" for n, d, h in UPSTREAM]
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m sglang_cpp.envs > the table of docs/env.md
+    print(markdown_table(), end="")

@@ -115,15 +115,16 @@ def test_warns_when_the_plan_extrapolates_beyond_the_calibrated_length(tmp_path,
     assert "extrapolates the cost model 5.0x beyond its calibrated length (8192 tokens" in caplog.text
 
 
-def test_readme_env_table_names_every_registered_variable():
+def test_the_env_table_in_docs_is_the_registry_and_names_every_variable():
     from pathlib import Path
 
     from sglang_cpp import envs
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    rows = {line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `SGLANG_")}
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "env.md").read_text()
+    assert doc.endswith(envs.markdown_table()), "docs/env.md is stale: python -m sglang_cpp.envs gives its table"
+    rows = {line.split("|")[1].strip().strip("`") for line in doc.splitlines() if line.startswith("| `SGLANG_")}
     names = {n for row in rows for n in row.replace("` / `", " ").split()}
-    assert {v.name for v in envs.ALL} <= names
+    assert {v.name for v in envs.ALL} <= names and "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR" in names
 
 
 def test_bf16_on_a_cpu_without_native_bf16_is_warned():
