@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 
+def makespan_equal(t, pp_size: int) -> float:
+    """sum(t) + (P-1) * max(t): the exact makespan of chunks taking t ms on each of P equal stages (a proportionate
+    permutation flow shop). The one home of the formula; stages that differ: planner_base.makespan."""
+    return float(sum(t) + (pp_size - 1) * max(t))
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     prompt_len: int
@@ -54,11 +60,10 @@ class ChunkPlan:
 
     @property
     def ttft_ms(self) -> float:
-        """Predicted TTFT: sum(t + o) + (P-1) * max(t + o)."""
+        """Predicted TTFT: the makespan of its chunk times plus the per-chunk overhead (`makespan_equal`)."""
         if not self.pred_ms:
             return float("nan")
-        t = [p + self.overhead_ms for p in self.pred_ms]
-        return sum(t) + (self.pp_size - 1) * max(t)
+        return makespan_equal([p + self.overhead_ms for p in self.pred_ms], self.pp_size)
 
     # -- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict:

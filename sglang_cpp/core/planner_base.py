@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plan import ChunkPlan
+from .plan import ChunkPlan, makespan_equal
 
 METHODS = ("equal-time", "dp")
 
@@ -113,10 +113,10 @@ def make_plan(chunks, prompt_len: int, prefix_len: int, cost, cfg: PlanConfig, p
 
 
 def ttft(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0.0) -> float:
-    """Predicted TTFT of a chunk list: sum(t + o) + (P-1) * max(t + o)."""
+    """Predicted TTFT of a chunk list on equal stages: `makespan_equal` of its chunk times plus the overhead."""
     starts = prefix_len + np.concatenate([[0], np.cumsum(chunks)[:-1]])
     t = _times(cost, starts, chunks, overhead_ms)
-    return float(t.sum() + (pp_size - 1) * t.max())
+    return makespan_equal(t.tolist(), pp_size)
 
 
 def flow_shop(t, start=None) -> np.ndarray:
