@@ -17,8 +17,21 @@ CACHE = Path(os.environ.get("SGLANG_CPP_CACHE_DIR", Path.home() / ".cache" / "sg
 SMOLLM2 = CACHE / "models" / "smollm2-135m"
 TINY = CACHE / "models" / "tiny-llama"
 TINY_QWEN3 = CACHE / "models" / "tiny-qwen3"
-CUDA = __import__("torch").cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"  # HiCache's host pool on CPU runs on the plugin's kvcacheio ops (CPU only)
+def _device() -> str:
+    """The server tests' device: CUDA where torch sees one, else CPU (HiCache's host pool on CPU runs on the
+    plugin's kvcacheio ops). torch is imported here, on first use, not at collection: the numpy-only unit tests
+    load this file without it."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def __getattr__(name: str):  # `from conftest import DEVICE` (PEP 562): torch only when a test asks for it
+    if name == "DEVICE":
+        return _device()
+    if name == "CUDA":
+        return _device() == "cuda"
+    raise AttributeError(name)
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 PARA = ("The river town kept its records in a stone tower. Each spring the archivists copied the ledgers, "
         "counted the boats, and wrote the names of every family that crossed the bridge. ")
@@ -199,7 +212,7 @@ def off_run(tiny, tmp_path_factory) -> dict:
     one server start instead of two."""
     d = tmp_path_factory.mktemp("off")
     env = {"SGLANG_CPP_POLICY": "off", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl")}
-    spec = ServerSpec(tiny, pp_size=2, chunk_size=OFF_CHUNK, dynamic=True, env=env, device=DEVICE,
+    spec = ServerSpec(tiny, pp_size=2, chunk_size=OFF_CHUNK, dynamic=True, env=env, device=_device(),
                       extra_args=HICACHE_ARGS)
     return dict(serve_hicache(spec, random_ids(OFF_PROMPT, seed=11)), dir=d)
 
@@ -213,6 +226,6 @@ def quadratic_run(tiny, tmp_path_factory) -> dict:
     prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [], "upstream": {"a": a, "b": b, "c": c}}))
     env = {"SGLANG_CPP_POLICY": "quadratic", "SGLANG_CPP_PROFILE": str(prof),
            "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": QUAD_SIGMA, "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl")}
-    spec = ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env, device=DEVICE,
+    spec = ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env, device=_device(),
                       extra_args=HICACHE_ARGS)
     return dict(serve_hicache(spec, random_ids(QUAD_PROMPT, seed=11)), dir=d)
