@@ -544,3 +544,18 @@ def test_the_device_is_required_and_matched_in_any_case(capsys):
     assert ttft[0] == ttft[1]
     assert cli_main(base + ["--device", "B300x"]) == 2
     assert "--device 'B300x': choose one of" in capsys.readouterr().err
+
+
+def test_b200_and_mi300x_presets_carry_their_datasheet_figures_and_price_a_chunk_by_them():
+    """Issue 47 item 1: B200 (DGX B200 datasheet, per GPU) and MI300X (AMD Instinct MI300X datasheet), matched in
+    any case; a compute-bound chunk on them costs what their dense BF16 peaks say against an H100's."""
+    from sglang_cpp.whatif.analytic import MODELS, analytic_cost_model, device_of
+
+    b200, mi = device_of("b200"), device_of("mi300x")
+    assert (b200.peak_bf16_tflops, b200.peak_fp8_tflops, b200.mem_bw_gbps, b200.mem_gb) == (2250.0, 4500.0, 8000.0, 180.0)
+    assert (mi.peak_bf16_tflops, mi.peak_fp8_tflops, mi.mem_bw_gbps, mi.mem_gb) == (1307.4, 2614.9, 5300.0, 192.0)
+    h100 = device_of("H100")
+    m = MODELS["llama3-8b"]
+    for dev, peak in ((b200, 2250.0), (mi, 1307.4)):
+        ratio = analytic_cost_model(m, dev, dtype="bf16").time(0, 16384) / analytic_cost_model(m, h100, dtype="bf16").time(0, 16384)
+        assert abs(float(ratio) - 989.0 / peak) < 1e-9  # FLOPs only: no overhead, one efficiency

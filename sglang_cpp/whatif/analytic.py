@@ -281,7 +281,8 @@ def model_of(source: str, flag: str = "--analytic") -> ModelSpec:
 
 # GPUs: 2 ms per chunk and stage, the inter-stage sync SiPipe measures (1.4-2.6 ms, seeds digest section 7).
 # Links: NCCL all-reduce bus bandwidth inside one node, about half the bidirectional NVLink figure (900 GB/s
-# on H20/H100/H200, 600 on A100); L20 has no NVLink (PCIe Gen4); ~20 us per all-reduce.
+# on H20/H100/H200, 600 on A100, 1800 on B200; MI300X's Infinity Fabric 896); L20 has no NVLink (PCIe Gen4);
+# ~20 us per all-reduce.
 _GPU_CHUNK_MS = 2.0
 _NV = dict(chunk_overhead_ms=_GPU_CHUNK_MS, link_latency_ms=0.02)
 DEVICES = {
@@ -290,6 +291,12 @@ DEVICES = {
     "H200": DeviceSpec("H200", 989.0, 1979.0, 4800.0, mem_gb=141.0, link_gbps=450.0, **_NV),
     "A100": DeviceSpec("A100", 312.0, 0.0, 2039.0, mem_gb=80.0, link_gbps=240.0, **_NV),
     "L20": DeviceSpec("L20", 119.5, 239.0, 864.0, mem_gb=48.0, link_gbps=20.0, **_NV),  # TD-Pipe's Table 1
+    # NVIDIA DGX B200 datasheet, per GPU (one eighth of the system): 2.25 PFLOPS dense BF16 (4.5 sparse), 4.5
+    # PFLOPS dense FP8, 180 GB HBM3e at 8 TB/s, NVLink 5 at 1.8 TB/s bidirectional
+    "B200": DeviceSpec("B200", 2250.0, 4500.0, 8000.0, mem_gb=180.0, link_gbps=900.0, **_NV),
+    # AMD Instinct MI300X datasheet: 1307.4 TFLOPS dense BF16, 2614.9 dense FP8, 192 GB HBM3 at 5.3 TB/s, 7
+    # Infinity Fabric links of 128 GB/s bidirectional each (896 GB/s)
+    "MI300X": DeviceSpec("MI300X", 1307.4, 2614.9, 5300.0, mem_gb=192.0, link_gbps=448.0, **_NV),
     "cpu-2core": DeviceSpec("cpu-2core", 0.2, 0.0, 20.0),
 }
 
