@@ -1,6 +1,6 @@
 """Plan hysteresis: a new cost model moves the plan only for a gain that model can resolve.
 
-Why: online refinement refits after prompts finish. On a flat optimum (8K on SmolLM2, issue 25) each refit
+Why: online refinement refits after prompts finish. On a flat optimum (8K on SmolLM2) each refit
 moved the next plan of the same prompt between 8 and 16 chunks while every predicted TTFT stayed within
 28.9-32.3 s, and the measured TTFT did not follow the moves. A plan that changes from one identical request
 to the next buys nothing the model can show, and makes runs harder to read, trace and compare. So the
@@ -12,7 +12,7 @@ That error only speaks for the chunk sizes the served forwards measured. A piece
 fits one coefficient per chunk-size regime, and a refit on forwards of one regime (a host that slowed down,
 measured at 1024-token chunks) leaves the others at the calibration's level, so they look cheap. At 32K on
 long-llama such a refit moved a plan of 32 x 1024 to 64 x 512, priced 7.0% faster; it ran 1.40x its
-prediction (issue 25). So a plan moves only to chunks whose regimes served forwards measured on every stage.
+prediction. So a plan moves only to chunks whose regimes served forwards measured on every stage.
 
 Every stage holds its own copy and feeds it the same plans in the same order, on the same models (the
 updates ride in the request stream), so every stage keeps or moves alike. Pure Python and numpy.

@@ -77,7 +77,7 @@ def chunk_regime_sizes(chunk_switches: tuple, lo: int, hi: int, a: int, have: se
     second one in the regime of the largest chunk. Why two: with one size per regime, each regime's L
     slope g + e_j x_j is all the data says, and the shared g and every e_j cannot be told apart. The second
     one is the regime's first aligned size: the cheapest forward, and the widest spread of x in the regime
-    (issue 26: the geometric middle cost 1792-token forwards at every long prefix)."""
+    (the geometric middle cost 1792-token forwards at every long prefix)."""
     out: set = set()
     edges = [0, *sorted(int(s) for s in chunk_switches), None]
     for start, end in zip(edges, edges[1:]):
@@ -160,7 +160,7 @@ def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> tuple:
     (a margin of 1-2x; sizes shared across levels), at most max_chunk (0: no cap) and at least 4 alignment
     units (three distinct sizes per prefix).
 
-    Why per prefix: a long level's biggest samples cost most of its time (issue 26: 4096-token samples at
+    Why per prefix: a long level's biggest samples cost most of its time (4096-token samples at
     prefixes up to 28K were 63% of the 32K level), yet a plan's big chunks run early, over short prefixes,
     and its late chunks are small. Tried on the real 32K calibration (benchmarks/calibration_grid.py, and
     replayed offline on its samples): one top for every prefix sampled the first chunk's size at every
@@ -197,7 +197,7 @@ def prepare_mlp_sync(batch, runner) -> bool:
     """SGLang's own MLP-sync preparation of a batch, run as the scheduler runs it on every batch it forwards
     (`SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch`, which does not exist yet when the sizer is built,
     srt/managers/scheduler.py:657 against :721). Under DP attention (or a gathered MLP buffer) it all-gathers
-    every DP rank's token count and sets `is_extend_in_batch` (issue 27 item 1: left False, DeepEP's `auto`
+    every DP rank's token count and sets `is_extend_in_batch` (left False, DeepEP's `auto`
     mode took its low-latency path, sized for 128 tokens per rank), the TBO split and the global forward mode.
     A collective over the TP group: every rank runs the same calibration forward at the same moment, so every
     DP rank reports the chunk: t(L, x) is measured with all DP ranks prefilling x tokens at once. Returns
@@ -266,8 +266,8 @@ def proxy_views(cache: dict, n: int, seed: int, alloc) -> dict:
     """n-token views into one proxy buffer set (every proxy tensor is token-major), grown only when a longer
     chunk comes (the smaller set freed first), refilled with seeded random values before every forward:
     the model may write its proxies in place (SGLang's own dummy PP forward clones them), and one set per
-    chunk size held ~0.5 GB per 16K size at hidden 7168 on top of SGLang's activation reserve (issue 27
-    item 7). `alloc(m)` allocates a set for m tokens."""
+    chunk size held ~0.5 GB per 16K size at hidden 7168 on top of SGLang's activation reserve. `alloc(m)`
+    allocates a set for m tokens."""
     if cache.get("tokens", 0) < n:
         cache.clear()
         cache["buffers"], cache["tokens"] = alloc(n), n
@@ -349,7 +349,7 @@ def _say_dp(batch) -> None:
 def speculative_warning(algorithm: str, pp_size: int, online: bool) -> str:
     """'' unless speculative decoding runs with PP: then the last stage's prefill forwards also run the
     draft model's extend (EAGLE/MTP), which the startup calibration does not time, so the plan under-costs
-    that stage (issue 27 item 10). Served forwards are timed around the whole `run_batch`, draft included:
+    that stage. Served forwards are timed around the whole `run_batch`, draft included:
     online refinement fits it after the first requests."""
     if pp_size <= 1 or algorithm.upper() in ("", "NONE"):
         return ""
@@ -482,7 +482,7 @@ def measure_stage(sched, points: list, repeats: int = 1, seed: int = 0, warmup: 
 def inject_fault(sched, pp_rank: int, tp_rank: int) -> None:
     """SGLANG_CPP_CALIB_FAULT_*: on the chosen PP rank (and TP rank, -1: all of the stage's), raise now
     (`level`) or arm a one-shot raise inside the model's next forward, before the stage's last layer, where
-    the TP peers wait in that layer's collectives (`forward`, the hang of issue 27 item 2)."""
+    the TP peers wait in that layer's collectives (`forward`: the hang a failed TP peer caused before the deadline)."""
     if envs.CALIB_FAULT_RANK.get() != pp_rank or envs.CALIB_FAULT_TP_RANK.get() not in (-1, tp_rank):
         return
     if envs.CALIB_FAULT_IN.get() == "level":

@@ -4,7 +4,7 @@ measured on every stage before serving, and the model is refitted with them.
 Why: the calibration narrows its chunk sizes level by level to what the plan on the model so far cuts
 (`calibrate.top_chunk`), before the pipelined probe has measured the per-chunk overhead. Charged that
 overhead, the served plan wants bigger chunks. At 16K on long-llama its first chunk (3136 tokens) was 3x the
-largest sampled one and ran 1.13x its prediction on the critical stage (issue 25). A shape outside the convex
+largest sampled one and ran 1.13x its prediction on the critical stage. A shape outside the convex
 hull of its regime's samples is an extrapolation. Here every stage measures such shapes exactly as the plan
 runs them, world rank 0 refits, and the plans are cut again, up to ROUNDS times. Whatever is still outside
 after that is a WARNING naming the shapes, in the log and the decision log.

@@ -44,7 +44,7 @@ import functools
 
 def cpu_server() -> bool:
     """The server runs with --device cpu. Not `torch.cuda.is_available()`: NPU, XPU and MUSA hosts have no
-    CUDA either, and must keep SGLang's own paths (issue 27 item 9). Before SGLang has published its
+    CUDA either, and must keep SGLang's own paths. Before SGLang has published its
     server args (a helper process, a unit test), a host without CUDA or another accelerator counts as CPU."""
     try:
         from sglang.srt.runtime_context import get_server_args

@@ -5,7 +5,7 @@ Why: errors are exchanged between calibration levels, but a TP/EP rank that fail
 OOM in a kernel, a host assert) leaves its peers in a collective (a custom all-reduce, pynccl, gloo) that
 has no timeout, and the failed rank itself waits for them in the next gather. SGLang's watchdog starts after
 `maybe_init_dynamic_chunk_sizer` (srt/managers/scheduler.py:657 against :674), so nothing else ends that
-wait (issue 27 item 2).
+wait.
 
 Every rank runs its own watchdog thread. Progress is a forward that ends or a gather that every rank
 reached (`tick`). When a rank goes `SGLANG_CPP_CALIB_DEADLINE_S` without progress, it logs what it was doing

@@ -514,7 +514,7 @@ def _run_batch(original, self, batch, *args, **kwargs):
     log = LOG
     if log is None or not batch.reqs:
         return original(self, batch, *args, **kwargs)
-    if not log.path and ONLINE is None:  # nothing to time or log (issue 45 item 8): only what the client is told
+    if not log.path and ONLINE is None:  # nothing to time or log: only what the client is told
         extend = batch.forward_mode.is_extend()
         prefix, ext = getattr(batch, "prefix_lens", None), getattr(batch, "extend_lens", None)
         out = original(self, batch, *args, **kwargs)

@@ -9,7 +9,7 @@ How the pieces travel, with no collective that one rank could skip:
   waits for it; a refit is accepted only if it predicts held-back forwards better than the model in force.
   It starts at most once per prompt that finished on world rank 0: a plan is made once per request, so a
   refit in the middle of a prompt changes nothing sooner, and its thread would hold the GIL against the
-  scheduler's own loop for every chunk (issue 25: 2-3 ms of plugin time per step on PP0 while it did).
+  scheduler's own loop for every chunk (2-3 ms of plugin time per step on PP0 while it did).
 - the switch: world rank 0 puts the accepted coefficients (a ModelUpdate) into the request list it pulls
   from the tokenizer. That list reaches every TP rank and every later stage in the same scheduler
   iteration it would anyway, and each rank applies the update before it processes the requests that came

@@ -3,7 +3,7 @@
 Calibration times each stage's forward alone. A chunk in the running pipeline also pays, on every stage,
 what a step costs beyond its forward: the receive of the previous stage's hidden states, the send to the
 next, and the batch set-up around them. Without it the planner thinks small chunks are free and cuts too
-many (issue 25: the old C/4 floor was all that stopped it).
+many (the old C/4 floor was all that stopped it).
 
 Every stage runs the same synthetic request, `SGLANG_CPP_OVERHEAD_PROBE` chunks of one alignment unit
 times two, through the real P2P path (`GroupCoordinator.send_tensor_dict` / `recv_tensor_dict`, as the

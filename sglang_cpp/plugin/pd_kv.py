@@ -1,4 +1,4 @@
-"""PD disaggregation with PP prefill: the last chunk's KV leaves at the pass after its forward (issue 31 item 2).
+"""PD disaggregation with PP prefill: the last chunk's KV leaves at the pass after its forward.
 
 SGLang 0.5.23 hands a middle chunk's KV to the transfer engine at the next pass of the PP loop
 (`process_prefill_chunk`), but the last chunk's only when that batch's result comes back

@@ -1,4 +1,4 @@
-"""PD disaggregation with PP prefill: the release ring, observed and shortened (issue 31).
+"""PD disaggregation with PP prefill: the release ring, observed and shortened.
 
 SGLang 0.5.23 frees a prefill request whose KV transfer is done on every stage through a two-pass ring:
 the forward pass intersects each stage's finished transfers (`_pp_pd_get_prefill_transferred_ids`, index m),

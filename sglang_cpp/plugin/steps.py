@@ -1,4 +1,4 @@
-"""What a serving step costs beyond its forward, and what the plugin itself costs per step (issue 25).
+"""What a serving step costs beyond its forward, and what the plugin itself costs per step.
 
 Between the start of one chunk's forward and the start of the next chunk's forward of the same request,
 a stage's scheduler loop does three things: the forward (timed by the run_batch hook), waits on its

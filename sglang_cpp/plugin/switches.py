@@ -1,7 +1,7 @@
 """Kernel switches: where a stage's attention changes method with the prefix L (read from SGLang 0.5.23)
 or with the chunk size x (the CPU testbed's flash kernel).
 
-Why: one polynomial across a switch fits neither side (issue 26), so the calibration samples both sides
+Why: one polynomial across a switch fits neither side, so the calibration samples both sides
 and the cost model is piecewise in L (core/regimes.py). SGLang's DeepSeek MLA picks its prefill method
 per batch in `deepseek_common/attention_backend_handler.py`:
 

@@ -65,7 +65,7 @@ TARGETS = {
 }
 
 
-# Every other SGLang internal the plugin calls (tests/test_layout.py keeps this list equal to the
+# Every other SGLang internal the plugin calls (tests/test_import_graph.py keeps this list equal to the
 # plugin's imports): with TARGETS, the whole surface an SGLang upgrade can break, all in this folder.
 INTERNALS = (
     "sglang",  # sglang.__version__: the calibration cache key and the unapplied-hooks error
@@ -187,7 +187,7 @@ STEP_PATH = frozenset({
 def unapplied(patched=None) -> str:
     """'' when SGLang's HookRegistry applied every TARGET; else the error that names the missing ones. The
     registry logs and skips a target it cannot resolve, so after an SGLang upgrade upstream's sizer would
-    silently stay in charge (issue 27 item 8)."""
+    silently stay in charge."""
     if patched is None:
         from sglang.srt.plugins.hook_registry import HookRegistry
 

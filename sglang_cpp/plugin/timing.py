@@ -3,7 +3,7 @@ kernel launches, not the work; so on an accelerator both the calibration and the
 on the current stream. Calibration synchronises anyway; the serving path resolves its events lazily, on
 a later call once they have completed, so it never adds a synchronisation to the scheduler loop.
 
-One window for every timed forward (issue 45 item 5): from right before `ModelRunner.forward` to right after
+One window for every timed forward: from right before `ModelRunner.forward` to right after
 it. Calibration, the overhead probe and coverage (`calibrate.forward`, the startup harness) and serving
 (`FORWARD`, armed by the run_batch hook and opened by the ModelRunner.forward hook) time the same thing; the
 batch set-up around it (prepare_for_extend, the MLP-sync gather, ForwardBatch.init_new, sampling) is
@@ -33,7 +33,7 @@ class DeviceTimer:
     def sync(self) -> None:
         """Wait for the work queued on the current stream, not the whole device. The overhead probe calls it
         right after a receive and after the commit of the previous send (on NCCL both only queue a wait on
-        the stream), inside its blocked time, so a wait on a peer is counted as one (issue 45 item 6)."""
+        the stream), inside its blocked time, so a wait on a peer is counted as one."""
         if self.cuda:
             from sglang.srt.utils.common import get_device_module
 

@@ -1,4 +1,4 @@
-"""Parallel layouts of a GPU count for long prefill, ranked on the analytic model (issue 30 item 3).
+"""Parallel layouts of a GPU count for long prefill, ranked on the analytic model.
 
 Why: nobody answers "PP8 x TP4, or PP4 x TP8, for my 1M prompts?" for chunked prefill. SGLang's own
 long-context runs pick the PP depth per length by hand, and NVIDIA's aiconfigurator leaves chunked

@@ -4,7 +4,7 @@ every rank V times.
 Why: the competing answer to the pipeline bubble (vllm-ascend PRs #11976, #14945, #16618; SGLang #39279)
 gives each of the P ranks V non-adjacent slices of the layers, so the fill and drain shrink to (P-1)/V
 stage times, at the price of V times the per-visit overheads and P2P transfers. This prices it beside
-chunk planning (issue 30), on the same per-rank cost models.
+chunk planning, on the same per-rank cost models.
 
 Schedule: virtual stage v (0 <= v < P*V) is rank v mod P with 1/V of that rank's layers (the rank's
 t(L, x) / V). Visit (k, v) of chunk k starts once (k, v-1) has arrived over the link and (k-1, v) is done
