@@ -302,14 +302,15 @@ def test_the_received_hidden_states_give_the_receiving_stage_a_term_in_x():
            {"stage": 1, "steps": steps, "transfer": {128: [1.0], 2048: [3.0]}},  # TP0: 0.8667 + 1/960 per token
            {"stage": 1, "steps": steps, "transfer": {128: [1.0], 2048: [4.0]}}]  # TP1: 0.8 + 1/640 per token
     over = decide_overheads(got)
-    assert over[0] == ChunkOverhead(2.0, 0.0)
-    assert over[1].ms == pytest.approx(2.0 + 1.0 - 128 / 960) and over[1].per_token_ms == pytest.approx(1 / 640)
+    assert over[0] == ChunkOverhead(2.0, 0.0, 0.0)
+    assert over[1].ms == 2.0 and over[1].received_ms == pytest.approx(1.0 - 128 / 960)  # apart: online keeps it
+    assert over[1].per_token_ms == pytest.approx(1 / 640) and over[1].per_chunk_ms == pytest.approx(3.0 - 128 / 960)
     assert transfer_medians(got) == [[], [[128, 1.0], [2048, 4.0]]]
     base = CostModel(c0=1.0, b=0.01, e=2e-6, f=1e-6)
     served = with_overheads(PipelineCost((base, base)), over)
-    assert served.stages[1].c0 == pytest.approx(1.0 + over[1].ms) and served.stages[1].b == pytest.approx(0.01 + 1 / 640)
-    assert served.stages[0].b == 0.01 and float(served.stages[1].time(0, 4096) - base.time(0, 4096)) == pytest.approx(
-        over[1].ms + 4096 / 640)
+    assert served.stages[1].c0 == pytest.approx(1.0 + over[1].per_chunk_ms)
+    assert served.stages[1].b == pytest.approx(0.01 + 1 / 640) and served.stages[0].b == 0.01
+    assert float(served.stages[1].time(0, 4096) - base.time(0, 4096)) == pytest.approx(over[1].per_chunk_ms + 4096 / 640)
     # the probe's own size and 16 times it, at most 4096 and the plans' largest chunk; one size if too close
     assert transfer_sizes(64, 16384) == (128, 2048) and transfer_sizes(256, 16384) == (512, 4096)
     assert transfer_sizes(64, 1000) == (128, 960) and transfer_sizes(64, 256) == (128,)

@@ -121,26 +121,27 @@ def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference
 
 
 def test_the_probes_per_token_overhead_stays_in_b_through_a_new_step_median_and_a_forward_refit():
-    """The probe's overhead has a term in x (the hidden states received): 0.5 ms + 1 ms per token, folded
-    into c0 and b. Serving steps replace the per-chunk 0.5 ms only; a forward refit adds both back onto its fit;
+    """The probe's overhead has a term in x (the hidden states received): 0.5 ms of step, 3 ms of receive at
+    x = 0 and 1 ms per token, folded into c0 and b. Serving steps (which leave the receive out, a wait on a
+    peer) replace the step's 0.5 ms only, and the band compares them with it, not with the receive; a forward refit adds both back onto its fit;
     forwards that cost exactly the forward model are no drift (the per-token part is taken out of the
     prediction before the comparison)."""
     from sglang_cpp.core.costmodel import ChunkOverhead, fit_cost_model
 
-    ov = ChunkOverhead(0.5, 1.0)
-    served = CostModel(**{**TRUE.coeffs, "c0": TRUE.c0 + 0.5, "b": TRUE.b + 1.0})
+    ov = ChunkOverhead(0.5, 1.0, received_ms=3.0)
+    served = CostModel(**{**TRUE.coeffs, "c0": TRUE.c0 + 3.5, "b": TRUE.b + 1.0})
     r = Refiner(PipelineCost((served, served)), _grid(TRUE, 0) + _grid(TRUE, 1), overheads=[ov, ov],
                 cfg=RefineConfig(drift_run=5))
     for ms in [12.0] * 8:
         r.add_step(1, ms)
-    assert r.refit() and r.stages[1].overhead == ChunkOverhead(12.0, 1.0)
-    assert r.model.stages[1].c0 == pytest.approx(TRUE.c0 + 12.0) and r.model.stages[1].b == pytest.approx(TRUE.b + 1.0)
+    assert r.refit() and r.stages[1].overhead == ChunkOverhead(12.0, 1.0, 3.0)  # the receive's part kept
+    assert r.model.stages[1].c0 == pytest.approx(TRUE.c0 + 15.0) and r.model.stages[1].b == pytest.approx(TRUE.b + 1.0)
     drifted = [r.add(1, L, 2048, float(TRUE.time(L, 2048))) for L in range(0, 5120, 1024)]
     assert not any(drifted) and r.stages[1].streak == 0  # 2048 ms of per-token overhead at x = 2048 taken out
     _serve(r, CostModel(**{**TRUE.coeffs, "c0": 2 * TRUE.c0}), 40, np.random.default_rng(5), stage=1, noise=0.0)
     assert any(n.startswith("stage 1: refit accepted") for n in r.refit())
     fit = fit_cost_model(*zip(*(r.stages[1].base + list(r.stages[1].fitted))), holdout=0.0)
-    assert r.model.stages[1].b == pytest.approx(fit.b + 1.0) and r.model.stages[1].c0 == pytest.approx(fit.c0 + 12.0)
+    assert r.model.stages[1].b == pytest.approx(fit.b + 1.0) and r.model.stages[1].c0 == pytest.approx(fit.c0 + 15.0)
     with pytest.raises(ValueError, match="per_token_ms=-1"):
         ChunkOverhead(1.0, -1)
 

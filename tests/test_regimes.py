@@ -327,12 +327,15 @@ def test_the_plugin_reads_the_mla_dispatch_predicates_where_sglang_does(monkeypa
 
 def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed_mla_everywhere(monkeypatch, caplog):
     """Issue 45 item 7: SGLang 0.5.23 replays chunks of up to max_num_tokens (over contexts up to the smaller of
-    max_context_size and max_seq_len) in the captured prefill graph, where its MLA dispatch pins absorbed MLA
-    (attention_backend_handler.py:109-112) for the tc_piecewise and breakable graphs, not for a full one. The
-    stand-ins carry the attributes prefill_cuda_graph_runner.py:348-387 sets. Every planned chunk captured:
-    one method at every prefix; some: the eager regimes and one WARNING naming both limits."""
+    max_context_size and max_seq_len, padded to the next captured bucket by at most 2x) in the captured prefill
+    graph, where its MLA dispatch pins absorbed MLA (attention_backend_handler.py:109-112) for the tc_piecewise and
+    breakable graphs; a full graph fixes the method at capture. Not under DP attention (the DP vote), nor under a
+    CP strategy the graph did not capture, nor when the stages' graphs differ. The stand-ins carry the attributes
+    prefill_cuda_graph_runner.py:348-387 sets. Every planned chunk captured: one method at every prefix; some: the
+    eager regimes and one WARNING naming both limits."""
     from types import SimpleNamespace
 
+    import sglang.srt.layers.cp.utils as cpu
     import sglang.srt.runtime_context as rc
 
     from sglang_cpp.core.regimes import captured_everywhere, mla_switches
@@ -347,26 +350,51 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     def runner(graphs):
         return SimpleNamespace(prefill_cuda_graph_runner=graphs)
 
+    dense = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
     pcg = PrefillCudaGraphRunner(max_num_tokens=16384, max_context_size=None, max_seq_len=None,
-                                 prefill_backend_name="tc_piecewise")
-    assert switches.captured_prefill(runner(pcg)) == (16384, None)
+                                 prefill_backend_name="tc_piecewise", capture_num_tokens=list(dense))
+    assert switches.captured_prefill(runner(pcg)) == (16384, None, dense)
     bcg = PrefillCudaGraphRunner(max_num_tokens=4096, max_context_size=65536, max_seq_len=32768,
-                                 prefill_backend_name="breakable")
-    assert switches.captured_prefill(runner(bcg)) == (4096, 32768)
+                                 prefill_backend_name="breakable", capture_num_tokens=[4096, 1024, 2048])
+    assert switches.captured_prefill(runner(bcg)) == (4096, 32768, (1024, 2048, 4096))
     full = PrefillCudaGraphRunner(max_num_tokens=4096, max_context_size=None, max_seq_len=None,
                                   prefill_backend_name="full")
-    assert switches.captured_prefill(runner(full)) is None and switches.captured_prefill(runner(None)) is None
+    switches._WARNED.clear()
+    with caplog.at_level("WARNING", logger="sglang_cpp"):
+        assert switches.captured_prefill(runner(full)) is None
+    assert "full prefill CUDA graph fixes the attention method at capture" in caplog.text
+    assert switches.captured_prefill(runner(None)) is None
     assert switches.captured_prefill(runner(EagerRunner(max_num_tokens=8))) is None
     assert captured_everywhere(16384, None, 16384, 131072) and not captured_everywhere(16384, None, 16385, 131072)
     assert not captured_everywhere(16384, 65536, 8192, 131072) and captured_everywhere(16384, 131072, 8192, 131072)
+    # padding: a 3000-token chunk pads to 8192 (2.7x) with buckets (512, 8192): eager; 64-token chunks pad to 512
+    assert captured_everywhere(16384, None, 16384, 131072, dense, smallest_chunk=64)
+    assert not captured_everywhere(8192, None, 8192, 131072, (512, 8192), smallest_chunk=256)
+    assert not captured_everywhere(8192, None, 8192, 131072, (512, 1024, 2048, 4096, 8192), smallest_chunk=64)
 
+    par = SimpleNamespace(attn_dp_enabled=False)
     monkeypatch.setattr(rc, "max_prefill_buffer_tokens", lambda: 16384)
-    sched = SimpleNamespace(model_config=SimpleNamespace(context_len=131072))
+    monkeypatch.setattr(rc, "get_parallel", lambda: par)
+    monkeypatch.setattr(cpu, "get_cp_strategy", lambda: None)
+    sched = SimpleNamespace(model_config=SimpleNamespace(context_len=131072), page_size=64)
+    monkeypatch.setattr(switches, "CAPTURED", None)
     assert switches._captured_everywhere(sched, runner(pcg)) is True
     assert mla_switches("fa3", captured_prefill=True) == ((), ())
+    monkeypatch.setattr(switches, "CAPTURED", [switches.captured_prefill(runner(pcg))] * 2)
+    assert switches._captured_everywhere(sched, runner(pcg)) is True  # both stages alike
+    monkeypatch.setattr(switches, "CAPTURED", [switches.captured_prefill(runner(pcg)), None])
+    assert switches._captured_everywhere(sched, runner(pcg)) is False  # PP1 runs eager
+    monkeypatch.setattr(switches, "CAPTURED", None)
+    par.attn_dp_enabled = True
+    assert switches._captured_everywhere(sched, runner(pcg)) is False  # the DP vote decides per batch
+    par.attn_dp_enabled = False
+    monkeypatch.setattr(cpu, "get_cp_strategy", lambda: "zigzag")
+    assert switches._captured_everywhere(sched, runner(pcg)) is False  # CP without a captured CP body
+    monkeypatch.setattr(cpu, "get_cp_strategy", lambda: None)
     switches._WARNED.clear()
+    caplog.clear()
     with caplog.at_level("WARNING", logger="sglang_cpp"):
         assert switches._captured_everywhere(sched, runner(bcg)) is False
         assert switches._captured_everywhere(sched, runner(bcg)) is False  # once per server
-    warned = [r.getMessage() for r in caplog.records if "captured prefill CUDA graph" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "replay the captured prefill CUDA graph" in r.getMessage()]
     assert len(warned) == 1 and "4096 tokens over contexts of up to 32768" in warned[0] and "16384" in warned[0]

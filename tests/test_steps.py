@@ -171,12 +171,40 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
     from sglang_cpp.plugin import timing
 
     monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(sync=lambda: order.append("sync")))
-    steps_ = overhead.probe_stage(SimpleNamespace(tree_cache=None), pp_rank=1, pp_size=3, n_chunks=2, chunk=128)
-    assert len(steps_) == 2
+    got = overhead.probe_stage(SimpleNamespace(tree_cache=None), pp_rank=1, pp_size=3, n_chunks=2, chunk=128)
+    assert len(got["steps"]) == 2 and got["transfer"] == {}  # no sizes given: no receive timed alone
     # on NCCL a receive and a commit only queue a wait on the stream: the stream sync right after each, inside
     # the blocked time, is where a wait on a peer shows
     assert order == ["recv", "sync", "sync", "forward", "send", "recv", "sync", "commit 0", "sync", "forward", "send",
                      "recv", "sync", "commit 1", "sync", "forward", "send", "commit 2"]
+
+
+def test_each_hop_is_timed_alone_at_two_sizes_after_a_barrier_of_every_rank(monkeypatch):
+    """Issue 45 item 6: the middle stage of three receives hop 0 -> 1 and sends hop 1 -> 2, each at both sizes,
+    one warm-up and three timed repeats, each after a world barrier; it sends its forward's proxy tensors with x
+    rows, split over attention TP as the scheduler's send does (all_gather_group), and keeps the timed receives."""
+    from types import SimpleNamespace
+
+    import sglang.srt.distributed.parallel_state as ps
+    import torch
+
+    from sglang_cpp.plugin import overhead
+
+    order, shapes = [], []
+    ag = object()
+    pp = SimpleNamespace(
+        recv_tensor_dict=lambda all_gather_group=None: order.append(("recv", all_gather_group is ag)) or {},
+        send_tensor_dict=lambda t, all_gather_group=None: shapes.append({k: tuple(v.shape) for k, v in t.items()})
+        or order.append(("send", all_gather_group is ag)))
+    monkeypatch.setattr(ps, "get_world_group", lambda: SimpleNamespace(barrier=lambda: order.append("barrier")))
+    monkeypatch.setattr(overhead, "tick", lambda what: None)
+    template = {"hidden_states": torch.zeros(128, 8), "residual": torch.zeros(128, 8)}
+    got = overhead.time_transfers(pp, 1, 3, template, (128, 2048), SimpleNamespace(sync=lambda: None), ag)
+    assert sorted(got) == [128, 2048] and all(len(v) == 3 and min(v) >= 0 for v in got.values())
+    one_size = ["barrier", ("recv", True)] * 4 + ["barrier", ("send", True)] * 4
+    assert order == one_size * 2
+    assert shapes == [{"hidden_states": (x, 8), "residual": (x, 8)} for x in (128, 2048) for _ in range(4)]
+    assert overhead.time_transfers(pp, 0, 1, template, (128, 2048), None) == {}  # one stage: nothing to time
 
 
 def test_a_startup_forward_waits_for_its_stream_not_the_device(monkeypatch):

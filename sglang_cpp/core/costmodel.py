@@ -184,9 +184,10 @@ class ChunkOverhead:
 
     ms: float = 0.0
     per_token_ms: float = 0.0
+    received_ms: float = 0.0  # the hidden-state receive's part at x = 0 (a wait on a peer, apart from `ms`)
 
     def __post_init__(self):
-        for name in ("ms", "per_token_ms"):
+        for name in ("ms", "per_token_ms", "received_ms"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"per-chunk overhead {name}={v!r} must be a finite number >= 0")
@@ -196,9 +197,14 @@ class ChunkOverhead:
         """A ChunkOverhead as is; a number as that many ms per chunk."""
         return v if isinstance(v, cls) else cls(float(v))
 
+    @property
+    def per_chunk_ms(self) -> float:
+        """Everything but the per-token part: the step's own cost and the receive's fixed part."""
+        return self.ms + self.received_ms
+
     def at(self, x):
         """ms for a chunk of x tokens (numpy broadcasting)."""
-        return self.ms + self.per_token_ms * np.asarray(x, float)
+        return self.per_chunk_ms + self.per_token_ms * np.asarray(x, float)
 
 
 def add_constant(cost, ms):
@@ -209,7 +215,7 @@ def add_constant(cost, ms):
         return PipelineCost(tuple(add_constant(m, ov) for m in cost.stages))
     if isinstance(cost, PiecewiseCost):  # every regime
         return add_constant_piecewise(cost, ov, add_constant)
-    return CostModel(**{**cost.coeffs, "c0": cost.c0 + ov.ms, "b": cost.b + ov.per_token_ms}, meta=cost.meta,
+    return CostModel(**{**cost.coeffs, "c0": cost.c0 + ov.per_chunk_ms, "b": cost.b + ov.per_token_ms}, meta=cost.meta,
                      fit=cost.fit)
 
 

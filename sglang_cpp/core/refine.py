@@ -59,7 +59,7 @@ def _with_overhead(model, add: ChunkOverhead, meta: dict | None = None, keep: Ch
         return replace(model.with_models(_with_overhead(r, add, None, keep) for r in model.models),
                        meta=dict(model.meta if meta is None else meta))
     co = {k: getattr(model, k) for k in COEFS}
-    co["c0"] = max(co["c0"] - keep.ms, 0.0) + add.ms
+    co["c0"] = max(co["c0"] - keep.per_chunk_ms, 0.0) + add.per_chunk_ms
     co["b"] = max(co["b"] - keep.per_token_ms, 0.0) + add.per_token_ms
     return CostModel(**co, meta=dict(model.meta if meta is None else meta), fit=model.fit)
 
@@ -168,7 +168,7 @@ class Refiner:
     def _overhead(self, s: int, st: StageRefit) -> str | None:
         """The median serving step replaces the per-chunk ms in force (the probe's, or an earlier median) once
         min_steps are in and it differs by more than the band; the stage's c0 moves by the difference. The
-        per-token part (the received hidden states, a wait the steps leave out) stays the probe's."""
+        received hidden states (their fixed and per-token parts: a wait the steps leave out) stay the probe's."""
         if st.new_steps < self.cfg.min_new or len(st.steps) < self.cfg.min_steps:
             return None
         st.new_steps = 0

@@ -217,12 +217,25 @@ _HANDLED = ("flashinfer", "fa3", "flashmla", "fa4", "intel_xpu")  # `_handle_att
 _ONE_SHOT = ("fa3", "flashinfer", "flashmla", "aiter")  # MHA_ONE_SHOT_SUPPORTED_BACKENDS
 
 
-def captured_everywhere(max_tokens: int, context_limit: int | None, largest_chunk: int, context_len: int) -> bool:
+PADDING_FACTOR = 2  # prefill_cuda_graph_runner.py:158: a replay pads at most this many times the chunk's tokens
+
+
+def captured_everywhere(max_tokens: int, context_limit: int | None, largest_chunk: int, context_len: int,
+                        buckets: tuple = (), smallest_chunk: int = 1) -> bool:
     """Whether every chunk a server plans runs in its captured prefill graph (SGLang 0.5.23
-    prefill_cuda_graph_runner.py can_replay_locally: a chunk of at most `max_tokens` tokens, over a context of at
-    most `context_limit`, None: no limit): then MLA runs absorbed at every prefix (mla_switches' captured_prefill).
-    False when some chunk can run eager: the regimes in L then hold for the eager chunks only."""
-    return largest_chunk <= max_tokens and (context_limit is None or context_len <= context_limit)
+    prefill_cuda_graph_runner.py can_replay_locally, 1325-1421: a chunk of at most `max_tokens` tokens, over a
+    context of at most `context_limit` (None: no limit), padded to the next of the captured `buckets` by at most
+    PADDING_FACTOR): then MLA runs absorbed at every prefix (mla_switches' captured_prefill). Chunks run from
+    `smallest_chunk` to `largest_chunk`. False when some chunk can run eager: the regimes in L then hold for the
+    eager chunks only."""
+    if largest_chunk > max_tokens or (context_limit is not None and context_len > context_limit):
+        return False
+    b = sorted(int(v) for v in buckets if int(v) <= max_tokens)
+    if not b:
+        return True
+    if b[0] > PADDING_FACTOR * smallest_chunk:  # the smallest chunks pad too far to the first bucket
+        return False
+    return all(hi <= PADDING_FACTOR * (lo + 1) for lo, hi in zip(b, b[1:]))
 
 
 def mla_switches(backend: str, threshold: int = MLA_THRESHOLD, capacity: int = MLA_CAPACITY,

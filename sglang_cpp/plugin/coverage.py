@@ -155,4 +155,8 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
             log.write("uncovered", shapes=[list(s) for s in left], lengths=lengths)
     if log is not None and cap:
         log.write("measured_chunk", chunk=cap)
+    if calibrated is not None:  # coverage's activations back to the allocator before serving
+        from .calibrate import _empty_cache
+
+        _empty_cache(str(getattr(sched, "device", "cpu")))
     return cost, samples, cap

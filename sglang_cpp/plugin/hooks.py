@@ -26,7 +26,7 @@ from .cpu_compat import (  # noqa: F401 (hooks)
 )
 from .hicache_file import HiCacheFile_init  # noqa: F401 (hook)
 from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
-from . import pd_kv, pd_ring
+from . import pd_kv, pd_ring, switches
 from .batch import BatchConfig, BatchPolicy, slot_loads
 from .decision_log import DecisionLog
 from .sizer import CppChunkSizer, SizerConfig
@@ -131,8 +131,11 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                                       "config": mine, "error": error,
                                       "kv_tokens": int(self.max_total_num_tokens),
                                       "max_context": int(self.req_to_token_pool.max_context_len),
-                                      "pp_rank": int(par.pp_rank), "relay": _relays_updates(par)})
+                                      "pp_rank": int(par.pp_rank), "relay": _relays_updates(par),
+                                      "captured": switches.captured_prefill(getattr(self.tp_worker, "model_runner",
+                                                                                     None))})
     check_agreement(gathered)
+    switches.CAPTURED = [g["captured"] for g in gathered]  # every stage's prefill graph, for the MLA switches
     policy = cfg.policy
     active = bool(sch.enable_dynamic_chunking)
     LOG = DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank(), buffer_lines=LOG_BUFFER_LINES) \

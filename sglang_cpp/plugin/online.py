@@ -49,6 +49,7 @@ class ModelUpdate:
     notes: list = field(default_factory=list)
     error: float = 0.0  # its held-back error (Refiner.error): the smallest predicted gain that moves a plan
     measured: list | None = None  # per stage, the chunk-size regimes served forwards measured (Refiner.measured)
+    received: list | None = None  # per stage, [received ms at x = 0, ms per token] also folded in (the probe's)
 
 
 class Online:
@@ -183,7 +184,9 @@ class Online:
             with self._lock:
                 self._pending = ModelUpdate(self.refiner.version, self.refiner.model.to_dict(),
                                             [st.overhead.ms for st in self.refiner.stages], self.covered, notes,
-                                            self.refiner.error, self.refiner.measured)
+                                            self.refiner.error, self.refiner.measured,
+                                            [[st.overhead.received_ms, st.overhead.per_token_ms]
+                                             for st in self.refiner.stages])
 
     def take_update(self) -> ModelUpdate | None:
         """The accepted model not yet sent (world rank 0, or a DP group's leader under local control
@@ -204,6 +207,7 @@ def apply(update: ModelUpdate, sizer, batch, log) -> None:
     if batch is not None:
         batch.cost = cost
     log.write("refit", version=update.version, cost=update.model, overheads_ms=update.overheads,
+              received=update.received,
               covered=update.covered, notes=update.notes, error=round(update.error, 5), measured=update.measured)
 
 

@@ -21,7 +21,7 @@ _pp_recv_proxy_tensors; on NCCL a rendezvous, so the transfer cannot start befor
 wait is the receiving stage's, per chunk, but it is "blocked" time above. So after the pipelined run every
 hop is timed alone, at two chunk sizes (`transfer_sizes`): the sender sends the proxy tensors of x tokens
 (the shapes its forward produced, split over attention TP as the scheduler's `send_tensor_dict` does)
-right after a barrier of the PP group, the receiver times its receive. A line through the two medians gives
+right after a barrier of every rank, the receiver times its receive. A line through the two medians gives
 the receiving stage a term in x.
 
 World rank 0 gathers every stage's figures and each stage's cost model gets its own overhead, a
@@ -62,8 +62,8 @@ def transfer_line(timed: dict) -> tuple[float, float]:
 
 def decide_overheads(gathered: list[dict]) -> list[ChunkOverhead]:
     """Per stage (ascending), the slowest of its TP ranks' overheads: the step median beyond forward and waits
-    plus the line of its receive times (`transfer`, {x: [ms]}; none on PP0) at x = 0 as ms per chunk, the
-    line's slope as ms per token. A negative or non-finite step median fails naming the stage (it cannot
+    (ms), the line of its receive times (`transfer`, {x: [ms]}; none on PP0) at x = 0 (received_ms) and the
+    line's slope (per_token_ms), each the largest over the stage's TP ranks. A negative or non-finite step median fails naming the stage (it cannot
     happen with a working timer: the forward is inside the step)."""
     per_stage: dict[int, list] = {}
     for g in gathered:
@@ -73,8 +73,8 @@ def decide_overheads(gathered: list[dict]) -> list[ChunkOverhead]:
                                "of step - forward - blocked over the pipelined probe): the stage's timer is broken. "
                                "Set SGLANG_CPP_OVERHEAD_PROBE=0 and give SGLANG_CPP_CHUNK_OVERHEAD_MS instead")
         lat, per_token = transfer_line({int(x): v for x, v in (g.get("transfer") or {}).items()})
-        per_stage.setdefault(g["stage"], []).append(ChunkOverhead(o + lat, per_token))
-    return [ChunkOverhead(max(o.ms for o in per_stage[s]), max(o.per_token_ms for o in per_stage[s]))
+        per_stage.setdefault(g["stage"], []).append(ChunkOverhead(o, per_token, lat))
+    return [ChunkOverhead(*(max(getattr(o, f) for o in per_stage[s]) for f in ("ms", "per_token_ms", "received_ms")))
             for s in sorted(per_stage)]
 
 
@@ -100,19 +100,24 @@ def transfer_sizes(align: int, largest: int) -> tuple[int, ...]:
 
 def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=None, repeats: int = 3) -> dict:
     """{x: [ms]} of this stage's receives from the previous stage at each size (empty on PP0): hop by hop,
-    one warm-up and `repeats` timed sends of `template`'s tensors at x rows, each after a barrier of the PP
-    group, so the receive waits for the transfer alone, not for a forward. `ag`: the attention-TP group the
+    one warm-up and `repeats` timed sends of `template`'s tensors at x rows, each after a barrier of every rank
+    (the world group's CPU group), so the receive waits for the transfer alone, not for a forward. `ag`: the attention-TP group the
     scheduler splits its sends over (send_tensor_dict's all_gather_group)."""
     import torch
 
     got: dict = {}
+    if not sizes or pp_size < 2:
+        return got
+    from sglang.srt.distributed.parallel_state import get_world_group
+
+    world = get_world_group()
     for x in sizes:
         payload = ({k: (v.new_zeros((x,) + tuple(v.shape[1:])) if torch.is_tensor(v) else v)
                     for k, v in template.items()} if template is not None else None)
         for hop in range(pp_size - 1):
             for r in range(repeats + 1):
                 tick(f"in the hidden-state transfer timing (PP{hop} -> PP{hop + 1}, {x} tokens)")
-                pp.barrier()
+                world.barrier()  # every rank: the receiver's all-gather over attention TP waits for no column
                 if pp_rank == hop:
                     pp.send_tensor_dict(payload, all_gather_group=ag)
                     timer.sync()
@@ -189,12 +194,19 @@ def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
                                  **probe_stage(sched, cfg.pp_rank, cfg.pp_size, n_chunks, chunk, sizes=sizes)})
 
     over, received = from_rank0(lambda: (decide_overheads(got), transfer_medians(got)))
+    from .calibrate import _empty_cache
+
+    _empty_cache(str(getattr(sched, "device", "cpu")))  # the probe's buffers back before serving
     logger.info("[sglang-cpp] per-chunk overhead measured in the pipeline (%d chunks of %d tokens; hidden-state "
                 "receives timed at %s tokens): %s; charged per stage on top of the calibrated forwards", n_chunks,
-                chunk, "/".join(map(str, sizes)), ", ".join(f"PP{s} {o.ms:.2f} ms + {o.per_token_ms * 1e3:.3f} us per "
-                                                            "token" for s, o in enumerate(over)))
+                chunk, "/".join(map(str, sizes)), ", ".join(f"PP{s} {o.per_chunk_ms:.2f} ms + {o.per_token_ms * 1e3:.3f} us "
+                                                            "per token" for s, o in enumerate(over)))
+    if len(sizes) == 1 and cfg.pp_size > 1:
+        logger.info("[sglang-cpp] the hidden-state receives were timed at one size (%d tokens: the alignment leaves "
+                    "no second within 4096): no per-token term, the whole receive charged per chunk", sizes[0])
     if log is not None:
         log.write("overhead", stages_ms=[round(o.ms, 4) for o in over],
+                  received_ms=[round(o.received_ms, 4) for o in over],
                   per_token_ms=[float(f"{o.per_token_ms:.6g}") for o in over], chunks=n_chunks, chunk=chunk,
                   transfer_sizes=list(sizes), transfer_ms=received)
     return with_overheads(cost, over), over

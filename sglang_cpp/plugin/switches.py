@@ -26,6 +26,7 @@ chunk pays 1.25-1.7x per query over a long prefix (`results/flash_split.md`). GP
 from __future__ import annotations
 
 import logging
+import math
 
 from .. import envs
 from ..core.regimes import CPU_FLASH_SWITCHES, captured_everywhere, mla_switches
@@ -54,45 +55,80 @@ def server_switches(sched) -> tuple:
     return out
 
 
-def captured_prefill(runner) -> tuple[int, int | None] | None:
-    """(the largest captured chunk, the context limit or None) of a model runner's prefill CUDA graph runner
-    (model_runner.py:1201 and 1685 set it, 2036-2060 replay it) when it replays inside the context MLA's dispatch
-    reads (tc_piecewise or breakable, cuda_graph_config.py:40-47); None without one, with the eager runner or
-    with a full graph (whose replay leaves the dispatch as eager)."""
-    graphs = getattr(runner, "prefill_cuda_graph_runner", None)
-    if graphs is None or type(graphs).__name__ == "EagerRunner" or not getattr(graphs, "max_num_tokens", None):
-        return None
-    if str(getattr(graphs, "prefill_backend_name", "")) not in ("tc_piecewise", "breakable"):
-        return None
-    limits = [int(v) for v in (getattr(graphs, "max_context_size", None), getattr(graphs, "max_seq_len", None))
-              if v is not None]
-    return int(graphs.max_num_tokens), (min(limits) if limits else None)
-
-
 _WARNED: set = set()
 
 
-def _captured_everywhere(sched, runner) -> bool:
-    """Whether every planned chunk runs in the captured prefill graph, where SGLang's MLA dispatch takes absorbed
-    MLA at every prefix (attention_backend_handler.py:109-112). Some but not all: one WARNING naming both limits
-    (the eager chunks follow the regimes in L; the captured ones are priced as if eager)."""
-    cap = captured_prefill(runner)
-    if cap is None:
-        return False
-    from sglang.srt.runtime_context import max_prefill_buffer_tokens
+def _warn_once(key, msg: str, *args) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logger.warning(msg, *args)
 
+
+def captured_prefill(runner) -> tuple | None:
+    """(the largest captured chunk, the context limit or None, the captured token buckets) of a model runner's
+    prefill CUDA graph runner (model_runner.py:1201 and 1685 set it, 2036-2060 replay it) when it replays inside
+    the context MLA's dispatch reads (tc_piecewise or breakable, cuda_graph_config.py:40-47); None without one or
+    with the eager runner. A full graph fixes MLA's method at capture, on a synthetic prefix
+    (prefill_cuda_graph_runner.py:557-561, 1127-1160): None, with one WARNING that such chunks are priced as
+    eager, approximately."""
+    graphs = getattr(runner, "prefill_cuda_graph_runner", None)
+    if graphs is None or type(graphs).__name__ == "EagerRunner" or not getattr(graphs, "max_num_tokens", None):
+        return None
+    backend = str(getattr(graphs, "prefill_backend_name", ""))
+    if backend == "full":
+        _warn_once("full", "[sglang-cpp] MLA prefill: the full prefill CUDA graph fixes the attention method at "
+                   "capture (chunks of up to %d tokens); the cost model prices them as eager, approximately. "
+                   "Breakable or tc_piecewise prefill graphs are priced exactly when they hold every planned chunk",
+                   int(graphs.max_num_tokens))
+        return None
+    if backend not in ("tc_piecewise", "breakable"):
+        return None
+    limits = [int(v) for v in (getattr(graphs, "max_context_size", None), getattr(graphs, "max_seq_len", None))
+              if v is not None]
+    buckets = tuple(sorted(int(b) for b in (getattr(graphs, "capture_num_tokens", None) or ())))
+    return int(graphs.max_num_tokens), (min(limits) if limits else None), buckets
+
+
+CAPTURED: list | None = None  # every rank's captured_prefill, gathered at startup (hooks); None: this rank's alone
+
+
+def _captured_everywhere(sched, runner) -> bool:
+    """Whether every planned chunk runs in the captured prefill graph on every rank, where SGLang's MLA dispatch
+    takes absorbed MLA at every prefix (attention_backend_handler.py:109-112). Not under DP attention (a chunk
+    replays only when every DP rank votes for it and none is idle, prefill_cuda_graph_runner.py:1423-1435,
+    dp_attn.py:384-443), nor under context parallelism the graph did not capture (model_runner.py:287-294), nor
+    when the stages' graphs differ. Some chunks but not all: one WARNING naming both limits (the eager chunks
+    follow the regimes in L; the captured ones are priced as if eager)."""
+    caps = CAPTURED if CAPTURED is not None else [captured_prefill(runner)]
+    if any(c is None for c in caps):
+        return False
+    if len(set(caps)) > 1:
+        _warn_once("differ", "[sglang-cpp] MLA prefill: the stages capture different prefill graphs (%s); every chunk "
+                   "is priced as eager", sorted(set(caps), key=str))
+        return False
+    cap = caps[0]
+    from sglang.srt.layers.cp.utils import get_cp_strategy
+    from sglang.srt.runtime_context import get_parallel, max_prefill_buffer_tokens
+
+    graphs = getattr(runner, "prefill_cuda_graph_runner", None)
+    if bool(getattr(get_parallel(), "attn_dp_enabled", False)):
+        _warn_once("dp", "[sglang-cpp] MLA prefill under DP attention: a chunk replays the captured prefill graph "
+                   "only when every DP rank votes for it, so chunks of up to %d tokens may run either way; every "
+                   "chunk is priced as eager", cap[0])
+        return False
+    if get_cp_strategy() is not None and not bool(getattr(graphs, "enable_cp_bcg_capture", False)):
+        return False
     largest, context = int(max_prefill_buffer_tokens()), int(getattr(sched.model_config, "context_len", 0) or 0)
-    if captured_everywhere(cap[0], cap[1], largest, context):
+    align = math.lcm(64, int(getattr(sched, "page_size", 1) or 1))  # the plan's smallest chunk at least
+    if captured_everywhere(cap[0], cap[1], largest, context, cap[2], smallest_chunk=align):
         return True
-    if cap not in _WARNED:
-        _WARNED.add(cap)
-        logger.warning("[sglang-cpp] MLA prefill: chunks of up to %d tokens%s replay the captured prefill CUDA graph "
-                       "(absorbed MLA at every prefix), larger ones run eager (the attention method switches with "
-                       "the prefix); the cost model prices every chunk as eager, so planned chunks under %d tokens "
-                       "are priced off. To price them exactly, capture up to the prefill ceiling (%d tokens%s) in "
-                       "the cuda-graph config's prefill bs, or run prefill eager", cap[0],
-                       f" over contexts of up to {cap[1]}" if cap[1] is not None else "", cap[0] + 1, largest,
-                       f", contexts up to {context}" if cap[1] is not None else "")
+    _warn_once(cap, "[sglang-cpp] MLA prefill: chunks of up to %d tokens%s replay the captured prefill CUDA graph "
+               "(absorbed MLA at every prefix) where their padding allows, larger ones run eager (the attention "
+               "method switches with the prefix); the cost model prices every chunk as eager, so planned chunks of "
+               "up to %d tokens are priced off. To price them exactly, capture buckets up to the prefill ceiling "
+               "(%d tokens%s), each at most twice the one below, or run prefill eager", cap[0],
+               f" over contexts of up to {cap[1]}" if cap[1] is not None else "", cap[0], largest,
+               f", contexts up to {context}" if cap[1] is not None else "")
     return False
 
 
