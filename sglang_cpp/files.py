@@ -58,6 +58,14 @@ def device_file_name(model, pp: int, tp, device_name, dtype, **extra) -> str:
                     for k, v in parts.items()) + ".json"
 
 
+def tuned_dir() -> Path:
+    """`sglang-cpp tune chunk`'s default folder, where the plugin looks for this server's file at startup:
+    SGLANG_CPP_CACHE_DIR/tuned (SGLang's fused-MoE tuner likewise writes per-device configs the server reads)."""
+    from .envs import CACHE_DIR
+
+    return Path(CACHE_DIR.get()) / "tuned"
+
+
 def load_json(path, default=_MISSING):
     """The JSON document at `path`; `default` when it is missing or unreadable, if one is given."""
     try:

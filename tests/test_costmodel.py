@@ -149,3 +149,33 @@ def test_whole_pipeline_profile_charges_each_stage_its_share(tmp_path):
     for L, x in ((0, 512), (6000, 1024), (8192, 2048)):
         assert stage.time(L, x) == pytest.approx(whole.time(L, x) / 4, rel=0.02)
     assert stage.meta["scope"] == "stage"
+
+
+def test_one_profile_check_for_every_command_names_the_file_the_field_and_the_flag(tmp_path, capsys):
+    """Issue 47 item 2: a profile measured at PP2 (two per-stage models) is refused by plan, simulate and bench ttft
+    at --pp-size 4 with the same line (the file, what it holds, the flag); a one-stage model serves any PP size;
+    the plugin's check is the same function (model, --tp-size, --dtype)."""
+    from sglang_cpp.cli import main as cli_main
+    from sglang_cpp.core.costmodel import CostModel, PipelineCost, check_profile, load_profile, save_profile
+
+    m = CostModel(c0=1.0, b=0.01, e=2e-6, f=1e-6)
+    two = save_profile(tmp_path / "pp2.json", cost=PipelineCost((m, m)), meta={"pp": 2, "tp": 8, "dtype": "bfloat16",
+                                                                              "model": "/models/Qwen3-8B"})
+    one = save_profile(tmp_path / "pp1.json", cost=m)
+    runs = (["plan", "--profile", str(two), "--input-len", "32k", "--pp-size", "4"],
+            ["simulate", "--profile", str(two), "--input-len", "32k", "--pp-size", "4"],
+            ["bench", "ttft", "--simulate", str(two), "--input-len", "32k", "--pp-size", "4", "--num-requests", "1"])
+    for argv in runs:
+        assert cli_main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"profile {two} has 2 per-stage models but --pp-size is 4" in err and "give --pp-size 2" in err, err
+    for argv in runs:
+        assert cli_main([a if a != str(two) else str(one) for a in argv]) == 0
+        capsys.readouterr()
+    doc = load_profile(two)
+    for kw, needle in ((dict(tp_size=4), "measured with tp=8 but this server runs --tp-size 4"),
+                       (dict(dtype="float32"), "measured with dtype=bfloat16 but this server runs --dtype float32"),
+                       (dict(model="Llama-3-8B"), "measured on model Qwen3-8B but this server serves Llama-3-8B")):
+        with pytest.raises(ValueError, match=needle):
+            check_profile(doc, "SGLANG_CPP_PROFILE=x", **kw)
+    check_profile(doc, "x", pp_size=2, tp_size=8, dtype="torch.bfloat16", model="/elsewhere/Qwen3-8B/")

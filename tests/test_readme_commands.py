@@ -37,4 +37,5 @@ def test_a_readme_command_runs_as_written(command, tmp_path, monkeypatch, capsys
     # inputs are named from the repository root; outputs (trace.json, fit.png, tune chunk's JSON) land in tmp
     argv = [str(ROOT / a) if a.startswith(("examples/", "results/")) else a for a in argv]
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path / "cache"))  # tune chunk's default folder
     assert cli_main(argv) == 0, capsys.readouterr().err[-2000:]

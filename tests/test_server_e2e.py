@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -514,17 +515,25 @@ def test_gllm_batch_policy_caps_every_micro_batch_alike_on_both_stages(smollm2, 
 def test_dp_planner_on_the_server_plans_what_plan_method_dp_plans(tiny, tmp_path):
     """SGLANG_CPP_PLANNER=dp on the real PP=2 server, on a profile file (no probe overhead, no online
     refit, so the served model is the file): both stages decide and run the chunks of `sglang-cpp plan
-    --method dp`, which on this model differ from the default equal-time planner's."""
+    --method dp`, which on this model differ from the default equal-time planner's. The file is found as
+    `tune chunk` leaves it (issue 47 item 6): SGLANG_CPP_CACHE_DIR/tuned/, named for this server's model, PP and
+    TP size, device and dtype, with no SGLANG_CPP_PROFILE."""
     from sglang_cpp.bench.client import random_ids
+    from sglang_cpp.files import device_file_name
+    from sglang_cpp.plugin.profiles import device_name
 
-    prof = tmp_path / "profile.json"
+    prof = tmp_path / "cache" / "tuned" / device_file_name(Path(str(tiny)).name, 2, 1, device_name("cpu"), "float32")
+    prof.parent.mkdir(parents=True)
     prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [],
                                 "coeffs": {"c0": 2.0, "b": 0.02, "e": 1e-5, "f": 1e-6}}))
-    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_PROFILE": str(prof), "SGLANG_CPP_PLANNER": "dp",
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(tmp_path / "cache"), "SGLANG_CPP_PLANNER": "dp",
            "SGLANG_CPP_OVERHEAD_PROBE": "0", "SGLANG_CPP_ONLINE": "0",
            "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
     with launched(ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=True, env=env), TIMEOUT) as srv:
         out = generate(srv.base_url, input_ids=random_ids(4000, seed=81), max_new_tokens=1)
+        log = srv.log()
+    assert f"cost model from the tuned config {prof}" in log
+    assert not (tmp_path / "cache" / "calibration").exists()  # found, so nothing was calibrated
     rid, logs = out.meta["id"], [tmp_path / f"dec_{r}.jsonl" for r in (0, 1)]
     assert all(read_events(p, "startup")[0]["config"]["method"] == "dp" for p in logs)
     decided = [[(L, x) for r, L, x in _decisions(p) if r == rid] for p in logs]
@@ -554,7 +563,10 @@ def online_run(tiny, tmp_path_factory):
     from sglang_cpp.bench.client import random_ids
 
     d = tmp_path_factory.mktemp("online")
-    cheap = {"coeffs": {"c0": 0.05, "b": 1e-4, "e": 2e-8, "f": 1e-8}}
+    # its prefix term e makes the startup plan put its small chunks last ([256 x 5, 192, 128] for 1600 tokens, with
+    # the probe's overheads, whichever stage is slower), where the served forwards' models put one first: the
+    # repeats of ONLINE_LENS[0] are then weighed (plan hysteresis), not planned alike by chance
+    cheap = {"coeffs": {"c0": 0.05, "b": 1e-4, "e": 1e-5, "f": 1e-8}}
     (d / "cheap.json").write_text(json.dumps({"format": "sglang-cpp-profile", "stages": [cheap, cheap]}))
     env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_PROFILE": str(d / "cheap.json"),
            "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl"),
@@ -675,8 +687,8 @@ def test_a_repeated_prompt_keeps_its_plan_unless_the_refit_predicts_a_gain_beyon
         keep = e["new_ms"] >= e["kept_ms"] * (1 - e["margin"]) or bool(e.get("unmeasured"))
         assert e["event"] == ("plan_kept" if keep else "plan_moved")
         assert (ran[rid] == ran[prev]) == keep and (keep or e["new_chunks"] == len(ran[rid]))
-    # the startup model (the cheap profile plus the probe's overhead) cuts the first length into 256s; the
-    # refined models' plans for these lengths start with a smaller chunk, so at least one repeat is weighed
+    # the startup model (the cheap profile plus the probe's overhead) puts the first length's small chunks last;
+    # the refined models' plans for these lengths start with a smaller chunk, so at least one repeat is weighed
     assert n_weighed >= 1
 
 

@@ -263,3 +263,17 @@ def test_chunk_on_a_whole_pipeline_server_profile_charges_each_stage_half(tmp_pa
     for st in getattr(cost, "stages", None) or (cost,):
         assert st.time(4096, 1024) == pytest.approx(STAGE0.time(4096, 1024) / 2, rel=0.01)
     assert all(abs(r["rel_err"]) < 0.01 for r in load_profile(written)["residuals"])
+
+
+def test_chunk_writes_where_the_plugin_looks_by_default(tmp_path, capsys, monkeypatch):
+    """Issue 47 item 6: without --out-dir, `tune chunk` writes its per-device file into SGLANG_CPP_CACHE_DIR/tuned,
+    under the name the plugin builds from a server's model, PP and TP size, device and dtype."""
+    from sglang_cpp.plugin.profiles import tuned_path
+
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    prof = write_profile(tmp_path / "p.json")
+    rc, _, err = tune(capsys, "chunk", prof, "--pp-size", 2, "--input-lens", "8k")
+    assert rc == 0, err
+    server = {"model": "/models/Qwen3-8B", "pp": 2, "tp": 1, "device_name": "NVIDIA_H100_80GB_HBM3", "dtype": "bfloat16"}
+    assert tuned_path(server).is_file() and [p.name for p in tmp_path.iterdir() if p.suffix == ".json"] == ["p.json"]

@@ -1,5 +1,5 @@
 """`sglang-cpp tune chunk`: rank the chunking options of a profile (recommend.py), print the table and
-the launch lines, and write the per-device JSON the plugin loads as SGLANG_CPP_PROFILE.
+the launch lines, and write the per-device JSON a server with the plugin finds at startup (SGLANG_CPP_CACHE_DIR/tuned; or give it as SGLANG_CPP_PROFILE).
 """
 from __future__ import annotations
 
@@ -86,7 +86,9 @@ def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict]:
     meta = {**doc.get("meta", {}), "pp": P}
     if doc.get("meta", {}).get("pp") not in (None, P):
         meta["profiled_pp"] = doc["meta"]["pp"]
-    path = Path(cfg.out_dir) / profile_name(doc.get("meta", {}), P, cfg.model_name)
+    from ..files import tuned_dir
+
+    path = Path(cfg.out_dir or tuned_dir()) / profile_name(doc.get("meta", {}), P, cfg.model_name)
     lines = launch_lines(rec, meta, cfg, path)
     recs = {k: (v.to_dict() if v is not None else None) for k, v in rec.items() if k not in ("all", "upstream_failed")}
     recs.update(objective="mean over input_lens of predicted TTFT / best fixed TTFT (simulator)",
@@ -114,7 +116,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=1, help="server --page-size (alignment is max(page, 64))")
     p.add_argument("--max-prefill-tokens", type=parse_len, default=SGLANG_MAX_PREFILL)
     p.add_argument("--model-name", default=None, help="model name in the output file name (default: profile meta)")
-    p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
+    p.add_argument("--out-dir", default=ChunkTuneConfig.out_dir,
+                   help="folder for the per-device JSON (default: SGLANG_CPP_CACHE_DIR/tuned, where a server with "
+                        "the plugin finds the file for its model, PP and TP size, device and dtype at startup)")
     p.add_argument("--context-length", type=parse_len, default=None,
                    help="server --context-length (default: unbounded)")
     p.add_argument("--chunk-overhead-ms", dest="p2p_ms", type=float, default=0.0,

@@ -34,7 +34,7 @@ class ChunkTuneConfig:
     page_size: int = 1
     max_prefill_tokens: int = SGLANG_MAX_PREFILL
     model_name: str | None = None
-    out_dir: str = "."
+    out_dir: str = ""  # "": SGLANG_CPP_CACHE_DIR/tuned (files.tuned_dir), where the plugin looks at startup
     context_length: int | None = None
     p2p_ms: float = 0.0
     chunk_sizes: tuple = DEFAULT_SIZES

@@ -451,16 +451,47 @@ def _per_stage_of_pipeline(models: list, meta: dict, where: str) -> "CostModel":
                      meta={**m.meta, "scope": "stage", "pp_share": P, "derived": f"whole-pipeline profile / pp={P}"})
 
 
-def load_cost(path: str | Path, form: str = "full", pp_size: int | None = None):
-    """The cost model of a profile; with `pp_size`, one that holds per-stage models for another PP size is
-    refused naming the file, what it holds and the flag (a one-stage model serves every stage)."""
-    cost = cost_from_profile(load_profile(path), f"profile {path}", form)
-    n = len(getattr(cost, "stages", None) or ())
-    if pp_size is not None and n and n != int(pp_size):
-        raise ValueError(f"profile {path} holds {n} stage models (one per PP stage it was measured on) but "
-                         f"--pp-size is {pp_size}: give --pp-size {n}, or a profile measured at PP {pp_size} "
-                         "(or one stage's model, which serves every stage)")
-    return cost
+def _name(v) -> str:
+    return Path(str(v).rstrip("/")).name  # a model path or a folder name: the same model in another folder
+
+
+def check_profile(doc: dict, where: str, *, pp_size: int | None = None, tp_size: int | None = None,
+                  model: str | None = None, dtype: str | None = None, hidden_size: int | None = None,
+                  num_layers: int | None = None, fix: str = "") -> None:
+    """The one compatibility check of a profile or calibration against what it is used for (every command and
+    the plugin): a profile measured on another model, TP size, dtype or split is wrong, not approximately right.
+    Each given value is compared with the field the profile's meta holds (absent there: not checked); the
+    error names `where` (the file), the field and value it holds, and the flag that disagrees. A one-stage
+    model serves every PP size; per-stage models only theirs."""
+    pm = doc.get("meta") or {}
+    tail = f"; {fix}" if fix else ""
+    for key, want in (("hidden_size", hidden_size), ("num_layers", num_layers)):
+        if want is not None and pm.get(key) not in (None, "") and int(pm[key]) != int(want):
+            raise ValueError(f"{where} was measured with {key}={pm[key]} but this server's model has "
+                             f"{key}={want}{tail}")
+    if model and pm.get("model") and _name(pm["model"]) != _name(model):
+        raise ValueError(f"{where} was measured on model {_name(pm['model'])} but this server serves "
+                         f"{_name(model)}{tail}")
+    for key, flag, want in (("tp", "--tp-size", tp_size), ("dtype", "--dtype", dtype)):
+        if want is not None and pm.get(key) not in (None, "") and \
+                str(pm[key]).replace("torch.", "") != str(want).replace("torch.", ""):
+            raise ValueError(f"{where} was measured with {key}={pm[key]} but this server runs {flag} {want}{tail}")
+    if pp_size is None:
+        return
+    stages = {s.get("stage", 0) for s in doc.get("samples", [])} or set(range(len(doc.get("stages") or [])))
+    if len(stages) > 1 and len(stages) != int(pp_size):
+        raise ValueError(f"{where} has {len(stages)} per-stage models but --pp-size is {pp_size} (one model per PP "
+                         f"stage it was measured on): give --pp-size {len(stages)}, or a profile measured at PP "
+                         f"{pp_size} (or one stage's model, which serves every stage){tail}")
+    if pm.get("pp") not in (None, "") and len(stages) > 1 and int(pm["pp"]) != int(pp_size):
+        raise ValueError(f"{where} was measured with pp={pm['pp']} but --pp-size is {pp_size}{tail}")
+
+
+def load_cost(path: str | Path, form: str = "full", pp_size: int | None = None, tp_size: int | None = None):
+    """The cost model of a profile, checked (`check_profile`) against the command's --pp-size and --tp-size."""
+    doc = load_profile(path)
+    check_profile(doc, f"profile {path}", pp_size=pp_size, tp_size=tp_size)
+    return cost_from_profile(doc, f"profile {path}", form)
 
 
 def save_profile(path: str | Path, *, samples: Sequence[dict] = (), meta: dict | None = None,
@@ -490,5 +521,5 @@ def parse_coeffs(text: str) -> CostModel:
     raise ValueError(f"--coeffs {text!r}: give 3 values (upstream a,b,c) or 6 (c0,g,b,d,e,f)")
 
 
-__all__ = ["CostModel", "ChunkOverhead", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
+__all__ = ["CostModel", "ChunkOverhead", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant", "check_profile", "fit_cost_model", "load_profile", "cost_from_profile", "load_cost",
            "save_profile", "parse_coeffs", "COEFS", "META_KEYS", "asdict"]

@@ -14,9 +14,9 @@ from pathlib import Path
 from .. import envs
 from .cache_key import timing_args
 from ..machine import cpu_model
-from ..core.costmodel import ChunkOverhead, PipelineCost, cost_from_profile, load_profile, model_from_dict, save_profile
+from ..core.costmodel import ChunkOverhead, PipelineCost, check_profile, cost_from_profile, load_profile, model_from_dict, save_profile
 from .switches import server_chunk_switches, server_switches
-from ..files import device_file_name
+from ..files import device_file_name, tuned_dir
 from ..core.upstream import UpstreamPredictor
 
 logger = logging.getLogger("sglang_cpp")
@@ -105,6 +105,12 @@ def cache_path(meta: dict, max_len: int) -> Path:
     return Path(envs.CACHE_DIR.get()) / "calibration" / name
 
 
+def tuned_path(meta: dict) -> Path:
+    """Where `sglang-cpp tune chunk` writes this server's profile by default, named as SGLang's fused-MoE tuner
+    names its configs (model, PP, TP, device, dtype): SGLANG_CPP_CACHE_DIR/tuned/ (per node; world rank 0's)."""
+    return tuned_dir() / device_file_name(meta["model"], meta["pp"], meta["tp"], meta["device_name"], meta["dtype"])
+
+
 def check_writable(folder: Path) -> None:
     """The calibration cache folder can take a file (world rank 0 saves there)."""
     try:
@@ -119,27 +125,10 @@ def check_writable(folder: Path) -> None:
 
 
 def check_matches(doc: dict, meta: dict, where: str, pp_size: int) -> None:
-    """A profile measured on another model or split is wrong, not approximately right."""
-    pm = doc.get("meta", {})
-    fix = "profile this server (`sglang-cpp profile`, `sglang-cpp tune chunk`) or unset SGLANG_CPP_PROFILE"
-    for key in ("hidden_size", "num_layers"):
-        if key in pm and key in meta and int(pm[key]) != int(meta[key]):
-            raise ValueError(f"{where} was measured with {key}={pm[key]} but this server's model has "
-                             f"{key}={meta[key]}; {fix}")
-    name = lambda v: Path(str(v).rstrip("/")).name  # noqa: E731  (a path or a folder name)
-    if pm.get("model") and meta.get("model") and name(pm["model"]) != name(meta["model"]):
-        raise ValueError(f"{where} was measured on model {name(pm['model'])} but this server serves "
-                         f"{name(meta['model'])}; {fix}")
-    for key, flag in (("tp", "--tp-size"), ("dtype", "--dtype")):
-        if pm.get(key) not in (None, "") and key in meta and str(pm[key]).replace("torch.", "") != str(meta[key]):
-            raise ValueError(f"{where} was measured with {key}={pm[key]} but this server runs {flag} "
-                             f"{meta[key]}; {fix}")
-    stages = {s.get("stage", 0) for s in doc.get("samples", [])} or set(range(len(doc.get("stages", []))))
-    if len(stages) > 1 and len(stages) != pp_size:
-        raise ValueError(f"{where} has {len(stages)} per-stage models but --pp-size is {pp_size}; "
-                         "re-profile with this PP size")
-    if "pp" in pm and len(stages) > 1 and int(pm["pp"]) != pp_size:
-        raise ValueError(f"{where} was measured with pp={pm['pp']} but --pp-size is {pp_size}")
+    """SGLANG_CPP_PROFILE against this server (core.costmodel.check_profile, the one check every command uses)."""
+    check_profile(doc, where, pp_size=pp_size, tp_size=meta.get("tp"), model=meta.get("model"),
+                  dtype=meta.get("dtype"), hidden_size=meta.get("hidden_size"), num_layers=meta.get("num_layers"),
+                  fix="profile this server (`sglang-cpp profile`, `sglang-cpp tune chunk`) or unset SGLANG_CPP_PROFILE")
 
 
 def covered_len(doc: dict) -> int:
@@ -167,16 +156,20 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
     """World rank 0 only: where the cost model comes from. {'kind': 'profile'|'cache', 'where', 'doc'}
     or {'kind': 'calibrate', 'max_len', 'budget_s', 'repeats', 'bound'}; a bad profile raises ValueError.
     max_context / kv_tokens: the smallest request-table row and KV pool over every rank (0: unknown)."""
-    path = envs.PROFILE.get()
+    path, where = envs.PROFILE.get(), f"SGLANG_CPP_PROFILE={envs.PROFILE.get()}"
+    tuned = tuned_path(meta)
+    if not path and tuned.is_file():  # `sglang-cpp tune chunk`'s per-device file for this server
+        path, where = str(tuned), f"tuned config {tuned}"
+        logger.info("[sglang-cpp] cost model from the tuned config %s (written by `sglang-cpp tune chunk` for this "
+                    "model, PP and TP size, device and dtype; SGLANG_CPP_PROFILE would win)", tuned)
     if path:
-        where = f"SGLANG_CPP_PROFILE={path}"
         try:
             doc = load_profile(path)
             check_matches(doc, meta, where, cfg.pp_size)
             model = cost_from_profile(doc, where).to_dict()  # fitted here, so an error names the file
         except ValueError as exc:
             msg = str(exc)
-            raise ValueError(msg if msg.startswith("SGLANG_CPP_PROFILE") else f"{where}: {msg}") from None
+            raise ValueError(msg if msg.startswith(where) else f"{where}: {msg}") from None
         return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc), "model": model}
     max_len, bound = calibration_target(envs.CALIB_MAX_LEN.get(), cfg.context_len, max_context or cfg.context_len + 1,
                                         kv_tokens or 1 << 62)
