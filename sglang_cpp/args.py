@@ -50,6 +50,36 @@ def positive_int(text) -> int:
     return v
 
 
+def parse_prompt_len(text) -> int:
+    """--input-len of one prompt: a token count >= 1 with an optional k/m suffix."""
+    v = parse_len(text)
+    if v < 1:
+        raise ArgError(f"{text!r}: give a prompt length >= 1 (e.g. 8k, 128k)")
+    return v
+
+
+def parse_fraction(text) -> float:
+    """--efficiency: a fraction of peak in (0, 1]."""
+    try:
+        v = float(str(text).strip())
+    except ValueError:
+        raise ArgError(f"{text!r}: expected a fraction of peak in (0, 1], e.g. 0.5") from None
+    if not 0 < v <= 1:
+        raise ArgError(f"{text!r}: give a fraction of peak in (0, 1], e.g. 0.5")
+    return v
+
+
+def parse_sigma(text) -> float:
+    """--sigma: upstream's smoothing factor in [0, 1] (SGLang's SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR)."""
+    try:
+        v = float(str(text).strip())
+    except ValueError:
+        raise ArgError(f"{text!r}: expected a number in [0, 1], e.g. 0.75") from None
+    if not 0 <= v <= 1:
+        raise ArgError(f"{text!r}: give a number in [0, 1], e.g. 0.75")
+    return v
+
+
 def parse_ints(text: str) -> tuple:
     """'256,512,1k' -> (256, 512, 1024)."""
     out = tuple(parse_len(t) for t in str(text).split(",") if t.strip())
@@ -82,10 +112,25 @@ def add_model_source(add, **kw) -> None:
         "qwen3-235b-a22b) or your own model: a local HF model folder or its config.json, read offline", **kw)
 
 
+def _call_noting_old(self, parser, namespace, values, option_string=None):
+    """The action's own __call__, after one stderr line when the user typed an old spelling."""
+    if option_string in self._old_spellings:
+        import sys
+
+        print(f"{parser.prog}: {option_string} is deprecated; use {self._new_spelling}", file=sys.stderr)
+    return type(self).__mro__[1].__call__(self, parser, namespace, values, option_string)
+
+
 def alias(parser, new: str, *old: str) -> None:
-    """Old spellings of flag `new` (SGLang's name where it has one), accepted for one release and hidden
-    from --help: they parse into the same action."""
+    """Old spellings of flag `new` (SGLang's name where it has one), accepted for one release, hidden from
+    --help: they parse into the same action (so a required flag given by its old name counts), which says in one
+    stderr line that the spelling is deprecated and names the new one."""
     action = parser._option_string_actions[new]
+    if not hasattr(action, "_old_spellings"):
+        base = type(action)
+        action.__class__ = type(base.__name__, (base,), {"__call__": _call_noting_old})
+        action._old_spellings, action._new_spelling = set(), new
+    action._old_spellings.update(old)
     for o in old:
         parser._option_string_actions[o] = action
 

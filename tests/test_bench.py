@@ -207,7 +207,7 @@ def test_context_length_error(fake, capsys):
     rc = main(["bench", "ttft", "--base-url", f.url, "--input-lens", "4k,16k"])
     err = capsys.readouterr().err
     assert rc == 2 and f.n == 0
-    assert "--input-lens 16384 exceeds the server's context length 8192" in err and "--context-length" in err
+    assert "--input-len 16384 exceeds the server's context length 8192" in err and "--context-length" in err
 
 
 def test_unreachable_server_names_url(capsys):

@@ -51,3 +51,40 @@ def test_old_spellings_are_hidden_and_the_p2p_time_has_its_own_name():
     ttft = bench._subparsers._group_actions[0].choices["ttft"]
     assert "--input-len LEN[,LEN...]" in ttft.format_help() and "--input-lens" not in ttft.format_help()
     assert bench.parse_args(["ttft", "--input-len", "8k"]).input_lens == (8192,)
+
+
+def test_an_old_spelling_says_once_that_it_is_deprecated_and_a_required_flag_given_so_counts(capsys):
+    """Issue 47 item 3: `--prompt-len` (simulate's old --input-len, a required flag) parses as before, with one
+    stderr line naming the new spelling; the new spelling prints none."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    base = ["simulate", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "2", "--json"]
+    assert cli_main(base + ["--prompt-len", "8k"]) == 0
+    old = capsys.readouterr()
+    assert old.err.count("deprecated") == 1 and "--prompt-len is deprecated; use --input-len" in old.err
+    assert cli_main(base + ["--input-len", "8k"]) == 0
+    new = capsys.readouterr()
+    assert "deprecated" not in new.err and json.loads(new.out) == json.loads(old.out)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "--coeffs", "1,2,3", "--pp-size", "2", "--input-len", "0"],
+     "argument --input-len: '0': give a prompt length >= 1"),
+    (["plan", "--coeffs", "1,2,3", "--pp-size", "2", "--input-len", "8k", "--sigma", "2"],
+     "argument --sigma: '2': give a number in [0, 1]"),
+    (["simulate", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "2", "--input-len", "8k",
+      "--efficiency", "2"], "argument --efficiency: '2': give a fraction of peak in (0, 1]"),
+    (["tune", "layout", "--analytic", "llama3-8b", "--device", "H100", "--gpus", "8", "--input-len", "8k",
+      "--efficiency", "0"], "argument --efficiency: '0': give a fraction of peak in (0, 1]"),
+])
+def test_bad_values_name_the_flag_the_user_typed_not_an_internal(argv, needle, capsys):
+    """Issue 47 item 3: errors named prompt_len, DeviceSpec.efficiency; now one line naming the flag, exit 2."""
+    from sglang_cpp.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as stop:  # argparse's own exit for a value its type refuses
+        cli_main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "prompt_len" not in err and "DeviceSpec" not in err and "Traceback" not in err

@@ -160,7 +160,7 @@ def test_cli_side_by_side(tmp_path, capsys):
     again = json.loads(capsys.readouterr().out)
     assert f"{again['gllm']['total_tok_s']:.1f}" in table.split("| gllm |")[1].split("\n")[0]
     assert main(args + ["--input-lens", "0.5:x-1k"]) == 2
-    assert "--input-lens '0.5:x-1k'" in capsys.readouterr().err
+    assert "--input-len '0.5:x-1k'" in capsys.readouterr().err
 
 
 def test_sglang_decodes_stay_in_the_slot_that_prefilled_them():

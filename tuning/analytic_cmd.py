@@ -14,7 +14,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_len, parse_lens
+from ..args import add_model_source, alias, parse_len, parse_lens, parse_sigma
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=("fixed", "quadratic", "plan"), default="quadratic",
                    help="chunk policy of the predictions")
     p.add_argument("--chunked-prefill-size", dest="chunk", type=parse_len, default=16384)
-    p.add_argument("--sigma", type=float, default=0.8, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    p.add_argument("--sigma", type=parse_sigma, default=0.8, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
     alias(p, "--tp-size", "--tp")
     alias(p, "--input-len", "--input-lens")

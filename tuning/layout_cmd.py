@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_ints, parse_len, parse_lens
+from ..args import add_model_source, alias, parse_fraction, parse_ints, parse_len, parse_lens
 from ..core.partition import default_partition, format_partition
 from . import config_from_args
 
@@ -42,7 +42,7 @@ class LayoutConfig:
 
     def __post_init__(self):
         if self.context_length is not None and max(self.input_lens) > self.context_length:
-            raise ValueError(f"--input-lens {max(self.input_lens)} is above --context-length {self.context_length}: "
+            raise ValueError(f"--input-len {max(self.input_lens)} is above --context-length {self.context_length}: "
                              "drop the length or raise the context length")
         if any(v < 1 for v in (*self.virtual_stages, *self.fixed_chunks, *self.cp_sizes)):
             raise ValueError("--virtual-stages, --fixed-chunks and --cp-sizes take integers >= 1")
@@ -121,12 +121,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_model_source(p.add_argument, required=True)
     p.add_argument("--device", default=d.device, help="device preset, e.g. H20")
     p.add_argument("--gpus", type=int, default=d.gpus, help="GPUs for one prefill instance (TP x PP)")
-    p.add_argument("--input-lens", type=parse_lens, default=d.input_lens, help="prompt lengths, e.g. 32k,128k,1m")
+    p.add_argument("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens, default=d.input_lens,
+                   help="prompt lengths, e.g. 32k,128k,1m")
     p.add_argument("--virtual-stages", type=parse_ints, default=d.virtual_stages, help="V values to try (1: plain PP)")
     p.add_argument("--cp-sizes", type=parse_ints, default=d.cp_sizes,
                    help="attention CP degrees to try inside each TP group (SGLang's --attn-cp-size; 1: none)")
     p.add_argument("--fixed-chunks", type=parse_ints, default=d.fixed_chunks, help="fixed chunk sizes tried beside the plan")
-    p.add_argument("--efficiency", type=float, default=None, help="fraction of peak (default: the preset's)")
+    p.add_argument("--efficiency", type=parse_fraction, default=None, help="fraction of peak (default: the preset's)")
     p.add_argument("--chunk-overhead-ms", type=float, default=None,
                    help="per chunk (per visit with V > 1) and stage; default the preset's")
     p.add_argument("--mem-gb", type=float, default=None, help="HBM per GPU (default: the preset's)")
@@ -136,7 +137,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-length", type=parse_len, default=None, help="the model's context (lengths above fail)")
     p.add_argument("--json", default=None, metavar="OUT.json")
     p.add_argument("--plot", default=None, metavar="OUT.png")
-    alias(p, "--input-lens", "--input-len")
+    alias(p, "--input-len", "--input-lens")
 
 
 def run(args) -> int:
@@ -154,7 +155,7 @@ def run(args) -> int:
     if not ranked or not win:
         why = "; ".join(f"{r.layout.name}: {r.reason}" for r in ranked) or "no TP x PP split of the GPUs"
         raise ValueError(f"--gpus {cfg.gpus}: no layout of {cfg.analytic} on {cfg.device} fits ({why}); raise --gpus "
-                         "or shorten --input-lens")
+                         "or shorten --input-len")
     cross = crossovers(win)
     print(render(cfg, ranked, win, cross, model.num_layers))
     if cfg.json:

@@ -46,7 +46,7 @@ class ChunkTuneConfig:
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={v!r} must be an integer >= 1")
         if not self.input_lens or min(self.input_lens) < 1:
-            raise ValueError(f"--input-lens {self.input_lens!r}: give prompt lengths >= 1, e.g. 32k,128k")
+            raise ValueError(f"--input-len {self.input_lens!r}: give prompt lengths >= 1, e.g. 32k,128k")
         if not self.chunk_sizes or min(self.chunk_sizes) < 1:
             raise ValueError(f"--fixed-chunks {self.chunk_sizes!r}: give chunk sizes >= 1, e.g. 1k,2k,4k")
         if not (math.isfinite(self.p2p_ms) and self.p2p_ms >= 0):
@@ -55,7 +55,7 @@ class ChunkTuneConfig:
             raise ValueError(f"--max-prefill-tokens={self.max_prefill_tokens} is below the chunk alignment "
                              f"{self.align} (max(--page-size, 64))")
         if self.context_length is not None and self.context_length <= max(self.input_lens):
-            raise ValueError(f"--context-length {self.context_length} must exceed the longest --input-lens "
+            raise ValueError(f"--context-length {self.context_length} must exceed the longest --input-len "
                              f"{max(self.input_lens)} (SGLang needs room for the output token)")
         if self.form not in FORMS:
             raise ValueError(f"--form {self.form!r}: choose one of {', '.join(FORMS)}")

@@ -37,7 +37,7 @@ class ServeBenchConfig:
             raise ValueError(f"--num-requests={self.num_requests} must be >= 1")
         if not self.request_rate > 0:
             raise ValueError(f"--request-rate={self.request_rate} must be > 0 (inf: all at once)")
-        LengthMix.parse(self.input_lens, "--input-lens")
+        LengthMix.parse(self.input_lens, "--input-len")
         LengthMix.parse(self.output_lens, "--output-lens")
 
 
@@ -59,7 +59,7 @@ def write_dataset(cfg: ServeBenchConfig, tokenizer, path: str | Path) -> list[tu
     with an HTTP error that bench_serving counts as completed, with all its input tokens in the
     throughput and no output (an 8,162-token prompt did so in an earlier run)."""
     rng = np.random.default_rng(cfg.seed)
-    ins = LengthMix.parse(cfg.input_lens, "--input-lens").sample(rng, cfg.num_requests)
+    ins = LengthMix.parse(cfg.input_lens, "--input-len").sample(rng, cfg.num_requests)
     outs = LengthMix.parse(cfg.output_lens, "--output-lens").sample(rng, cfg.num_requests)
     if cfg.context_length:
         if cfg.context_length <= outs.max() + CONTEXT_MARGIN:

@@ -44,13 +44,13 @@ class BenchConfig:
 
     def __post_init__(self):
         if not self.input_lens or any(int(L) < 1 for L in self.input_lens):
-            raise ValueError(f"--input-lens {self.input_lens}: give one or more lengths >= 1 (e.g. 8k,16k)")
+            raise ValueError(f"--input-len {self.input_lens}: give one or more lengths >= 1 (e.g. 8k,16k)")
         for name, lo in (("num_requests", 1), ("warmup", 0), ("max_concurrency", 1), ("shared_prefix", 0),
                          ("warmup_len", 0)):
             if int(getattr(self, name)) < lo:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)} must be >= {lo}")
         if self.shared_prefix and self.shared_prefix >= min(self.input_lens):
-            raise ValueError(f"--shared-prefix {self.shared_prefix} must be smaller than every --input-lens "
+            raise ValueError(f"--shared-prefix {self.shared_prefix} must be smaller than every --input-len "
                              f"(shortest is {min(self.input_lens)})")
 
 
@@ -156,12 +156,12 @@ def check_context(info: dict, input_lens) -> int | None:
     for L in input_lens:
         if L >= ctx:
             what = "exceeds" if L > ctx else "leaves no room for the output token in"
-            raise ValueError(f"--input-lens {L} {what} the server's context length {ctx} (server_info {where}): "
-                             "pass --context-length to the server or shorten --input-lens")
+            raise ValueError(f"--input-len {L} {what} the server's context length {ctx} (server_info {where}): "
+                             "pass --context-length to the server or shorten --input-len")
     mr = _find(info, "max_req_input_len")  # also bounded by the KV pool (--mem-fraction-static)
     if mr is not None and max(input_lens) > mr:
         pool = _find(info, "max_total_num_tokens")
-        raise ValueError(f"--input-lens {max(input_lens)} exceeds the server's max_req_input_len {mr} (KV pool of "
+        raise ValueError(f"--input-len {max(input_lens)} exceeds the server's max_req_input_len {mr} (KV pool of "
                          f"{pool} tokens): raise the server's --mem-fraction-static / --context-length or shorten")
     return ctx
 

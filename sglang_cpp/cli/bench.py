@@ -8,7 +8,8 @@ import math
 import sys
 from types import SimpleNamespace
 
-from ..args import add_model_source, alias, parse_chunk, parse_len, parse_lens, positive_int
+from ..args import (add_model_source, alias, parse_chunk, parse_fraction, parse_len, parse_lens, parse_sigma,
+                    positive_int)
 from ..bench import experiment
 from ..bench import serve as serve_bench
 from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
@@ -156,9 +157,9 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy", type=parse_policies, default=[("plan", None)],
                    help="chunk policy, or several side by side: NAME[:CHUNK],... with NAME plan, quadratic "
                         "(upstream dynamic chunking) or fixed, e.g. fixed:6k,fixed:18k,quadratic:18k,plan:18k")
-    g.add_argument("--efficiency", type=float, default=None,
+    g.add_argument("--efficiency", type=parse_fraction, default=None,
                    help="fraction of peak reached (--analytic; e.g. what `tune analytic` fitted)")
-    g.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    g.add_argument("--sigma", type=parse_sigma, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     add_attention_backend(g.add_argument)
     g.add_argument("--max-prefill-tokens", type=int, default=16384)
     g.add_argument("--trace", metavar="PATH",

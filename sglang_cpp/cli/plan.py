@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..args import add_model_source, alias, parse_chunk, parse_len, positive_int
+from ..args import add_model_source, alias, parse_chunk, parse_len, parse_prompt_len, parse_sigma, positive_int
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -32,11 +32,11 @@ def load_cost_arg(args):
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=["plan", "quadratic", "fixed"], default="plan")
     add_cost_args(p)
-    p.add_argument("--input-len", dest="prompt_len", type=parse_len, required=True, help="prompt tokens (8k, 1m)")
+    p.add_argument("--input-len", dest="prompt_len", type=parse_prompt_len, required=True, help="prompt tokens (8k, 1m)")
     p.add_argument("--prefix-len", type=parse_len, default=0, help="tokens already cached (radix/HiCache hit)")
     p.add_argument("--pp-size", type=int, default=2)
     p.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None, help="the base chunk C")
-    p.add_argument("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    p.add_argument("--sigma", type=parse_sigma, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     p.add_argument("--page-size", type=positive_int, default=1)
     p.add_argument("--context-length", dest="context_len", type=parse_len, default=None)
     p.add_argument("--max-prefill-tokens", type=int, default=16384)

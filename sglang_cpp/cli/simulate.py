@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..args import add_model_source, alias, parse_chunk, parse_len, positive_int
+from ..args import (add_model_source, alias, parse_chunk, parse_fraction, parse_len, parse_prompt_len, parse_sigma,
+                    positive_int)
 from ..files import dumps
 from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
 from .common import add_attention_backend, chunk_overhead_ms, cli_costs
@@ -13,13 +14,13 @@ from .common import add_attention_backend, chunk_overhead_ms, cli_costs
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a = parser.add_argument
-    a("--input-len", dest="prompt_len", type=parse_len, required=True, help="prompt tokens (suffixes k, m: 128k, 1m)")
+    a("--input-len", dest="prompt_len", type=parse_prompt_len, required=True, help="prompt tokens (suffixes k, m: 128k, 1m)")
     a("--prefix-len", type=parse_len, default=0, help="cached prefix tokens (default 0)")
     a("--pp-size", type=int, required=True)
     a("--policy", choices=("fixed", "quadratic", "plan"), default="fixed",
       help="fixed C; quadratic: upstream's dynamic chunking (its fit emulated from the cost model unless "
            "--coeffs A,B,C or the profile's 'upstream'); plan: the sglang-cpp planner")
-    a("--sigma", type=float, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
+    a("--sigma", type=parse_sigma, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     a("--max-prefill-tokens", type=parse_len, default=16384, help="SGLang's --max-prefill-tokens")
     a("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,
       help="the base chunk C: the fixed chunk, or upstream's first chunk (default 8k)")
@@ -32,7 +33,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
     a("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
     a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
-    a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
+    a("--efficiency", type=parse_fraction, default=None, help="fraction of peak reached (--analytic)")
     add_attention_backend(a)
     a("--layers-per-stage", default=None, help="N or N0,N1,... (--analytic; default an even split)")
     a("--p2p-latency-ms", type=float, default=0.0)

@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_chunk, parse_len, positive_int
+from ..args import add_model_source, alias, parse_chunk, parse_fraction, parse_len, positive_int
 from ..files import dumps
 from .common import add_attention_backend
 
@@ -19,7 +19,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_model_source(src.add_argument)
     a("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
     a("--tp-size", dest="tp", type=positive_int, default=1)
-    a("--efficiency", type=float, default=None, help="fraction of peak reached (--analytic)")
+    a("--efficiency", type=parse_fraction, default=None, help="fraction of peak reached (--analytic)")
     add_attention_backend(a)
     a("--pp-size", type=int, required=True)
     w = p.add_argument_group("workload: a trace, or Poisson arrivals")

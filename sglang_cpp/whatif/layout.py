@@ -122,7 +122,7 @@ def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, vi
         raise ValueError(f"--mem-fraction={mem_fraction!r} must be in (0, 1]")
     lengths = sorted(int(v) for v in lengths)
     if not lengths or lengths[0] < 1:
-        raise ValueError(f"--input-lens {lengths}: give one or more lengths >= 1")
+        raise ValueError(f"--input-len {lengths}: give one or more lengths >= 1")
     o = device.chunk_overhead_ms if overhead_ms is None else float(overhead_ms)
     limit = device.mem_gb * mem_fraction
     cap = max(fixed_chunks)

@@ -23,7 +23,7 @@ class LengthMix:
     parts: tuple
 
     @classmethod
-    def parse(cls, text: str, flag: str = "--input-lens") -> "LengthMix":
+    def parse(cls, text: str, flag: str = "--input-len") -> "LengthMix":
         parts = []
         for item in str(text).split(","):
             w, _, rng = item.strip().rpartition(":")
