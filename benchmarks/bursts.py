@@ -46,9 +46,9 @@ SOURCES = {
 
 
 def run(source: list, overhead: float, burst: int, policies: str, out: Path) -> list[dict]:
-    argv = ["bench", "ttft", *source, "--pp-size", "8", "--input-len", str(LEN), "--num-requests", str(burst),
+    argv = ["bench", "ttft", *source, "--pp-size", "8", "--input-len", str(LEN), "--num-prompts", str(burst),
             "--max-concurrency", str(burst), "--chunked-prefill-size", str(PLAN_C), "--max-prefill-tokens", "16384",
-            "--chunk-overhead-ms", str(overhead), "--policy", policies, "--output-jsonl", str(out)]
+            "--chunk-overhead-ms", str(overhead), "--policy", policies, "--output-file", str(out)]
     out.unlink(missing_ok=True)
     import contextlib
     import io
@@ -114,7 +114,7 @@ def main() -> int:
     t, q = np.array(times), np.array(parts)
     lines = ["# Bursts of long prompts at PP8 (SIMULATED)", "", *provenance_lines(cmd), "",
              __doc__.split("\n\n")[1], "",
-             f"Prompts of {LEN} tokens, all sent at t = 0 (`--num-requests N --max-concurrency N`); PP8; the plan at "
+             f"Prompts of {LEN} tokens, all sent at t = 0 (`--num-prompts N --max-concurrency N`); PP8; the plan at "
              f"--chunked-prefill-size {PLAN_C} (a memory cap: chunks up to {PLAN_C * 5 // 4}); fixed chunks "
              f"{', '.join(str(c) for c in FIXED)}; DCK at C = {', '.join(str(c) for c in DCK_C)} x sigma = "
              f"{', '.join(str(s) for s in DCK_SIGMA)} ({len(DCK_C) * len(DCK_SIGMA)} settings). Throughput: input tok/s over the burst's makespan; "

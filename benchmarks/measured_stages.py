@@ -24,7 +24,7 @@ POLICIES = "fixed:1k,fixed:2k,fixed:4k,fixed:8k,fixed:16k,quadratic:16k,plan:4k,
 def side_by_side(profile: Path, pp: int, input_len: str, overhead: float) -> tuple[str, list[str]]:
     """(the command, the table rows `bench ttft` printed under 'SIMULATED side by side')."""
     cmd = ["sglang-cpp", "bench", "ttft", "--simulate", str(profile.relative_to(ROOT)), "--pp-size", str(pp),
-           "--input-len", input_len, "--num-requests", "1", "--chunk-overhead-ms", f"{overhead:g}",
+           "--input-len", input_len, "--num-prompts", "1", "--chunk-overhead-ms", f"{overhead:g}",
            "--policy", POLICIES]
     out = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", *cmd[1:]], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.splitlines()

@@ -98,7 +98,7 @@ def _sim(tmp_path, capsys, policy, *extra):
     out = tmp_path / f"{policy}{len(list(tmp_path.glob('*.jsonl')))}.jsonl"  # a fresh file per call
     rc = main(["bench", "ttft", "--simulate", str(_profile(tmp_path)), "--input-lens", "4k,16k,64k",
                "--num-requests", "3", "--pp-size", "2", "--chunk-size", "2048", "--policy", policy,
-               "--output-jsonl", str(out), *extra])
+               "--output-jsonl", str(out), "--detail", *extra])
     text = capsys.readouterr().out
     assert rc == 0
     return text, [json.loads(line) for line in out.read_text().splitlines()]
@@ -126,9 +126,9 @@ def test_simulate_end_to_end(tmp_path, capsys):
 
 def test_simulate_coeffs_and_analytic(tmp_path, capsys):
     assert main(["bench", "ttft", "--coeffs", "1e-5,0.05,2", "--input-lens", "8k", "--policy", "quadratic",
-                 "--chunk-size", "2048", "--num-requests", "1"]) == 0
+                 "--chunk-size", "2048", "--num-requests", "1", "--detail"]) == 0
     assert main(["bench", "ttft", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "4",
-                 "--input-lens", "1m", "--num-requests", "1"]) == 0
+                 "--input-lens", "1m", "--num-requests", "1", "--detail"]) == 0
     out = capsys.readouterr().out
     assert out.count("(SIMULATED)") == 2 and "1048576" in out
 
@@ -147,7 +147,7 @@ def test_simulate_and_base_url_conflict(capsys):
 class Fake:
     def __init__(self, info, fail_on=(), meta=None):
         self.info, self.fail_on, self.meta, self.n = info, set(fail_on), meta or {}, 0
-        self.lens, self.lock = [], threading.Lock()
+        self.lens, self.ids, self.lock = [], [], threading.Lock()
         fake = self
 
         class H(BaseHTTPRequestHandler):
@@ -172,6 +172,7 @@ class Fake:
                     fake.n += 1
                     k = fake.n
                     fake.lens.append(len(req["input_ids"]))
+                    fake.ids.append(tuple(req["input_ids"]))
                 chunks = [{"text": "", "meta_info": {}}]
                 if k in fake.fail_on:
                     chunks.append({"error": {"message": "scheduler died"}})
@@ -225,7 +226,7 @@ def test_midrun_failure_keeps_other_results(fake, tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     rc = main(["bench", "ttft", "--base-url", f.url, "--input-lens", "512,1k", "--num-requests", "3",
                "--warmup", "0", "--output-jsonl", str(out), "--policy-label", "plan", "--plot",
-               str(tmp_path / "p.png")])
+               str(tmp_path / "p.png"), "--detail"])
     captured = capsys.readouterr()
     assert rc == 1 and "1 request(s) failed" in captured.err
     assert captured.out.count("Serving Benchmark Result") == 2
@@ -537,3 +538,23 @@ def test_one_verdict_rule_a_tie_is_never_met(ratio, mine, theirs, want):
     from sglang_cpp.bench.report import verdict
 
     assert verdict(ratio, 1.01, mine, theirs) == want
+
+
+def test_bench_ttft_speaks_bench_serving_and_a_rerun_sends_new_prompts(fake, tmp_path, capsys):
+    """Issue 47 item 4: bench_serving's flag names (--num-prompts, --warmup-requests, --output-file) and record
+    keys (request_rate, output_throughput, p99_e2e_latency_ms); without --seed each run draws its own (printed and
+    recorded), so a rerun on the same server misses its radix cache; --seed N sends the same prompts again."""
+    f = fake(info={"context_len": 8192})
+    out = tmp_path / "r.jsonl"
+    argv = ["bench", "ttft", "--base-url", f.url, "--input-len", "256", "--num-prompts", "2", "--warmup-requests", "0",
+            "--output-file", str(out)]
+    assert main(argv) == 0 and main(argv) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 2 and recs[0]["seed"] != recs[1]["seed"] and f.n == 4
+    assert set(f.ids[:2]).isdisjoint(f.ids[2:])  # the second run's prompts are new
+    for r in recs:
+        assert r["request_rate"] is None and r["output_throughput"] > 0 and r["p99_e2e_latency_ms"] >= 0
+    assert main(argv + ["--seed", str(recs[0]["seed"])]) == 0
+    assert f.ids[4:] == f.ids[:2]  # the first run's prompts, again
+    err = capsys.readouterr().err
+    assert "deprecated" not in err

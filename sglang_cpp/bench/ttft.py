@@ -13,7 +13,7 @@ import json
 import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,7 @@ class BenchConfig:
     num_requests: int = 2
     warmup: int = 1
     max_concurrency: int = 1
-    seed: int = 0
+    seed: int | None = None  # None: a fresh one per run (printed and recorded), so a rerun misses the radix cache
     shared_prefix: int = 0
     policy_label: str = ""
     timeout_s: float = 3600.0
@@ -45,10 +45,11 @@ class BenchConfig:
     def __post_init__(self):
         if not self.input_lens or any(int(L) < 1 for L in self.input_lens):
             raise ValueError(f"--input-len {self.input_lens}: give one or more lengths >= 1 (e.g. 8k,16k)")
-        for name, lo in (("num_requests", 1), ("warmup", 0), ("max_concurrency", 1), ("shared_prefix", 0),
-                         ("warmup_len", 0)):
+        for name, flag, lo in (("num_requests", "--num-prompts", 1), ("warmup", "--warmup-requests", 0),
+                               ("max_concurrency", "--max-concurrency", 1), ("shared_prefix", "--shared-prefix", 0),
+                               ("warmup_len", "--warmup-len", 0)):
             if int(getattr(self, name)) < lo:
-                raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)} must be >= {lo}")
+                raise ValueError(f"{flag} {getattr(self, name)} must be >= {lo}")
         if self.shared_prefix and self.shared_prefix >= min(self.input_lens):
             raise ValueError(f"--shared-prefix {self.shared_prefix} must be smaller than every --input-len "
                              f"(shortest is {min(self.input_lens)})")
@@ -68,12 +69,15 @@ def summarize(ttfts_s, errors, input_len: int, duration_s: float, e2e_s=None) ->
     return {"random_input_len": int(input_len), "random_output_len": 1, "num_prompts": len(errors),
             "completed": n, "failed": len(errors) - n, "duration": dur,
             "total_input_tokens": n * int(input_len), "total_output_tokens": n,
+            "request_rate": None,  # bench_serving's key; None: closed loop (--max-concurrency), not Poisson
             "request_throughput": n / dur if dur > 0 else None,
             "input_throughput": n * int(input_len) / dur if dur > 0 else None,
+            "output_throughput": n / dur if dur > 0 else None,  # one output token per request
             "mean_ttft_ms": st(np.mean), "median_ttft_ms": st(np.median), "std_ttft_ms": st(np.std),
             "p90_ttft_ms": st(lambda a: np.percentile(a, 90)), "p95_ttft_ms": st(lambda a: np.percentile(a, 95)),
             "p99_ttft_ms": st(lambda a: np.percentile(a, 99)),
             "mean_e2e_latency_ms": st(np.mean, e2e), "median_e2e_latency_ms": st(np.median, e2e),
+            "p99_e2e_latency_ms": st(lambda a: np.percentile(a, 99), e2e),
             "input_lens": [int(input_len)] * len(errors),
             "ttfts": [0.0 if e else float(t) for t, e in zip(ttfts_s, errors)],  # seconds, as bench_serving
             "errors": [e or "" for e in errors]}
@@ -180,6 +184,11 @@ def run_ttft(base_url: str, cfg: BenchConfig, log=_log) -> list[dict]:
     check_context(info, cfg.input_lens)
     meta = run_meta(cfg.policy_label, False, info)
     index, records = 0, []
+    if cfg.seed is None:  # a fresh seed per run: the same server's radix cache never serves a rerun's prompts
+        import random
+
+        cfg = replace(cfg, seed=random.SystemRandom().randrange(1 << 30))
+        log(f"seed {cfg.seed} (pass --seed {cfg.seed} to send these prompts again)")
 
     def one(job):
         i, ids = job

@@ -128,23 +128,45 @@ def side_by_side(records: list[dict], args) -> str:
     return "\n".join(out)
 
 
+def summary_table(records: list[dict]) -> str:
+    """One row per input length (and policy): what bench_serving's blocks say, first and on one screen."""
+    sim = any(r.get("simulated") for r in records)
+    head = ["input", "policy", "completed", "failed", "median TTFT (ms)", "p90 TTFT (ms)", "p99 TTFT (ms)",
+            "input tok/s"]
+    out = [("SIMULATED " if sim else "") + "TTFT per input length (--detail: bench_serving's block for each)",
+           "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    fmt = lambda v: "n/a" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
+    for r in records:
+        out.append("| " + " | ".join(fmt(v) for v in (r["random_input_len"], r.get("policy") or "-", r["completed"],
+                                                        r["failed"], r["median_ttft_ms"], r["p90_ttft_ms"],
+                                                        r["p99_ttft_ms"], r["input_throughput"])) + " |")
+    return "\n".join(out)
+
+
 # -- outputs --------------------------------------------------------------------------------------
 def add_ttft_args(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--base-url", help="SGLang server, e.g. http://127.0.0.1:30000 (not needed when simulating)")
     a("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens, required=True,
       help="prompt length, or several comma-separated (8k = 8192)")
-    a("--num-requests", type=int, default=2, help="measured requests per length")
-    a("--warmup", type=int, default=1, help="unmeasured requests per length, before the measured ones")
-    a("--max-concurrency", type=int, default=1)
-    a("--seed", type=int, default=0, help="request i gets random ids from seed + i")
+    d = BenchConfig((1,))
+    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests, help="measured requests per length")
+    a("--warmup-requests", dest="warmup", type=int, default=d.warmup,
+      help="unmeasured requests per length, before the measured ones")
+    a("--max-concurrency", type=int, default=d.max_concurrency)
+    a("--seed", type=int, default=d.seed, help="request i gets random ids from seed + i (default: a fresh seed per "
+                                              "run, printed and recorded, so a rerun misses the radix cache)")
     a("--shared-prefix", type=parse_len, default=0, help="first LEN ids shared by all requests of a length")
-    a("--output-jsonl", help="append one bench_serving-style JSON line per length")
+    a("--output-file", dest="output_jsonl", help="append one bench_serving-style JSON line per length")
+    a("--detail", action="store_true", help="each length's bench_serving result block (default: one summary table)")
     a("--plot", help="PNG of median TTFT (p90 bars) against input length")
     a("--policy-label", default="", help="name of the server's configuration, carried into the JSONL")
     a("--request-timeout", dest="timeout", type=float, default=3600.0, help="seconds per request")
     alias(p, "--request-timeout", "--timeout")
     alias(p, "--input-len", "--input-lens")
+    alias(p, "--num-prompts", "--num-requests")
+    alias(p, "--warmup-requests", "--warmup")
+    alias(p, "--output-file", "--output-jsonl")
     g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
     g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
     add_model_source(g.add_argument)
@@ -190,7 +212,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     d, a = serve_bench.ServeBenchConfig(), p.add_argument
     a("--base-url", required=True, help="a running SGLang server")
     a("--model-path", required=True, help="the served model's folder (its tokenizer writes the prompts)")
-    a("--num-requests", type=int, default=d.num_requests)
+    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests)
     a("--request-rate", type=float, default=d.request_rate, help="Poisson arrivals per second (inf: all at once)")
     a("--input-len", dest="input_lens", metavar="MIX", default=d.input_lens,
       help="length mixture [WEIGHT:]LO[-HI],... of the prompts")
@@ -202,6 +224,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     a("--out-dir", default="results/serve", help="workload and bench_serving output files go here")
     alias(p, "--input-len", "--input-lens")
     alias(p, "--output-len", "--output-lens")
+    alias(p, "--num-prompts", "--num-requests")
 
 
 def run_ttft_cli(args) -> int:
@@ -222,10 +245,13 @@ def run_ttft_cli(args) -> int:
         cfg = BenchConfig(tuple(args.input_lens), args.num_requests, args.warmup, args.max_concurrency, args.seed,
                           args.shared_prefix, args.policy_label, args.timeout)
         records = run_ttft(args.base_url, cfg)
-    for r in records:
-        print(format_block(r))
     if simulated and len(args.policy) > 1:
         print(side_by_side(records, args))
+    else:
+        print(summary_table(records))
+    if args.detail:
+        for r in records:
+            print(format_block(r))
     if args.output_jsonl:
         _log(f"wrote {write_jsonl(records, args.output_jsonl)}")
     if args.plot:

@@ -80,8 +80,9 @@ def add_experiment_args(p, preset) -> None:
       help="upstream dynamic chunking's --chunked-prefill-size as a multiple of the best fixed chunk")
     a("--plan", action=argparse.BooleanOptionalAction, default=d.plan, help="run the sglang-cpp plan server")
     a("--pp1", action=argparse.BooleanOptionalAction, default=d.pp1, help="run PP=1 on one core")
-    a("--num-requests", type=int, default=d.num_requests, help="measured requests per length and server")
-    a("--warmup", type=int, default=d.warmup, help="unmeasured requests per length and server")
+    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests,
+      help="measured requests per length and server")
+    a("--warmup-requests", dest="warmup", type=int, default=d.warmup, help="unmeasured requests per length and server")
     a("--warmup-len", type=parse_len, default=d.warmup_len, help="tokens per warmup request (0: the measured length)")
     a("--seed", type=int, default=d.seed)
     a("--profile", default=d.profile, help="SGLANG_CPP_PROFILE for the plan server and the simulator check "
@@ -109,6 +110,8 @@ def add_experiment_args(p, preset) -> None:
     alias(p, "--sigmas", "--sigma")
     alias(p, "--plot", "--png")
     alias(p, "--input-len", "--input-lens")
+    alias(p, "--num-prompts", "--num-requests")
+    alias(p, "--warmup-requests", "--warmup")
 
 
 def run_experiment(args) -> int:

@@ -24,7 +24,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a("--pp-size", type=int, required=True)
     w = p.add_argument_group("workload: a trace, or Poisson arrivals")
     w.add_argument("--workload", help="JSON lines / CSV with arrival_ms, input_len, output_len")
-    w.add_argument("--num-requests", type=int, default=64)
+    w.add_argument("--num-prompts", dest="num_requests", type=int, default=64)
     w.add_argument("--request-rate", type=float, default=math.inf, help="requests per second (inf: all at once)")
     w.add_argument("--input-len", dest="input_lens", metavar="MIX", default="0.9:200-2k,0.1:6k-8k",
                    help="prompt lengths: [WEIGHT:]LO-HI,... uniform mixture")
@@ -55,6 +55,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--tp-size", "--tp")
     alias(p, "--input-len", "--input-lens")
+    alias(p, "--num-prompts", "--num-requests")
     alias(p, "--output-len", "--output-lens")
     alias(p, "--p2p-latency-ms", "--p2p-ms")
 

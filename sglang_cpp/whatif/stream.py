@@ -1,6 +1,6 @@
 """Many prompts through one pipeline, each planned as the server would plan it at the moment it starts.
 
-Why: `bench ttft --simulate --num-requests N --max-concurrency N` used to give every prompt of a burst the
+Why: `bench ttft --simulate --num-prompts N --max-concurrency N` used to give every prompt of a burst the
 same chunks, the single-prompt plan's. On a server each prompt is planned when it starts, from what every
 stage shares then (core/queue_plan.py): the chunks still in the pipe and the prompts waiting behind it, and
 its remaining chunks are planned again at the first chunk boundary after the waiting queue changed. This

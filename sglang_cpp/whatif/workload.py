@@ -48,7 +48,7 @@ class LengthMix:
 def poisson(num: int, rate: float, inputs: LengthMix, outputs: LengthMix, seed: int = 0) -> list[Request]:
     """`num` requests with exponential gaps at `rate` per second (inf: all at t = 0)."""
     if num < 1:
-        raise ValueError(f"--num-requests={num} must be >= 1")
+        raise ValueError(f"--num-prompts {num} must be >= 1")
     if not rate > 0:
         raise ValueError(f"--request-rate={rate} must be > 0 (inf: every request at t = 0)")
     rng = np.random.default_rng(seed)
