@@ -144,3 +144,15 @@ def parse_floats(text: str) -> tuple:
     if not out:
         raise ArgError(f"{text!r}: give comma-separated numbers, e.g. 0.6,0.85")
     return out
+
+
+def progress_bar(desc: str, unit: str, disable: bool = False):
+    """A wrapper that shows a tqdm bar on stderr over an iterable (the long commands' progress; --disable-tqdm,
+    bench_serving's flag, turns it off), or None when disabled."""
+    if disable:
+        return None
+    import sys
+
+    from tqdm import tqdm
+
+    return lambda items: tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False)

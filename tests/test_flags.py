@@ -88,3 +88,20 @@ def test_bad_values_name_the_flag_the_user_typed_not_an_internal(argv, needle, c
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and "prompt_len" not in err and "DeviceSpec" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["tune", "layout", "--analytic", "llama3-8b", "--device", "H100", "--gpus", "4", "--input-len", "8k"],
+    ["simulate-serve", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "2", "--num-prompts", "8",
+     "--input-len", "200-2k", "--output-len", "8-16"],
+], ids=["tune-layout", "simulate-serve"])
+def test_long_commands_show_progress_on_stderr_unless_disabled(argv, capsys):
+    """Issue 47 item 5: the commands that run for tens of seconds at their README sizes show a tqdm bar on stderr
+    (stdout stays the result), and --disable-tqdm (bench_serving's flag) turns it off."""
+    from sglang_cpp.cli import main as cli_main
+
+    assert cli_main(argv) == 0
+    on = capsys.readouterr()
+    assert cli_main(argv + ["--disable-tqdm"]) == 0
+    off = capsys.readouterr()
+    assert argv[0] in on.err and "%|" in on.err and "%|" not in off.err and on.out == off.out

@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_fraction, parse_ints, parse_len, parse_lens
+from ..args import add_model_source, alias, parse_fraction, parse_ints, parse_len, parse_lens, progress_bar
 from ..core.partition import default_partition, format_partition
 from . import config_from_args
 
@@ -137,6 +137,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-length", type=parse_len, default=None, help="the model's context (lengths above fail)")
     p.add_argument("--json", default=None, metavar="OUT.json")
     p.add_argument("--plot", default=None, metavar="OUT.png")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar (stderr)")
     alias(p, "--input-len", "--input-lens")
 
 
@@ -150,7 +151,8 @@ def run(args) -> int:
     dev = replace(dev, **{k: v for k, v in (("efficiency", cfg.efficiency), ("mem_gb", cfg.mem_gb)) if v is not None})
     ranked = rank_layouts(model, dev, cfg.gpus, cfg.input_lens, virtual_stages=cfg.virtual_stages,
                           fixed_chunks=cfg.fixed_chunks, overhead_ms=cfg.chunk_overhead_ms,
-                          mem_fraction=cfg.mem_fraction, max_tp=cfg.max_tp, cp_sizes=cfg.cp_sizes)
+                          mem_fraction=cfg.mem_fraction, max_tp=cfg.max_tp, cp_sizes=cfg.cp_sizes,
+                          progress=progress_bar("tune layout", "layout", getattr(args, "disable_tqdm", False)))
     win = winners(ranked)
     if not ranked or not win:
         why = "; ".join(f"{r.layout.name}: {r.reason}" for r in ranked) or "no TP x PP split of the GPUs"

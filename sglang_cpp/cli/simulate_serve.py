@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_chunk, parse_fraction, parse_len, positive_int
+from ..args import add_model_source, alias, parse_chunk, parse_fraction, parse_len, positive_int, progress_bar
 from ..files import dumps
 from .common import add_attention_backend
 
@@ -52,6 +52,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a("--json", action="store_true", help="machine-readable output")
     a("--trace-dir", help="write one Perfetto trace per policy here")
     a("--plot", help="PNG of the KV occupancy over time, one line per policy")
+    a("--disable-tqdm", action="store_true", help="no progress bar (stderr)")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--tp-size", "--tp")
     alias(p, "--input-len", "--input-lens")
@@ -60,7 +61,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--p2p-latency-ms", "--p2p-ms")
 
 
-def run_policies(requests, prefill, names, *, chunk: int = 2048, decode=None, **serve) -> dict:
+def run_policies(requests, prefill, names, *, chunk: int = 2048, decode=None, progress=None, **serve) -> dict:
     """{policy name: ServeResult} for each name, each on a fresh policy object: `chunk` is the prefill
     budget (sglang, sarathi, tdpipe) or #MaxP (gllm, time); sipipe is sglang with CPU sampling; `decode`
     the per-stage DecodeCost (default: from each prefill model); `serve` are the ServeConfig settings."""
@@ -69,7 +70,7 @@ def run_policies(requests, prefill, names, *, chunk: int = 2048, decode=None, **
 
     decode = list(decode) if decode is not None else [DecodeCost.from_prefill(m) for m in prefill]
     out = {}
-    for name in names:
+    for name in (progress(names) if progress else names):
         base = "sglang" if name == "sipipe" else name
         pol = make_policy(base, **({"max_p": chunk} if base in ("gllm", "time") else {"chunk": chunk}))
         pol.name = name
@@ -123,7 +124,8 @@ def run(args) -> int:
     results = run_policies(requests, prefill, [n.strip() for n in args.policies.split(",") if n.strip()],
                            chunk=args.chunk, decode=decode_costs(args.decode_log, len(prefill)),
                            kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
-                           p2p_ms=args.p2p_ms, sample_ms=args.sample_ms)
+                           p2p_ms=args.p2p_ms, sample_ms=args.sample_ms,
+                           progress=progress_bar("simulate-serve", "policy", args.disable_tqdm))
     if args.trace_dir:
         for name, r in results.items():
             save_json(Path(args.trace_dir) / f"serving-{name}.json", r.to_chrome_trace())

@@ -113,9 +113,10 @@ def partition_for(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, tokens
 
 def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, virtual_stages=(1,),
                  fixed_chunks=(4096, 8192, 16384, 32768), overhead_ms: float | None = None,
-                 mem_fraction: float = 0.88, max_tp: int = 8, cp_sizes=(1,)) -> list[Ranked]:
+                 mem_fraction: float = 0.88, max_tp: int = 8, cp_sizes=(1,), progress=None) -> list[Ranked]:
     """Every layout of `gpus` GPUs, feasible ones with their best policy per length; the plan (whose
-    chunks do not depend on C) and fixed chunks of `fixed_chunks` are the policies tried."""
+    chunks do not depend on C) and fixed chunks of `fixed_chunks` are the policies tried. `progress`: wraps the
+    list of layouts (the CLI's tqdm bar; None: none)."""
     if device.mem_gb <= 0:
         raise ValueError(f"device {device.name} has no memory size: give --mem-gb")
     if not 0 < mem_fraction <= 1:
@@ -150,7 +151,8 @@ def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, vi
         return split[(tp, pp, cp)]
 
     out = []
-    for lay in layouts(gpus, model.num_layers, max_tp, virtual_stages, cp_sizes):
+    todo = layouts(gpus, model.num_layers, max_tp, virtual_stages, cp_sizes)
+    for lay in (progress(todo) if progress else todo):
         parts, mem, planned, reason = per_split(lay.tp, lay.pp, lay.cp)
         if reason:
             out.append(Ranked(lay, parts, mem, reason=reason))
