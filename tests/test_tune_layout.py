@@ -96,3 +96,22 @@ def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):
     assert cli_main(["tune", "layout", *argv]) == 2
     err = capsys.readouterr().err
     assert match in err
+
+
+def test_differences_inside_the_models_error_are_ties_not_a_best_or_a_crossover():
+    """Issue 47 item 8: layouts within TIE_BAND (3%, the analytic model's stated error) of the best are ties; a
+    change of winner inside it is no crossover; one beyond it is."""
+    from sglang_cpp.whatif.layout import TIE_BAND, ties
+
+    a = Ranked(Layout(8, 4), best={32768: ("plan", 0, 1000.0), 131072: ("plan", 0, 10000.0)})
+    b = Ranked(Layout(4, 8), best={32768: ("plan", 0, 1000.0 * (1 + TIE_BAND / 2)), 131072: ("plan", 0, 9999.0)})
+    c = Ranked(Layout(2, 16), best={32768: ("plan", 0, 1000.0 * (1 + 2 * TIE_BAND)), 131072: ("plan", 0, 20000.0)})
+    ranked = [a, b, c]
+    assert ties(ranked, 32768) == [a, b] and ties(ranked, 131072) == [b, a]
+    win = {32768: a, 131072: b}
+    assert crossovers(win) == [(32768, 131072, "TP8 x PP4", "TP4 x PP8")]  # without the ranking: any change
+    assert crossovers(win, ranked) == []  # b by 0.01% at 128K: a tie
+    b.best[131072] = ("plan", 0, 10000.0 / (1 + 2 * TIE_BAND))  # b pulls ahead at 128K beyond the band ...
+    assert ties(ranked, 131072) == [b] and crossovers(win, ranked) == []  # ... but ties a at 32K: b everywhere
+    b.best[32768] = ("plan", 0, 1000.0 * (1 + 2 * TIE_BAND))  # and falls behind at 32K: a real crossover
+    assert crossovers(win, ranked) == [(32768, 131072, "TP8 x PP4", "TP4 x PP8")]

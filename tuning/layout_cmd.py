@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..args import add_model_source, alias, parse_fraction, parse_ints, parse_len, parse_lens, progress_bar
 from ..core.partition import default_partition, format_partition
+from ..whatif.layout import TIE_BAND, ties
 from . import config_from_args
 
 
@@ -72,15 +73,21 @@ def render(cfg: LayoutConfig, ranked, win, cross, num_layers: int) -> str:
     out = [f"{cfg.analytic} on {cfg.gpus} x {cfg.device}: predicted TTFT (s) of each layout's best chunk policy",
            "", "| layout | partition | GB per GPU | " + " | ".join(_k(S) for S in lens) + " |",
            "|---|---|---:|" + "---:|" * len(lens)]
+    tied = {S: ties(ranked, S) for S in lens}
     for r in sorted(ok, key=lambda r: r.best[lens[-1]][2]):
         cells = [f"{r.best[S][2] / 1e3:.2f} ({r.best[S][0]}{'' if r.best[S][0] == 'plan' else ' ' + _k(r.best[S][1])})"
-                 + (" **best**" if win[S] is r else "") for S in lens]
+                 + (" **best**" if win[S] is r else " tie" if r in tied[S] else "") for S in lens]
         out.append(f"| {r.layout.name} | {format_partition(r.parts)} | {r.mem_gb:.1f} | " + " | ".join(cells) + " |")
+    out += ["", f"'tie': within {TIE_BAND:.0%} of the best, inside the analytic model's error (it predicts the blog's "
+                "published TTFTs within 0.99-1.03x): pick among ties by what else matters (memory headroom, TP "
+                "inside a node)"]
     bad = [r for r in ranked if r.reason]
     if bad:
         out += ["", "Infeasible:"] + [f"- {r.layout.name}: {r.reason}" for r in bad]
     out += [""] + ([f"Crossover between {_k(a)} and {_k(b)}: {w1} -> {w2}" for a, b, w1, w2 in cross]
-                   or [f"One winner at every length: {win[lens[0]].layout.name}"])
+                   or [f"No crossover beyond the model's error: {win[lens[0]].layout.name} wins or ties at every "
+                       "length" if all(win[lens[0]] in tied[S] for S in lens) else
+                       "No crossover beyond the model's error between consecutive lengths"])
     out += ["", "Winner's launch line per length:"]
     out += [f"  {_k(S)}: {launch_flags(cfg, win[S], S, num_layers)}" for S in lens]
     return "\n".join(out)
@@ -97,22 +104,33 @@ def to_json(cfg: LayoutConfig, ranked, win, cross) -> dict:
             "crossovers": [{"from_len": a, "to_len": b, "below": w1, "above": w2} for a, b, w1, w2 in cross]}
 
 
-def plot(path: str, cfg: LayoutConfig, ranked, top: int = 10) -> Path:
-    """The `top` feasible layouts at the longest length (a legend of 30 layouts reads as noise)."""
+def plot(path: str, cfg: LayoutConfig, ranked, win: dict, num_layers: int, top: int = 5) -> Path:
+    """One panel per input length: its `top` layouts' predicted TTFT relative to the best, the tie band (the
+    analytic model's error) shaded, ties and the winner labelled, the winner's launch line under the panel."""
+    import textwrap
+
     from ..files import pyplot, save_figure
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
     lens = sorted(cfg.input_lens)
-    for r in sorted((r for r in ranked if not r.reason), key=lambda r: r.best[lens[-1]][2])[:top]:
-        ax.plot([S / 1024 for S in lens], [r.best[S][2] / 1e3 for S in lens], marker="o", label=r.layout.name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("input length (K tokens)")
-    ax.set_ylabel("TTFT (s), PREDICTED")
-    ax.set_title(f"{cfg.analytic} on {cfg.gpus} x {cfg.device}: best chunk policy per layout", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, which="both")
+    fig, axes = plt.subplots(len(lens), 1, figsize=(7.5, 2.3 * len(lens)), squeeze=False)
+    for ax, S in zip(axes[:, 0], lens):
+        ok = sorted((r for r in ranked if not r.reason), key=lambda r: r.best[S][2])[:top]
+        best, tied = ok[0].best[S][2], ties(ranked, S)
+        ax.axvspan(1.0, 1.0 + TIE_BAND, color="0.85", label=f"tie band ({TIE_BAND:.0%}: the model's error)")
+        for k, r in enumerate(ok):
+            rel = r.best[S][2] / best
+            ax.barh(k, rel, color="tab:green" if r is win[S] else "tab:blue" if r in tied else "0.6")
+            tag = "best" if r is win[S] else "tie" if r in tied else f"+{rel - 1:.1%}"
+            ax.text(rel, k, f" {r.best[S][2] / 1e3:.2f} s, {tag}", va="center", fontsize=7)
+        ax.set_yticks(range(len(ok)), [r.layout.name for r in ok], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0.95, max(1.0 + 2 * TIE_BAND, max(r.best[S][2] / best for r in ok) * 1.15))
+        ax.set_title(f"{_k(S)} tokens: TTFT / best (PREDICTED)", fontsize=8, loc="left")
+        ax.set_xlabel("\n".join(textwrap.wrap(launch_flags(cfg, win[S], S, num_layers), 110)), fontsize=6)
+    axes[0, 0].legend(fontsize=6, loc="lower right")
+    fig.suptitle(f"{cfg.analytic} on {cfg.gpus} x {cfg.device}: the best {top} layouts per length", fontsize=9)
+    fig.tight_layout()
     return save_figure(fig, path)
 
 
@@ -158,14 +176,14 @@ def run(args) -> int:
         why = "; ".join(f"{r.layout.name}: {r.reason}" for r in ranked) or "no TP x PP split of the GPUs"
         raise ValueError(f"--gpus {cfg.gpus}: no layout of {cfg.analytic} on {cfg.device} fits ({why}); raise --gpus "
                          "or shorten --input-len")
-    cross = crossovers(win)
+    cross = crossovers(win, ranked)
     print(render(cfg, ranked, win, cross, model.num_layers))
     if cfg.json:
         from ..files import save_json
 
         print(f"wrote {save_json(cfg.json, to_json(cfg, ranked, win, cross))}")
     if cfg.plot:
-        print(f"wrote {plot(cfg.plot, cfg, ranked)}")
+        print(f"wrote {plot(cfg.plot, cfg, ranked, win, model.num_layers)}")
     return 0
 
 

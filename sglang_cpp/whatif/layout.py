@@ -192,12 +192,32 @@ def winners(ranked: list[Ranked]) -> dict:
     return {S: min(ok, key=lambda r: r.best[S][2]) for S in ok[0].best}
 
 
-def crossovers(win: dict) -> list[tuple]:
-    """[(shorter length, longer length, winner below, winner above)] where the winner changes."""
+# The analytic model's stated error: it predicts the blog's Table 1 within 0.99-1.03x (tests/test_analytic.py
+# holds it within 5%), so layouts within 3% of the best are ties, not a ranking.
+TIE_BAND = 0.03
+
+
+def ties(ranked: list[Ranked], S: int, band: float = TIE_BAND) -> list[Ranked]:
+    """The feasible layouts at length S within `band` of the best there, best first (the winner and its ties)."""
+    ok = sorted((r for r in ranked if not r.reason), key=lambda r: r.best[S][2])
+    return [r for r in ok if r.best[S][2] <= ok[0].best[S][2] * (1 + band)] if ok else []
+
+
+def crossovers(win: dict, ranked: list[Ranked] | None = None, band: float = TIE_BAND) -> list[tuple]:
+    """[(shorter length, longer length, winner below, winner above)] where the winner changes; with `ranked`, a
+    change inside the model's error (the earlier winner within `band` of the new one at the longer length, or the
+    new one within it at the shorter) is a tie, not a crossover."""
     lens = sorted(win)
-    return [(a, b, win[a].layout.name, win[b].layout.name) for a, b in zip(lens, lens[1:])
-            if win[a].layout != win[b].layout]
+    out = []
+    for a, b in zip(lens, lens[1:]):
+        if win[a].layout == win[b].layout:
+            continue
+        if ranked is not None and (win[a] in ties(ranked, b, band) or win[b] in ties(ranked, a, band)):
+            continue
+        out.append((a, b, win[a].layout.name, win[b].layout.name))
+    return out
 
 
 __all__ = ["Layout", "Ranked", "layouts", "stage_memory_gb", "partition_for", "rank_layouts", "winners", "crossovers",
+           "ties", "TIE_BAND",
            "decode_ms"]
