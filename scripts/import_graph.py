@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp", "sglang_cpp.profiler": ROOT / "profiler",
-            "sglang_cpp.tuning": ROOT / "tuning"}
+PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp"}  # profiler/ and tuning/ inside it, as pyproject installs them
 # The wings, bottom up. A wing imports only itself and the wings in its BELOW set; every module sits in one.
 SUPPORT = ("sglang_cpp", "sglang_cpp.envs", "sglang_cpp.args", "sglang_cpp.files", "sglang_cpp.machine")
 WING_OF = {"sglang_cpp.core": "core", "sglang_cpp.whatif": "whatif", "sglang_cpp.plugin": "plugin",

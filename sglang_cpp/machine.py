@@ -97,3 +97,16 @@ def provenance_lines(command: str, machine_extra: str = "") -> list[str]:
             f"- versions: torch {info['torch']}, sglang {info['sglang']}, sglang-cpp {info['sglang-cpp']}",
             f"- commit: {source_commit()}",
             f"- command: `{command}`"]
+
+
+def device_name(device: str) -> str:
+    """The device as the calibration cache and `tune chunk`'s files name it: the GPU's name (spaces as _), or
+    on CPU the model, the ISA (hosts of one CPU model differ: AVX2 only, or AVX-512 with bf16) and the cores."""
+    import re
+
+    if str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name().replace(" ", "_")
+    name = f"{cpu_model()} {cpu_isa()}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + f"_{os.cpu_count()}cpu"

@@ -373,7 +373,7 @@ def test_a_profile_for_another_pp_size_is_refused_naming_file_and_flag(cmd, tmp_
     base = [*cmd, "--input-len", "32k", "--chunked-prefill-size", "8192"]
     assert cli_main([*base, *src, str(eight), "--pp-size", "4"]) == 2
     err = capsys.readouterr().err
-    assert str(eight) in err and "8 stage models" in err and "--pp-size is 4" in err and "Traceback" not in err
+    assert str(eight) in err and "8 per-stage models" in err and "--pp-size is 4" in err and "Traceback" not in err
     assert cli_main([*base, *src, str(eight), "--pp-size", "8"]) == 0
     assert cli_main([*base, *src, str(one), "--pp-size", "4"]) == 0
     capsys.readouterr()

@@ -277,3 +277,53 @@ def test_chunk_writes_where_the_plugin_looks_by_default(tmp_path, capsys, monkey
     assert rc == 0, err
     server = {"model": "/models/Qwen3-8B", "pp": 2, "tp": 1, "device_name": "NVIDIA_H100_80GB_HBM3", "dtype": "bfloat16"}
     assert tuned_path(server).is_file() and [p.name for p in tmp_path.iterdir() if p.suffix == ".json"] == ["p.json"]
+
+
+def test_the_plugin_calibrates_past_a_tuned_file_that_does_not_fit_and_names_near_misses(tmp_path, monkeypatch,
+                                                                                         caplog):
+    """Issue 47 item 6: a tuned file for this server's name but measured at another TP size is not used (one
+    WARNING naming it and what to do; the server calibrates, never dies for a file the user did not name); a file
+    for this model, PP and TP under another device name (a remote server's 'cuda') gets one INFO line saying how to
+    name it for this server."""
+    from types import SimpleNamespace
+
+    from sglang_cpp.core.costmodel import CostModel, save_profile
+    from sglang_cpp.files import device_file_name
+    from sglang_cpp.plugin.profiles import resolve_source, tuned_path
+
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SGLANG_CPP_PROFILE", raising=False)
+    meta = {"model": "Qwen3-8B", "pp": 2, "tp": 1, "device_name": "NVIDIA_H100_80GB_HBM3", "dtype": "bfloat16",
+            "hidden_size": 4096, "num_layers": 36, "layer_partition": ""}
+    cfg = SimpleNamespace(pp_size=2, context_len=32768)
+    m = CostModel(c0=1.0, b=0.01, e=2e-6, f=1e-6)
+    save_profile(tmp_path / "tuned" / device_file_name("Qwen3-8B", 2, 1, "cuda", "auto"), cost=m)
+    with caplog.at_level("INFO", logger="sglang_cpp"):
+        assert resolve_source(meta, cfg)["kind"] == "calibrate"
+    assert "--device-name NVIDIA_H100_80GB_HBM3 --dtype bfloat16" in caplog.text and "device_name=cuda" in caplog.text
+    save_profile(tuned_path(meta), cost=m, meta={"tp": 8})
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sglang_cpp"):
+        assert resolve_source(meta, cfg)["kind"] == "calibrate"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "measured with tp=8 but this server runs --tp-size 1" in warned[0]
+    assert f"Remove {tuned_path(meta)}" in warned[0]
+    save_profile(tuned_path(meta), cost=m, meta={"tp": 1})
+    assert resolve_source(meta, cfg)["kind"] == "profile"  # the right file is used
+    monkeypatch.setenv("SGLANG_CPP_PROFILE", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="SGLANG_CPP_PROFILE="):  # a file the user named still stops the server
+        resolve_source(meta, cfg)
+
+
+def test_a_server_profile_is_named_as_the_plugin_names_its_server(tmp_path):
+    """A local server's 'cuda' / 'cpu' becomes the plugin's device name, and its dtype 'auto' the model's own."""
+    import json
+
+    from sglang_cpp.machine import device_name
+    from sglang_cpp.profiler.server import _device_name, _dtype
+
+    assert _device_name("cpu", "http://127.0.0.1:30000") == device_name("cpu")
+    assert _device_name("cuda", "http://10.0.0.5:30000") == "cuda"  # remote: its word (tune chunk --device-name)
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    assert _dtype("auto", {"model_path": str(tmp_path)}, {}) == "bfloat16" and _dtype("float16", {}, {}) == "float16"
+    assert _dtype("auto", {"model_path": str(tmp_path / "nowhere")}, {}) == "auto"

@@ -21,8 +21,8 @@ _pp_recv_proxy_tensors; on NCCL a rendezvous, so the transfer cannot start befor
 wait is the receiving stage's, per chunk, but it is "blocked" time above. So after the pipelined run every
 hop is timed alone, at two chunk sizes (`transfer_sizes`): the sender sends the proxy tensors of x tokens
 (the shapes its forward produced, split over attention TP as the scheduler's `send_tensor_dict` does)
-right after a barrier of every rank, the receiver times its receive. A line through the two medians gives
-the receiving stage a term in x.
+right after a barrier of every rank, the receiver times its receive. A line through the fastest receive at each
+size gives the receiving stage a term in x.
 
 World rank 0 gathers every stage's figures and each stage's cost model gets its own overhead, a
 `ChunkOverhead` (ms per chunk into c0, ms per token into b), the same on every rank. A negative or
@@ -48,9 +48,10 @@ def stage_overhead(steps: list[tuple[float, float, float]]) -> float:
 
 
 def transfer_line(timed: dict) -> tuple[float, float]:
-    """(ms at x = 0, ms per token) of a line through the medians of the receive times at two sizes
-    ({x: [ms, ...]}), both floored at 0 (a flat or noisy pair: no term in x); (0, 0) with none."""
-    pts = sorted((int(x), float(np.median(v))) for x, v in timed.items() if v)
+    """(ms at x = 0, ms per token) of a line through the fastest receive at each of two sizes ({x: [ms, ...]}):
+    the transfer's own cost, each repeat's excess being the barrier's exit skew (a TCP hop on gloo across
+    nodes); both floored at 0 (a flat or noisy pair: no term in x); (0, 0) with none."""
+    pts = sorted((int(x), float(np.min(v))) for x, v in timed.items() if v)
     if not pts:
         return 0.0, 0.0
     if len(pts) == 1:
@@ -79,13 +80,13 @@ def decide_overheads(gathered: list[dict]) -> list[ChunkOverhead]:
 
 
 def transfer_medians(gathered: list[dict]) -> list[list]:
-    """Per stage (ascending), [[x, median receive ms], ...] of its slowest TP rank at each size (the log's)."""
+    """Per stage (ascending), [[x, fastest receive ms], ...] of its slowest TP rank at each size (the log's)."""
     per_stage: dict[int, dict] = {}
     for g in gathered:
         at = per_stage.setdefault(g["stage"], {})
         for x, v in (g.get("transfer") or {}).items():
             if v:
-                at[int(x)] = max(at.get(int(x), 0.0), float(np.median(v)))
+                at[int(x)] = max(at.get(int(x), 0.0), float(np.min(v)))
     return [[[x, round(ms, 4)] for x, ms in sorted(per_stage[s].items())] for s in sorted(per_stage)]
 
 
@@ -220,4 +221,5 @@ def with_overheads(cost, over: list):
     over = [ChunkOverhead.of(o) for o in over]
     if isinstance(cost, PipelineCost) and len(cost.stages) == len(over):
         return PipelineCost(tuple(add_constant(m, o) for m, o in zip(cost.stages, over)))
-    return add_constant(cost, ChunkOverhead(max(o.ms for o in over), max(o.per_token_ms for o in over)))
+    return add_constant(cost, ChunkOverhead(*(max(getattr(o, f) for o in over)
+                                              for f in ("ms", "per_token_ms", "received_ms"))))

@@ -13,25 +13,13 @@ from pathlib import Path
 
 from .. import envs
 from .cache_key import timing_args
-from ..machine import cpu_model
+from ..machine import cpu_model, device_name  # noqa: F401  (device_name: the key of caches and tuned files)
 from ..core.costmodel import ChunkOverhead, PipelineCost, check_profile, cost_from_profile, load_profile, model_from_dict, save_profile
 from .switches import server_chunk_switches, server_switches
 from ..files import device_file_name, tuned_dir
 from ..core.upstream import UpstreamPredictor
 
 logger = logging.getLogger("sglang_cpp")
-
-
-def device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name().replace(" ", "_")
-    from ..machine import cpu_isa
-
-    # the ISA too: hosts of one CPU model differ (AVX2 only, or AVX-512 with bf16), and so do their times
-    name = f"{cpu_model()} {cpu_isa()}"
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + f"_{os.cpu_count()}cpu"
 
 
 def _attention_backend(sched) -> str:
@@ -111,6 +99,22 @@ def tuned_path(meta: dict) -> Path:
     return tuned_dir() / device_file_name(meta["model"], meta["pp"], meta["tp"], meta["device_name"], meta["dtype"])
 
 
+def _near_misses(tuned: Path) -> None:
+    """One INFO line when the tuned folder holds a file for this model, PP and TP size under another device or
+    dtype name (a profile taken elsewhere, or named from a remote server's 'cuda'): `tune chunk --device-name
+    --dtype` writes it under this server's name."""
+    head = ",".join(tuned.name.split(",")[:3]) + ","  # model=...,pp=...,tp=...,
+    try:
+        near = sorted(p.name for p in tuned.parent.glob("*.json") if p.name.startswith(head))
+    except OSError:
+        return
+    if near:
+        logger.info("[sglang-cpp] no tuned config %s; the folder holds %s for this model, PP and TP size under another "
+                    "device or dtype: `sglang-cpp tune chunk ... --device-name %s --dtype %s` names one for this "
+                    "server", tuned.name, ", ".join(near), tuned.name.split("device_name=")[1].split(",")[0],
+                    tuned.name.split("dtype=")[1].removesuffix(".json"))
+
+
 def check_writable(folder: Path) -> None:
     """The calibration cache folder can take a file (world rank 0 saves there)."""
     try:
@@ -160,17 +164,24 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
     tuned = tuned_path(meta)
     if not path and tuned.is_file():  # `sglang-cpp tune chunk`'s per-device file for this server
         path, where = str(tuned), f"tuned config {tuned}"
-        logger.info("[sglang-cpp] cost model from the tuned config %s (written by `sglang-cpp tune chunk` for this "
-                    "model, PP and TP size, device and dtype; SGLANG_CPP_PROFILE would win)", tuned)
+    elif not path:
+        _near_misses(tuned)
     if path:
         try:
             doc = load_profile(path)
             check_matches(doc, meta, where, cfg.pp_size)
             model = cost_from_profile(doc, where).to_dict()  # fitted here, so an error names the file
         except ValueError as exc:
-            msg = str(exc)
-            raise ValueError(msg if msg.startswith(where) else f"{where}: {msg}") from None
-        return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc), "model": model}
+            msg = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
+            if path != str(tuned):
+                raise ValueError(msg) from None
+            logger.warning("[sglang-cpp] %s; calibrating instead. Remove %s, or write it again with `sglang-cpp "
+                           "tune chunk` from a profile of this server", msg, tuned)
+        else:
+            if path == str(tuned):
+                logger.info("[sglang-cpp] cost model from the tuned config %s (written by `sglang-cpp tune chunk` for "
+                            "this model, PP and TP size, device and dtype; SGLANG_CPP_PROFILE would win)", tuned)
+            return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc), "model": model}
     max_len, bound = calibration_target(envs.CALIB_MAX_LEN.get(), cfg.context_len, max_context or cfg.context_len + 1,
                                         kv_tokens or 1 << 62)
     budget_s = envs.CALIB_BUDGET_S.get()
@@ -280,6 +291,7 @@ def save_served(sched, cfg, cost, overheads: list, calibrated_len: int) -> None:
         over = [ChunkOverhead.of(o) for o in overheads]
         save_profile(path, cost=cost, meta={**meta, "backend": "served", "overhead_ms": [o.ms for o in over],
                                             "overhead_per_token_ms": [o.per_token_ms for o in over],
+                                            "overhead_received_ms": [o.received_ms for o in over],
                                             "calibrated_len": calibrated_len,
                                             "measured_chunk": int(getattr(cfg, "measured_chunk", 0) or 0)})
     except OSError as exc:

@@ -35,6 +35,8 @@ class ChunkTuneConfig:
     max_prefill_tokens: int = SGLANG_MAX_PREFILL
     model_name: str | None = None
     out_dir: str = ""  # "": SGLANG_CPP_CACHE_DIR/tuned (files.tuned_dir), where the plugin looks at startup
+    device_name: str | None = None  # the file name's device (default: the profile's meta)
+    dtype: str | None = None  # ... and dtype
     context_length: int | None = None
     p2p_ms: float = 0.0
     chunk_sizes: tuple = DEFAULT_SIZES
@@ -169,7 +171,7 @@ def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
 def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Option]:
     """The plan policy at base chunk C, over the plugin's bound knobs (its planner settings exactly)."""
     from ..core.planner import plan_equal_time
-    from ..plugin.sizer import SizerConfig
+    from ..core.planner_base import PlanConfig
 
     al = cfg.align
     mpt = max(cfg.max_prefill_tokens, C)
@@ -185,10 +187,9 @@ def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Optio
         for mx in sorted(maxs):
             if mn > mx:
                 continue
-            scfg = SizerConfig(policy="plan", pp_size=cfg.pp_size, pp_rank=0, chunk_size=C, max_prefill_tokens=mpt,
-                               page_size=cfg.page_size, context_len=cfg.ctx, min_chunk=mn, max_chunk=mx,
-                               overhead_ms=cfg.p2p_ms)
-            pcfg = scfg.plan_config()
+            pcfg = PlanConfig.from_server(pp_size=cfg.pp_size, chunk_size=C, max_prefill_tokens=mpt,  # as the plugin
+                                          page_size=cfg.page_size, context_len=cfg.ctx, min_chunk=mn, max_chunk=mx,
+                                          overhead_ms=cfg.p2p_ms)
             o = Option("plan", f"sglang-cpp plan C={C} min={mn} max={mx}",
                        {"chunked_prefill_size": C, "max_prefill_tokens": mpt, "min_chunk": mn, "max_chunk": mx,
                         "p2p_ms": cfg.p2p_ms})

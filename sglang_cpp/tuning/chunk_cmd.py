@@ -15,9 +15,12 @@ from .fit import FORMS, as_cost, residuals
 from .recommend import DEFAULT_SIZES, SGLANG_MAX_PREFILL, ChunkTuneConfig, load_stages, recommend
 
 
-def profile_name(meta: dict, pp_size: int, model_name: str | None = None) -> str:
-    return device_file_name(model_name or meta.get("model"), pp_size, meta.get("tp"), meta.get("device_name"),
-                            meta.get("dtype"))
+def profile_name(meta: dict, pp_size: int, model_name: str | None = None, device_name: str | None = None,
+                 dtype: str | None = None) -> str:
+    """The per-device file name a server with the plugin looks for (plugin/profiles.tuned_path): the flags win
+    over the profile's meta."""
+    return device_file_name(model_name or meta.get("model"), pp_size, meta.get("tp"),
+                            device_name or meta.get("device_name"), dtype or meta.get("dtype"))
 
 
 def launch_line(env: dict, meta: dict, cfg: ChunkTuneConfig, C: int, dynamic: bool, mpt: int) -> str:
@@ -88,7 +91,8 @@ def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict]:
         meta["profiled_pp"] = doc["meta"]["pp"]
     from ..files import tuned_dir
 
-    path = Path(cfg.out_dir or tuned_dir()) / profile_name(doc.get("meta", {}), P, cfg.model_name)
+    path = Path(cfg.out_dir or tuned_dir()) / profile_name(doc.get("meta", {}), P, cfg.model_name, cfg.device_name,
+                                                            cfg.dtype)
     lines = launch_lines(rec, meta, cfg, path)
     recs = {k: (v.to_dict() if v is not None else None) for k, v in rec.items() if k not in ("all", "upstream_failed")}
     recs.update(objective="mean over input_lens of predicted TTFT / best fixed TTFT (simulator)",
@@ -116,6 +120,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=1, help="server --page-size (alignment is max(page, 64))")
     p.add_argument("--max-prefill-tokens", type=parse_len, default=SGLANG_MAX_PREFILL)
     p.add_argument("--model-name", default=None, help="model name in the output file name (default: profile meta)")
+    p.add_argument("--device-name", default=None,
+                   help="the server's device in the file name, as the plugin logs it (e.g. NVIDIA_H100_80GB_HBM3; "
+                        "default: the profile's)")
+    p.add_argument("--dtype", default=None, help="the server's weight dtype in the file name (e.g. bfloat16; default: "
+                                                 "the profile's)")
     p.add_argument("--out-dir", default=ChunkTuneConfig.out_dir,
                    help="folder for the per-device JSON (default: SGLANG_CPP_CACHE_DIR/tuned, where a server with "
                         "the plugin finds the file for its model, PP and TP size, device and dtype at startup)")

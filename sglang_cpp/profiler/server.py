@@ -75,7 +75,7 @@ def profile_server(cfg: ProfileConfig, progress: bool = True) -> tuple[list[dict
                       f"cached_tokens={hit:.0f}); is the radix cache disabled or too small?", stacklevel=2)
     meta = {
         "model": minfo.get("model_path") or info.get("model_path"),
-        "device_name": info.get("device"), "dtype": info.get("dtype"),
+        "device_name": _device_name(info.get("device"), url), "dtype": _dtype(info.get("dtype"), minfo, info),
         "tp": info.get("tp_size"), "pp": info.get("pp_size"), "stage": "all",
         "page_size": info.get("page_size"),
         "base_url": url, "attention_backend": info.get("attention_backend"),
@@ -84,6 +84,37 @@ def profile_server(cfg: ProfileConfig, progress: bool = True) -> tuple[list[dict
     if info.get("version"):
         meta["sglang_version"] = info["version"]  # the server's, not this client's
     return samples, meta
+
+
+def _device_name(device, url: str) -> str | None:
+    """The plugin's name for the server's device (machine.device_name: the GPU's name, not 'cuda') when the server
+    runs on this host; else what it reports (`tune chunk --device-name` names the file for the server then)."""
+    from urllib.parse import urlparse
+
+    from ..machine import device_name
+
+    if device and urlparse(url).hostname in ("127.0.0.1", "localhost", "::1"):
+        try:
+            return device_name(str(device))
+        except Exception:  # noqa: BLE001  (no torch here: keep the server's word)
+            return device
+    return device
+
+
+def _dtype(dtype, minfo: dict, info: dict) -> str | None:
+    """The weights' dtype as the plugin names it: SGLang's `auto` resolved from the model's config.json when the
+    model folder is readable here, else as reported."""
+    import json
+    from pathlib import Path
+
+    if str(dtype) != "auto":
+        return dtype
+    cfg = Path(str(minfo.get("model_path") or info.get("model_path") or "")) / "config.json"
+    try:
+        got = json.loads(cfg.read_text()).get("torch_dtype")
+    except (OSError, ValueError):
+        return dtype
+    return {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}.get(str(got), dtype)
 
 
 __all__ = ["profile_server", "server_prefill_ms"]

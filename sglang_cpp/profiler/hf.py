@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..machine import device_name
 from .grid import MAX_LEN_CAP, ProfileConfig, median
 
 
@@ -213,7 +214,7 @@ def _profile(cfg: ProfileConfig, device: str, progress: bool) -> tuple[list[dict
     finally:
         timer.remove()
     meta = {
-        "device_name": torch.cuda.get_device_name() if device == "cuda" else _cpu_name(),
+        "device_name": device_name(device),  # as the plugin names it: its tuned file is then found
         "dtype": str(model.dtype).replace("torch.", ""), "tp": 1, "pp": 1, "stage": 0, "page_size": 1,
         "device": device, "num_hidden_layers": total_layers, "layers_loaded": loaded,
         "stage_layers": stage_layers, "max_len": max_len, "attn_implementation": "sdpa",
@@ -231,12 +232,6 @@ def _sample(L: int, x: int, runs: list[dict], stage_layers: int, cfg: ProfileCon
     ms += (embed_ms if cfg.include_embedding else 0.0) + (head_ms if cfg.include_head else 0.0)
     return {"L": L, "x": x, "ms": ms, "stage": 0, "layer_ms": layer_ms, "embed_ms": embed_ms,
             "head_ms": head_ms, "wall_ms": median([r["wall_ms"] for r in runs]), "backend": "hf"}
-
-
-def _cpu_name() -> str:
-    from ..machine import cpu_model
-
-    return cpu_model()
 
 
 __all__ = ["profile_hf", "load_model", "load_config", "default_max_len", "resolve_device"]
