@@ -250,3 +250,42 @@ def test_an_idle_pass_writes_the_forwards_whose_events_completed_after_their_bat
     hooks.Scheduler_on_idle(None, None)
     decision_log._WRITER.drain()
     assert [(r["event"], r["ms"]) for r in lines()] == [("forward", 12.5)]
+
+
+def test_an_eplb_rebalance_step_inside_a_served_forward_marks_it_and_keeps_it_out_of_online_refits():
+    """EPLB's manager steps its generator once per forward (model_runner.py:1897-1898) and every
+    --eplb-rebalance-num-iterations steps runs `yield from self.rebalance()` (eplb_manager.py:83-94): here SGLang's own
+    `_entrypoint` drives the plugin's hook on a stand-in rebalance of two steps. Forwards whose window held a
+    rebalance step are marked; others, and steps outside an armed window, are not."""
+    from types import SimpleNamespace
+
+    from sglang.srt.eplb.eplb_manager import EPLBManager
+
+    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin.timing import FORWARD
+
+    ran = []
+
+    def rebalance(self):  # the stand-in: two steps, as a layer-chunked rebalance spreads over forwards
+        ran.append("step 1")
+        yield
+        ran.append("step 2")
+
+    mgr = SimpleNamespace(_rebalance_num_iterations=2)
+    mgr.rebalance = lambda: hooks.EPLBManager_rebalance(rebalance, mgr)
+    gen = EPLBManager._entrypoint(mgr)
+    runner, timer = object(), SimpleNamespace(start=lambda: None, stop=lambda: None)
+    marked = []
+    for k in range(6):  # six served forwards, each stepping the manager once inside its window
+        FORWARD.arm(runner, timer)
+        next(gen)
+        marked.append("eplb_rebalance" in FORWARD.marks)
+        FORWARD.disarm()
+    # forwards 2 and 3 ran the two steps (3 also the loop's next plain step), 5 began the next rebalance
+    assert ran == ["step 1", "step 2", "step 1"] and marked == [False, False, True, True, False, True]
+    before = set(FORWARD.marks)
+    FORWARD.mark("something")  # nothing armed: nothing marked
+    assert FORWARD.marks == before
+    rec = {"event": "forward", "chunk": [512], "prefix": [0], "ms": 10.0}
+    assert hooks.online_sample(rec) == (0, 512, 10.0)
+    assert hooks.online_sample({**rec, "eplb_rebalance": True}) is None

@@ -498,6 +498,25 @@ def ModelRunner_forward(original, self, *args, **kwargs):
     return FORWARD.run(self, original, self, *args, **kwargs)
 
 
+def EPLBManager_rebalance(original, self):
+    """AROUND EPLB's rebalance, a generator that `ModelRunner.forward` steps once per forward
+    (`on_forward_pass_end`, model_runner.py:1897-1898; eplb_manager.py:83-94): each step marks the timed window
+    it runs in (timing.FORWARD.mark), so a served forward that moved experts is logged `eplb_rebalance` and left
+    out of online refinement. Startup forwards never step it (calibrate.no_expert_recording sets it aside)."""
+    steps = original(self)
+
+    def marked():
+        while True:
+            FORWARD.mark("eplb_rebalance")
+            try:
+                item = next(steps)
+            except StopIteration as stop:
+                return stop.value
+            yield item
+
+    return marked()
+
+
 def Scheduler_run_batch(original, self, batch, *args, **kwargs):
     """The forward, timed and logged (`_run_batch`); on a PD prefill stage with SGLANG_CPP_PD_EARLY_KV, the
     requests whose last chunk it ran are remembered for the early KV send at the next pass (pd_kv.py)."""
@@ -548,7 +567,10 @@ def _run_batch(original, self, batch, *args, **kwargs):
     try:  # timed over ModelRunner.forward alone (ModelRunner_forward), the window calibration times
         out = original(self, batch, *args, **kwargs)
     finally:
+        marks = FORWARD.marks
         ran = FORWARD.disarm()
+    if "eplb_rebalance" in marks:
+        rec["eplb_rebalance"] = True  # experts moved inside this forward: not what the chunk costs
     online = ONLINE
     done = event == "forward" and _report_plans(log, batch.reqs, prefix, ext)
     if ran:
@@ -584,9 +606,9 @@ def _drain_pending(log, online) -> None:
 def online_sample(rec: dict) -> tuple | None:
     """(prefix, chunk, ms) of a logged forward that online refinement may fit, else None: one request's prefill
     chunk, not one that loaded host-tier KV back (HiCache's per-layer wait for the load sits inside the timed
-    window, SGLang's `wait_until`; it is not what a chunk costs)."""
+    window, SGLang's `wait_until`; it is not what a chunk costs), nor one an EPLB rebalance step ran in."""
     if (rec.get("event") != "forward" or len(rec.get("chunk", ())) != 1 or rec["chunk"][0] <= 0
-            or rec.get("host_loaded") or rec.get("replay")):
+            or rec.get("host_loaded") or rec.get("replay") or rec.get("eplb_rebalance")):
         return None
     return rec["prefix"][0], rec["chunk"][0], rec["ms"]
 

@@ -19,6 +19,8 @@ TARGETS = {
     f"{SCHED}.run_batch": ("Scheduler_run_batch", "AROUND"),
     # the timed window of a served forward, the one calibration times (plugin/timing.py: ForwardWindow)
     "sglang.srt.model_executor.model_runner.ModelRunner.forward": ("ModelRunner_forward", "AROUND"),
+    # an EPLB rebalance step inside a served forward's timed window marks it: kept out of online refits
+    "sglang.srt.eplb.eplb_manager.EPLBManager.rebalance": ("EPLBManager_rebalance", "AROUND"),
     # SGLANG_CPP_ONLINE: samples to world rank 0, and its refined model through the request stream (online.py)
     "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._pull_raw_reqs":
         ("SchedulerRequestReceiver__pull_raw_reqs", "AROUND"),

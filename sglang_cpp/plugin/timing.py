@@ -100,9 +100,17 @@ class ForwardWindow:
     def __init__(self):
         self._runner = self._timer = None
         self._started = False
+        self.marks: set = set()  # what else ran inside the armed window (e.g. an EPLB rebalance step)
 
     def arm(self, runner, timer: DeviceTimer) -> None:
         self._runner, self._timer, self._started = runner, timer, False
+        self.marks = set()
+
+    def mark(self, what: str) -> None:
+        """Something that is not the chunk's cost ran inside the armed window: the forward is logged with it and
+        kept out of online refinement."""
+        if self._timer is not None:
+            self.marks.add(what)
 
     def disarm(self) -> bool:
         """Whether the armed forward ran (its timer started and stopped)."""
