@@ -39,45 +39,35 @@ def parse_chunk(text) -> int:
     return v
 
 
+def _number(text, conv, ok, want: str):
+    """`text` as conv() gives it, when ok(value): else one ArgError saying what the flag wants."""
+    try:
+        v = conv(str(text).strip())
+    except ValueError:
+        raise ArgError(f"{text!r}: expected {want}") from None
+    if not ok(v):
+        raise ArgError(f"{text!r}: give {want}")
+    return v
+
+
 def positive_int(text) -> int:
     """A count >= 1 (--page-size, --tp-size, --pp-size)."""
-    try:
-        v = int(str(text).strip())
-    except ValueError:
-        raise ArgError(f"{text!r}: expected an integer >= 1") from None
-    if v < 1:
-        raise ArgError(f"{text!r}: must be an integer >= 1")
-    return v
+    return _number(text, int, lambda v: v >= 1, "an integer >= 1")
 
 
 def parse_prompt_len(text) -> int:
     """--input-len of one prompt: a token count >= 1 with an optional k/m suffix."""
-    v = parse_len(text)
-    if v < 1:
-        raise ArgError(f"{text!r}: give a prompt length >= 1 (e.g. 8k, 128k)")
-    return v
+    return _number(text, parse_len, lambda v: v >= 1, "a prompt length >= 1 (e.g. 8k, 128k)")
 
 
 def parse_fraction(text) -> float:
     """--efficiency: a fraction of peak in (0, 1]."""
-    try:
-        v = float(str(text).strip())
-    except ValueError:
-        raise ArgError(f"{text!r}: expected a fraction of peak in (0, 1], e.g. 0.5") from None
-    if not 0 < v <= 1:
-        raise ArgError(f"{text!r}: give a fraction of peak in (0, 1], e.g. 0.5")
-    return v
+    return _number(text, float, lambda v: 0 < v <= 1, "a fraction of peak in (0, 1], e.g. 0.5")
 
 
 def parse_sigma(text) -> float:
     """--sigma: upstream's smoothing factor in [0, 1] (SGLang's SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR)."""
-    try:
-        v = float(str(text).strip())
-    except ValueError:
-        raise ArgError(f"{text!r}: expected a number in [0, 1], e.g. 0.75") from None
-    if not 0 <= v <= 1:
-        raise ArgError(f"{text!r}: give a number in [0, 1], e.g. 0.75")
-    return v
+    return _number(text, float, lambda v: 0 <= v <= 1, "a number in [0, 1], e.g. 0.75")
 
 
 def parse_ints(text: str) -> tuple:

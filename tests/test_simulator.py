@@ -389,11 +389,11 @@ def test_a_profile_for_another_pp_size_is_refused_naming_file_and_flag(cmd, tmp_
     (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--chunked-prefill-size", "-1"],
      "SGLang's -1 turns chunking off"),
     (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--page-size", "0"],
-     "--page-size: '0': must be an integer >= 1"),
+     "--page-size: '0': give an integer >= 1"),
     (["simulate", "--analytic", "llama3-8b", "--device", "H100", "--tp-size", "3", "--pp-size", "2", "--input-len", "8k"],
      "--tp-size 3: llama3-8b has 32 attention heads and 8 KV heads"),
     (["bench", "ttft", "--analytic", "llama3-8b", "--device", "H100", "--tp-size", "0", "--input-len", "8k"],
-     "--tp-size: '0': must be an integer >= 1"),
+     "--tp-size: '0': give an integer >= 1"),
 ])
 def test_zero_negative_and_unshardable_sizes_are_one_line_naming_the_flag(argv, msg, capsys):
     """Issue 47 item 3: --chunked-prefill-size 0 was ignored by plan, 8192 in simulate and a traceback in
