@@ -243,7 +243,7 @@ def test_tune_analytic_writes_a_json_that_simulate_loads(tmp_path, capsys):
 
     from sglang_cpp.cli import main
 
-    rc = main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--tp-size", "4",
+    rc = main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--gpu", "H20", "--tp-size", "4",
                "--measured", "1,128k,55.5", "--pp-size", "8", "--input-lens", "128k", "--chunked-prefill-size",
                "18k", "--out-dir", str(tmp_path)])
     out = capsys.readouterr().out
@@ -331,7 +331,7 @@ def test_bench_ttft_analytic_side_by_side(tmp_path, capsys):
     from sglang_cpp.cli import main
 
     out, png = tmp_path / "s.jsonl", tmp_path / "s.png"
-    rc = main(["bench", "ttft", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--tp-size", "4",
+    rc = main(["bench", "ttft", "--analytic", "qwen3-235b-a22b-fp8", "--gpu", "H20", "--tp-size", "4",
                "--pp-size", "8", "--efficiency", "0.3", "--input-lens", "128k,1m", "--num-requests", "1",
                "--policy", "fixed:6k,fixed:18k,quadratic:18k,plan:18k", "--sigma", "0.8",
                "--output-jsonl", str(out), "--plot", str(png)])
@@ -376,7 +376,7 @@ def test_bench_side_by_side_from_the_tune_analytic_json(tmp_path, capsys):
     with the percent of the physical limit (the JSON names its model and device)."""
     from sglang_cpp.cli import main
 
-    assert main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--tp-size", "4",
+    assert main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--gpu", "H20", "--tp-size", "4",
                  "--measured", "1,128k,55.5", "--pp-size", "8", "--out-dir", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*.json")
     capsys.readouterr()
@@ -429,7 +429,7 @@ def test_fit_recovers_efficiency_and_overhead_from_one_ttft_and_one_ratio():
 def test_tune_analytic_fits_the_overhead_on_a_ttft_and_a_ratio(tmp_path, capsys):
     from sglang_cpp.cli import main
 
-    rc = main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--tp-size", "4",
+    rc = main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--gpu", "H20", "--tp-size", "4",
                "--measured", "1,32k,8.0", "--measured-ratio", "8,32k,fixed:2k/quadratic:8k:0.8,1.08",
                "--fit-overhead", "--out-dir", str(tmp_path)])
     out = capsys.readouterr().out
@@ -476,7 +476,7 @@ def test_a_users_config_is_the_model_its_preset_is(preset, tmp_path, capsys):
         assert dataclasses.replace(model_of(str(src)), name=preset) == MODELS[preset]
     ttft = []
     for source in (str(folder), preset):
-        assert cli_main(["simulate", "--model-path", source, "--device", "H100", "--tp-size", "8", "--pp-size", "4",
+        assert cli_main(["simulate", "--model-path", source, "--gpu", "H100", "--tp-size", "8", "--pp-size", "4",
                          "--input-len", "32k", "--chunked-prefill-size", "8192", "--json"]) == 0
         ttft.append(json.loads(capsys.readouterr().out)["ttft_ms"])
     assert ttft[0] == pytest.approx(ttft[1], rel=1e-9) and ttft[0] > 0
@@ -498,7 +498,7 @@ def test_a_config_the_model_cannot_price_is_one_line_naming_the_flag(content, ms
     if content is not None:
         path.parent.mkdir()
         path.write_text(content if isinstance(content, str) else json.dumps(content))
-    rc = cli_main(["simulate", "--model-path", str(path.parent), "--device", "H100", "--pp-size", "2",
+    rc = cli_main(["simulate", "--model-path", str(path.parent), "--gpu", "H100", "--pp-size", "2",
                    "--input-len", "8k", "--chunked-prefill-size", "4096"])
     err = capsys.readouterr().err
     assert rc == 2 and msg in err and "--model-path" in err and "Traceback" not in err
@@ -517,7 +517,7 @@ def test_plan_takes_the_users_model_as_simulate_does(tmp_path, capsys):
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(FAMILIES["llama3-8b"]))
-    argv = ["plan", "--model-path", str(cfg), "--device", "H100", "--tp-size", "2", "--pp-size", "4",
+    argv = ["plan", "--model-path", str(cfg), "--gpu", "H100", "--tp-size", "2", "--pp-size", "4",
             "--input-len", "64k", "--chunked-prefill-size", "8192", "--json"]
     assert cli_main(argv) == 0
     got = json.loads(capsys.readouterr().out)
@@ -525,7 +525,7 @@ def test_plan_takes_the_users_model_as_simulate_does(tmp_path, capsys):
     want = plan_for("plan", 65536, cost, 4, 8192, max_prefill=16384, overhead_ms=DEVICES["H100"].chunk_overhead_ms)
     assert got["chunks"] == list(want.chunks) and got["overhead_ms"] == DEVICES["H100"].chunk_overhead_ms
     assert cli_main(argv[:3] + argv[5:]) == 2
-    assert "an analytic model needs --device: one of" in capsys.readouterr().err
+    assert "an analytic model needs --gpu: one of" in capsys.readouterr().err
 
 
 def test_the_device_is_required_and_matched_in_any_case(capsys):
@@ -536,14 +536,14 @@ def test_the_device_is_required_and_matched_in_any_case(capsys):
 
     base = ["simulate", "--analytic", "llama3-8b", "--pp-size", "2", "--input-len", "8k", "--json"]
     assert cli_main(base) == 2
-    assert "an analytic model needs --device: one of" in capsys.readouterr().err
+    assert "an analytic model needs --gpu: one of" in capsys.readouterr().err
     ttft = []
     for dev in ("h20", "H20"):
-        assert cli_main(base + ["--device", dev]) == 0
+        assert cli_main(base + ["--gpu", dev]) == 0
         ttft.append(json.loads(capsys.readouterr().out)["ttft_ms"])
     assert ttft[0] == ttft[1]
-    assert cli_main(base + ["--device", "B300x"]) == 2
-    assert "--device 'B300x': choose one of" in capsys.readouterr().err
+    assert cli_main(base + ["--gpu", "B300x"]) == 2
+    assert "--gpu 'B300x': choose one of" in capsys.readouterr().err
 
 
 def test_b200_and_mi300x_presets_carry_their_datasheet_figures_and_price_a_chunk_by_them():

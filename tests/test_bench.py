@@ -127,7 +127,7 @@ def test_simulate_end_to_end(tmp_path, capsys):
 def test_simulate_coeffs_and_analytic(tmp_path, capsys):
     assert main(["bench", "ttft", "--coeffs", "1e-5,0.05,2", "--input-lens", "8k", "--policy", "quadratic",
                  "--chunk-size", "2048", "--num-requests", "1", "--detail"]) == 0
-    assert main(["bench", "ttft", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "4",
+    assert main(["bench", "ttft", "--analytic", "llama3-8b", "--gpu", "H100", "--pp-size", "4",
                  "--input-lens", "1m", "--num-requests", "1", "--detail"]) == 0
     out = capsys.readouterr().out
     assert out.count("(SIMULATED)") == 2 and "1048576" in out

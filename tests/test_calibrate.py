@@ -293,7 +293,7 @@ def test_the_received_hidden_states_give_the_receiving_stage_a_term_in_x():
     from sglang_cpp.plugin.overhead import (decide_overheads, transfer_line, transfer_medians, transfer_sizes,
                                             with_overheads)
 
-    assert transfer_line({128: [1.0, 0.9, 5.0], 2048: [2.9, 3.0, 3.1]}) == (pytest.approx(0.9 - 128 / 960),
+    assert transfer_line({128: [1.0, 0.9, 5.0], 2048: [2.9, 3.0, 3.1]}) == (pytest.approx(1 - 128 / 960),
                                                                            pytest.approx(1 / 960))
     assert transfer_line({128: [2.0], 2048: [1.5]}) == (2.0, 0.0) and transfer_line({}) == (0.0, 0.0)
     assert transfer_line({128: [0.5]}) == (0.5, 0.0)

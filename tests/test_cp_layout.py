@@ -113,7 +113,7 @@ def test_a_cp_that_does_not_divide_tp_is_refused(tp, cp):
 def test_tune_layout_prices_cp_and_prints_sglangs_cp_flags(tmp_path, capsys):
     S = 131072
     out = tmp_path / "l.json"
-    rc = cli_main(["tune", "layout", "--analytic", "deepseek-v3", "--device", "H20", "--gpus", "16",
+    rc = cli_main(["tune", "layout", "--analytic", "deepseek-v3", "--gpu", "H20", "--gpus", "16",
                    "--input-lens", "32k,128k", "--virtual-stages", "1", "--cp-sizes", "1,8", "--json", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
@@ -125,7 +125,7 @@ def test_tune_layout_prices_cp_and_prints_sglangs_cp_flags(tmp_path, capsys):
     line = launch_flags(cfg, Ranked(Layout(8, 2, 1, 8), (31, 30), best={S: ("plan", 32768, 1.0)}), S, 61)
     assert line.endswith("--enable-dynamic-chunking --attn-cp-size 8 --enable-prefill-cp --cp-strategy zigzag")
     assert "--attn-cp-size" not in launch_flags(cfg, Ranked(Layout(8, 2), (31, 30), best={S: ("plan", 32768, 1.0)}), S, 61)
-    rc = cli_main(["tune", "layout", "--analytic", "deepseek-v3", "--device", "H20", "--gpus", "16",
+    rc = cli_main(["tune", "layout", "--analytic", "deepseek-v3", "--gpu", "H20", "--gpus", "16",
                    "--cp-sizes", "0"])
     assert rc == 2 and "--cp-sizes" in capsys.readouterr().err
 

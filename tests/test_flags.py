@@ -30,8 +30,8 @@ CASES = [
     ("tune", ["chunk", "p.json", "--pp-size", "2", "--input-len", "8k,32k", "--chunk-overhead-ms", "1"],
      ["chunk", "p.json", "--pp-size", "2", "--input-lens", "8k,32k", "--p2p-ms", "1"]),
     ("tune", ["sweep", "--input-len", "8000"], ["sweep", "--input-lens", "8000"]),
-    ("tune", ["analytic", "--analytic", "m", "--device", "H20", "--measured", "8,128k,55.5", "--input-len", "128k"],
-     ["analytic", "--analytic", "m", "--device", "H20", "--measured", "8,128k,55.5", "--input-lens", "128k"]),
+    ("tune", ["analytic", "--analytic", "m", "--gpu", "H20", "--measured", "8,128k,55.5", "--input-len", "128k"],
+     ["analytic", "--analytic", "m", "--gpu", "H20", "--measured", "8,128k,55.5", "--input-lens", "128k"]),
 ]
 
 
@@ -60,7 +60,7 @@ def test_an_old_spelling_says_once_that_it_is_deprecated_and_a_required_flag_giv
 
     from sglang_cpp.cli import main as cli_main
 
-    base = ["simulate", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "2", "--json"]
+    base = ["simulate", "--analytic", "llama3-8b", "--gpu", "H100", "--pp-size", "2", "--json"]
     assert cli_main(base + ["--prompt-len", "8k"]) == 0
     old = capsys.readouterr()
     assert old.err.count("deprecated") == 1 and "--prompt-len is deprecated; use --input-len" in old.err
@@ -74,9 +74,9 @@ def test_an_old_spelling_says_once_that_it_is_deprecated_and_a_required_flag_giv
      "argument --input-len: '0': give a prompt length >= 1"),
     (["plan", "--coeffs", "1,2,3", "--pp-size", "2", "--input-len", "8k", "--sigma", "2"],
      "argument --sigma: '2': give a number in [0, 1]"),
-    (["simulate", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "2", "--input-len", "8k",
+    (["simulate", "--analytic", "llama3-8b", "--gpu", "H100", "--pp-size", "2", "--input-len", "8k",
       "--efficiency", "2"], "argument --efficiency: '2': give a fraction of peak in (0, 1]"),
-    (["tune", "layout", "--analytic", "llama3-8b", "--device", "H100", "--gpus", "8", "--input-len", "8k",
+    (["tune", "layout", "--analytic", "llama3-8b", "--gpu", "H100", "--gpus", "8", "--input-len", "8k",
       "--efficiency", "0"], "argument --efficiency: '0': give a fraction of peak in (0, 1]"),
 ])
 def test_bad_values_name_the_flag_the_user_typed_not_an_internal(argv, needle, capsys):
@@ -91,8 +91,8 @@ def test_bad_values_name_the_flag_the_user_typed_not_an_internal(argv, needle, c
 
 
 @pytest.mark.parametrize("argv", [
-    ["tune", "layout", "--analytic", "llama3-8b", "--device", "H100", "--gpus", "4", "--input-len", "8k"],
-    ["simulate-serve", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "2", "--num-prompts", "8",
+    ["tune", "layout", "--analytic", "llama3-8b", "--gpu", "H100", "--gpus", "4", "--input-len", "8k"],
+    ["simulate-serve", "--analytic", "llama3-8b", "--gpu", "H100", "--pp-size", "2", "--num-prompts", "8",
      "--input-len", "200-2k", "--output-len", "8-16"],
 ], ids=["tune-layout", "simulate-serve"])
 def test_long_commands_show_progress_on_stderr_unless_disabled(argv, capsys):

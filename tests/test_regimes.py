@@ -329,8 +329,9 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     """Issue 45 item 7: SGLang 0.5.23 replays chunks of up to max_num_tokens (over contexts up to the smaller of
     max_context_size and max_seq_len, padded to the next captured bucket by at most 2x) in the captured prefill
     graph, where its MLA dispatch pins absorbed MLA (attention_backend_handler.py:109-112) for the tc_piecewise and
-    breakable graphs; a full graph fixes the method at capture. Not under DP attention (the DP vote), nor under a
-    CP strategy the graph did not capture, nor when the stages' graphs differ. The stand-ins carry the attributes
+    breakable graphs; a full graph fixes the method at capture. Not tc_piecewise under DP attention (the extending
+    rank votes no; breakable graphs replay there, idle ranks padding), nor under a CP strategy the graph did not
+    capture, nor when the stages' graphs differ. The stand-ins carry the attributes
     prefill_cuda_graph_runner.py:348-387 sets. Every planned chunk captured: one method at every prefix; some: the
     eager regimes and one WARNING naming both limits."""
     from types import SimpleNamespace
@@ -353,10 +354,10 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     dense = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
     pcg = PrefillCudaGraphRunner(max_num_tokens=16384, max_context_size=None, max_seq_len=None,
                                  prefill_backend_name="tc_piecewise", capture_num_tokens=list(dense))
-    assert switches.captured_prefill(runner(pcg)) == (16384, None, dense)
+    assert switches.captured_prefill(runner(pcg)) == (16384, None, dense, "tc_piecewise")
     bcg = PrefillCudaGraphRunner(max_num_tokens=4096, max_context_size=65536, max_seq_len=32768,
                                  prefill_backend_name="breakable", capture_num_tokens=[4096, 1024, 2048])
-    assert switches.captured_prefill(runner(bcg)) == (4096, 32768, (1024, 2048, 4096))
+    assert switches.captured_prefill(runner(bcg)) == (4096, 32768, (1024, 2048, 4096), "breakable")
     full = PrefillCudaGraphRunner(max_num_tokens=4096, max_context_size=None, max_seq_len=None,
                                   prefill_backend_name="full")
     switches._WARNED.clear()
@@ -386,7 +387,10 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     assert switches._captured_everywhere(sched, runner(pcg)) is False  # PP1 runs eager
     monkeypatch.setattr(switches, "CAPTURED", None)
     par.attn_dp_enabled = True
-    assert switches._captured_everywhere(sched, runner(pcg)) is False  # the DP vote decides per batch
+    assert switches._captured_everywhere(sched, runner(pcg)) is False  # DP: the extending rank votes no (tc_piecewise)
+    bcg_all = PrefillCudaGraphRunner(max_num_tokens=16384, max_context_size=None, max_seq_len=None,
+                                     prefill_backend_name="breakable", capture_num_tokens=list(dense))
+    assert switches._captured_everywhere(sched, runner(bcg_all)) is True  # breakable: idle DP ranks pad and replay
     par.attn_dp_enabled = False
     monkeypatch.setattr(cpu, "get_cp_strategy", lambda: "zigzag")
     assert switches._captured_everywhere(sched, runner(pcg)) is False  # CP without a captured CP body

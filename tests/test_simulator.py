@@ -274,7 +274,7 @@ def test_cli_plan_not_worse_than_fixed(capsys):
 
 
 def test_cli_analytic_text_and_errors(capsys):
-    rc, out = _cli(["--input-len", "4k", "--pp-size", "2", "--analytic", "smollm2-135m", "--device", "cpu-2core",
+    rc, out = _cli(["--input-len", "4k", "--pp-size", "2", "--analytic", "smollm2-135m", "--gpu", "cpu-2core",
                     "--chunked-prefill-size", "1024", "--p2p-latency-ms", "1", "--p2p-bandwidth-gbps", "1"], capsys)
     assert rc == 0
     assert "TTFT" in out.out and "stage  1" in out.out and "bubble" in out.out
@@ -384,15 +384,15 @@ def test_a_profile_for_another_pp_size_is_refused_naming_file_and_flag(cmd, tmp_
      "--chunked-prefill-size: '0': give a chunk size >= 1"),
     (["simulate", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--chunked-prefill-size", "0"],
      "--chunked-prefill-size: '0': give a chunk size >= 1"),
-    (["simulate-serve", "--analytic", "llama3-8b", "--device", "H100", "--pp-size", "2", "--num-requests", "4",
+    (["simulate-serve", "--analytic", "llama3-8b", "--gpu", "H100", "--pp-size", "2", "--num-requests", "4",
       "--chunked-prefill-size", "0"], "--chunked-prefill-size: '0': give a chunk size >= 1"),
     (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--chunked-prefill-size", "-1"],
      "SGLang's -1 turns chunking off"),
     (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--page-size", "0"],
      "--page-size: '0': give an integer >= 1"),
-    (["simulate", "--analytic", "llama3-8b", "--device", "H100", "--tp-size", "3", "--pp-size", "2", "--input-len", "8k"],
+    (["simulate", "--analytic", "llama3-8b", "--gpu", "H100", "--tp-size", "3", "--pp-size", "2", "--input-len", "8k"],
      "--tp-size 3: llama3-8b has 32 attention heads and 8 KV heads"),
-    (["bench", "ttft", "--analytic", "llama3-8b", "--device", "H100", "--tp-size", "0", "--input-len", "8k"],
+    (["bench", "ttft", "--analytic", "llama3-8b", "--gpu", "H100", "--tp-size", "0", "--input-len", "8k"],
      "--tp-size: '0': give an integer >= 1"),
 ])
 def test_zero_negative_and_unshardable_sizes_are_one_line_naming_the_flag(argv, msg, capsys):

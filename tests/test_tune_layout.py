@@ -69,7 +69,7 @@ def test_crossovers_name_the_lengths_where_the_winner_changes():
 
 def test_the_cli_ranks_writes_json_and_prints_the_winners_flags(tmp_path, capsys):
     out = tmp_path / "layout.json"
-    rc = cli_main(["tune", "layout", "--analytic", "qwen3-235b-a22b-fp8", "--device", "H20", "--gpus", "32",
+    rc = cli_main(["tune", "layout", "--analytic", "qwen3-235b-a22b-fp8", "--gpu", "H20", "--gpus", "32",
                    "--input-lens", "32k,128k", "--virtual-stages", "1,2", "--json", str(out), "--plot",
                    str(tmp_path / "layout.png")])
     text = capsys.readouterr().out
@@ -86,10 +86,10 @@ def test_the_cli_ranks_writes_json_and_prints_the_winners_flags(tmp_path, capsys
 
 
 @pytest.mark.parametrize("argv,match", [
-    (["--analytic", "nope", "--device", "H20", "--gpus", "8"], "--analytic 'nope'"),
-    (["--analytic", "llama3-8b", "--device", "B300", "--gpus", "8"], "--device 'B300'"),
-    (["--analytic", "llama3-70b", "--device", "H100", "--gpus", "1", "--input-lens", "32k"], "--gpus 1: no layout"),
-    (["--analytic", "llama3-8b", "--device", "H100", "--gpus", "8", "--input-lens", "256k", "--context-length", "128k"],
+    (["--analytic", "nope", "--gpu", "H20", "--gpus", "8"], "--analytic 'nope'"),
+    (["--analytic", "llama3-8b", "--gpu", "B300", "--gpus", "8"], "--gpu 'B300'"),
+    (["--analytic", "llama3-70b", "--gpu", "H100", "--gpus", "1", "--input-lens", "32k"], "--gpus 1: no layout"),
+    (["--analytic", "llama3-8b", "--gpu", "H100", "--gpus", "8", "--input-lens", "256k", "--context-length", "128k"],
      "above --context-length"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):

@@ -149,9 +149,9 @@ def test_chunk_when_upstream_fit_fails(tmp_path, capsys, monkeypatch):
 
 # -- partition --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv,layers,pp", [
-    (("--analytic", "qwen3-235b-a22b", "--device", "H20", "--tp", 4, "--prefix-len", "64k", "--chunked-prefill-size", "8k"), 94, 8),
-    (("--analytic", "smollm2-135m", "--device", "cpu-2core"), 30, 4),
-    (("--analytic", "deepseek-v3", "--device", "H20", "--tp", 8, "--mem-limit-gb", 30), 61, 4),
+    (("--analytic", "qwen3-235b-a22b", "--gpu", "H20", "--tp", 4, "--prefix-len", "64k", "--chunked-prefill-size", "8k"), 94, 8),
+    (("--analytic", "smollm2-135m", "--gpu", "cpu-2core"), 30, 4),
+    (("--analytic", "deepseek-v3", "--gpu", "H20", "--tp", 8, "--mem-limit-gb", 30), 61, 4),
 ])
 def test_partition_analytic_prints_a_valid_partition(capsys, argv, layers, pp):
     rc, out, err = tune(capsys, "partition", *argv, "--pp-size", pp)
@@ -325,5 +325,32 @@ def test_a_server_profile_is_named_as_the_plugin_names_its_server(tmp_path):
     assert _device_name("cpu", "http://127.0.0.1:30000") == device_name("cpu")
     assert _device_name("cuda", "http://10.0.0.5:30000") == "cuda"  # remote: its word (tune chunk --device-name)
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
-    assert _dtype("auto", {"model_path": str(tmp_path)}, {}) == "bfloat16" and _dtype("float16", {}, {}) == "float16"
+    assert _dtype("auto", {"model_path": str(tmp_path)}, {}) == "bfloat16" and _dtype("half", {}, {}) == "float16"
     assert _dtype("auto", {"model_path": str(tmp_path / "nowhere")}, {}) == "auto"
+    # as SGLang resolves auto (model_config.py:2285-2325): `dtype` before `torch_dtype`; float32 runs in 16 bits
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float16", "torch_dtype": "bfloat16"}))
+    assert _dtype("auto", {"model_path": str(tmp_path)}, {}) == "float16"
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32", "model_type": "llama"}))
+    assert _dtype("auto", {"model_path": str(tmp_path)}, {}) == "float16"
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32", "model_type": "gemma2"}))
+    assert _dtype("auto", {"model_path": str(tmp_path)}, {}) == "bfloat16"
+
+
+def test_tune_chunk_names_and_labels_the_file_for_the_server_it_is_given(tmp_path, capsys, monkeypatch):
+    """--device-name and --dtype name the file for a server whose profile came with other names (a remote
+    server's 'cuda' and 'auto') and label its meta the same, so the plugin's check accepts what its name matched."""
+    from sglang_cpp.core.costmodel import check_profile, load_profile
+    from sglang_cpp.plugin.profiles import tuned_path
+
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path / "cache"))
+    prof = write_profile(tmp_path / "p.json")
+    doc = json.loads(prof.read_text())
+    doc["meta"].update(device_name="cuda", dtype="auto")
+    prof.write_text(json.dumps(doc))
+    rc, _, err = tune(capsys, "chunk", prof, "--pp-size", 2, "--input-lens", "8k", "--device-name", "NVIDIA_H200",
+                      "--dtype", "bfloat16")
+    assert rc == 0, err
+    server = {"model": "Qwen3-8B", "pp": 2, "tp": 1, "device_name": "NVIDIA_H200", "dtype": "bfloat16"}
+    written = load_profile(tuned_path(server))
+    check_profile(written, "tuned", pp_size=2, tp_size=1, dtype="bfloat16", model="Qwen3-8B")
+    assert written["meta"]["device_name"] == "NVIDIA_H200"

@@ -171,7 +171,8 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
     add_model_source(g.add_argument)
     g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
-    g.add_argument("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
+    g.add_argument("--gpu", dest="device", default=None,
+                   help="GPU preset, required with --analytic / --model-path (H100, H20, B200, MI300X, ...; any case)")
     g.add_argument("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
     g.add_argument("--pp-size", type=int, default=2)
     g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,
@@ -191,10 +192,11 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
     g.add_argument("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=None,
                    help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
-                        "default: the --device preset's with --analytic, else 0)")
+                        "default: the --gpu preset's with --analytic, else 0)")
     alias(p, "--tp-size", "--tp")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--chunk-overhead-ms", "--cpu-overhead-ms")
+    alias(p, "--gpu", "--device")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

@@ -48,13 +48,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                         "1.25 C) with dynamic chunking on PP)")
     p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=None,
                    help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
-                        "default: the --device preset's with --model-path, else 0)")
-    p.add_argument("--device", default=None, help="device preset (with --model-path / --analytic)")
+                        "default: the --gpu preset's with --model-path, else 0)")
+    p.add_argument("--gpu", dest="device", default=None, help="GPU preset (with --model-path / --analytic)")
     p.add_argument("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (with --model-path)")
     p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", help="also write the plan JSON here")
     alias(p, "--input-len", "--prompt-len")
+    alias(p, "--gpu", "--device")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--context-length", "--context-len")
     alias(p, "--chunk-overhead-ms", "--overhead-ms")

@@ -30,7 +30,8 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     src.add_argument("--profile", help="profile JSON (sglang-cpp profile)")
     src.add_argument("--coeffs", help="'a,b,c' (upstream) or 'c0,g,b,d,e,f'")
     add_model_source(src.add_argument)
-    a("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
+    a("--gpu", dest="device", default=None,
+      help="GPU preset, required with --analytic / --model-path (H100, H20, B200, MI300X, ...; any case)")
     a("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
     a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
     a("--efficiency", type=parse_fraction, default=None, help="fraction of peak reached (--analytic)")
@@ -43,7 +44,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--recv-mode", choices=RECV_MODES, default="serial")
     a("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=None,
       help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
-           "default: the --device preset's with --analytic, else 0)")
+           "default: the --gpu preset's with --analytic, else 0)")
     a("--virtual-stages", type=int, default=1,
       help="V model slices per rank (interleaved / virtual PP, whatif/virtual_pp.py): each chunk visits every "
            "rank V times; V > 1 simulates deferred sends with pre-posted receives")
@@ -54,6 +55,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     alias(parser, "--input-len", "--prompt-len")
     alias(parser, "--chunked-prefill-size", "--chunk-size")
     alias(parser, "--tp-size", "--tp")
+    alias(parser, "--gpu", "--device")
     alias(parser, "--chunk-overhead-ms", "--cpu-overhead-ms")
     return parser
 

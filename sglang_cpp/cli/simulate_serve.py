@@ -17,7 +17,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--profile", help="per-stage cost-model JSON (calibration, `tune chunk`, `tune analytic`)")
     src.add_argument("--coeffs", help="one stage model for every stage: c0,g,b,d,e,f or upstream's A,B,C")
     add_model_source(src.add_argument)
-    a("--device", default=None, help="device preset, required with --analytic / --model-path (H100, H20, ...; any case)")
+    a("--gpu", dest="device", default=None,
+      help="GPU preset, required with --analytic / --model-path (H100, H20, B200, MI300X, ...; any case)")
     a("--tp-size", dest="tp", type=positive_int, default=1)
     a("--efficiency", type=parse_fraction, default=None, help="fraction of peak reached (--analytic)")
     add_attention_backend(a)
@@ -55,6 +56,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a("--disable-tqdm", action="store_true", help="no progress bar (stderr)")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--tp-size", "--tp")
+    alias(p, "--gpu", "--device")
     alias(p, "--input-len", "--input-lens")
     alias(p, "--num-prompts", "--num-requests")
     alias(p, "--output-len", "--output-lens")

@@ -216,11 +216,6 @@ def prepare_mlp_sync(batch, runner) -> bool:
                                require_mlp_tp_gather=require_mlp_tp_gather(),
                                disable_overlap_schedule=get_schedule().disable_overlap_schedule,
                                offload_tags=set(), dwdp=get_parallel().dwdp_size > 1)
-    if getattr(get_parallel(), "attn_dp_enabled", False):
-        # every DP rank extends this chunk, so SGLang's vote would replay the prefill graph; a served prompt
-        # alone leaves the other DP ranks idle and runs eager (prefill_cuda_graph_runner.py:1423-1435), and the
-        # MLA switches price eager under DP attention (switches._captured_everywhere): measure eager too
-        batch.can_run_dp_prefill_cuda_graph = False
     return True
 
 

@@ -501,8 +501,8 @@ def ModelRunner_forward(original, self, *args, **kwargs):
 def EPLBManager_rebalance(original, self):
     """AROUND EPLB's rebalance, a generator that `ModelRunner.forward` steps once per forward
     (`on_forward_pass_end`, model_runner.py:1897-1898; eplb_manager.py:83-94): each step marks the timed window
-    it runs in (timing.FORWARD.mark), so a served forward that moved experts is logged `eplb_rebalance` and left
-    out of online refinement. Startup forwards never step it (calibrate.no_expert_recording sets it aside)."""
+    it runs in (timing.FORWARD.mark), so a served forward that ran a rebalance step (a record dump, maybe an expert
+    move) is logged `eplb_rebalance` and left out of online refinement. Startup forwards never step it (calibrate.no_expert_recording sets it aside)."""
     steps = original(self)
 
     def marked():
@@ -570,7 +570,7 @@ def _run_batch(original, self, batch, *args, **kwargs):
         marks = FORWARD.marks
         ran = FORWARD.disarm()
     if "eplb_rebalance" in marks:
-        rec["eplb_rebalance"] = True  # experts moved inside this forward: not what the chunk costs
+        rec["eplb_rebalance"] = True  # a rebalance step (its record dump, maybe an expert move) ran inside: not the chunk
     online = ONLINE
     done = event == "forward" and _report_plans(log, batch.reqs, prefix, ext)
     if ran:

@@ -21,8 +21,9 @@ _pp_recv_proxy_tensors; on NCCL a rendezvous, so the transfer cannot start befor
 wait is the receiving stage's, per chunk, but it is "blocked" time above. So after the pipelined run every
 hop is timed alone, at two chunk sizes (`transfer_sizes`): the sender sends the proxy tensors of x tokens
 (the shapes its forward produced, split over attention TP as the scheduler's `send_tensor_dict` does)
-right after a barrier of every rank, the receiver times its receive. A line through the fastest receive at each
-size gives the receiving stage a term in x.
+right after a barrier of every rank and a wait of SEND_DELAY_S (the receive is posted first, so no small send
+lands in NCCL's eager buffer early), the receiver times its receive less that wait. A line through the medians
+at the two sizes gives the receiving stage a term in x.
 
 World rank 0 gathers every stage's figures and each stage's cost model gets its own overhead, a
 `ChunkOverhead` (ms per chunk into c0, ms per token into b), the same on every rank. A negative or
@@ -48,10 +49,10 @@ def stage_overhead(steps: list[tuple[float, float, float]]) -> float:
 
 
 def transfer_line(timed: dict) -> tuple[float, float]:
-    """(ms at x = 0, ms per token) of a line through the fastest receive at each of two sizes ({x: [ms, ...]}):
-    the transfer's own cost, each repeat's excess being the barrier's exit skew (a TCP hop on gloo across
-    nodes); both floored at 0 (a flat or noisy pair: no term in x); (0, 0) with none."""
-    pts = sorted((int(x), float(np.min(v))) for x, v in timed.items() if v)
+    """(ms at x = 0, ms per token) of a line through the medians of the receive times at two sizes ({x: [ms, ...]}),
+    both floored at 0 (a flat or noisy pair: no term in x); (0, 0) with none. The barrier's exit skew (a TCP hop
+    on gloo across nodes) shifts both sizes alike: the slope keeps clear of it."""
+    pts = sorted((int(x), float(np.median(v))) for x, v in timed.items() if v)
     if not pts:
         return 0.0, 0.0
     if len(pts) == 1:
@@ -80,13 +81,13 @@ def decide_overheads(gathered: list[dict]) -> list[ChunkOverhead]:
 
 
 def transfer_medians(gathered: list[dict]) -> list[list]:
-    """Per stage (ascending), [[x, fastest receive ms], ...] of its slowest TP rank at each size (the log's)."""
+    """Per stage (ascending), [[x, median receive ms], ...] of its slowest TP rank at each size (the log's)."""
     per_stage: dict[int, dict] = {}
     for g in gathered:
         at = per_stage.setdefault(g["stage"], {})
         for x, v in (g.get("transfer") or {}).items():
             if v:
-                at[int(x)] = max(at.get(int(x), 0.0), float(np.min(v)))
+                at[int(x)] = max(at.get(int(x), 0.0), float(np.median(v)))
     return [[[x, round(ms, 4)] for x, ms in sorted(per_stage[s].items())] for s in sorted(per_stage)]
 
 
@@ -99,10 +100,14 @@ def transfer_sizes(align: int, largest: int) -> tuple[int, ...]:
     return (small, big) if big >= 4 * small else (small,)
 
 
+SEND_DELAY_S = 0.002  # the sender's wait after the barrier, taken off each timed receive
+
+
 def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=None, repeats: int = 3) -> dict:
     """{x: [ms]} of this stage's receives from the previous stage at each size (empty on PP0): hop by hop,
     one warm-up and `repeats` timed sends of `template`'s tensors at x rows, each after a barrier of every rank
-    (the world group's CPU group), so the receive waits for the transfer alone, not for a forward. `ag`: the attention-TP group the
+    (the world group's CPU group) and the sender's SEND_DELAY_S, so the receive waits for the transfer alone,
+    not for a forward. `ag`: the attention-TP group the
     scheduler splits its sends over (send_tensor_dict's all_gather_group)."""
     import torch
 
@@ -120,6 +125,7 @@ def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=No
                 tick(f"in the hidden-state transfer timing (PP{hop} -> PP{hop + 1}, {x} tokens)")
                 world.barrier()  # every rank: the receiver's all-gather over attention TP waits for no column
                 if pp_rank == hop:
+                    time.sleep(SEND_DELAY_S)  # the receive is posted first: no small send lands early (NCCL eager)
                     pp.send_tensor_dict(payload, all_gather_group=ag)
                     timer.sync()
                 elif pp_rank == hop + 1:
@@ -127,7 +133,7 @@ def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=No
                     pp.recv_tensor_dict(all_gather_group=ag)
                     timer.sync()  # NCCL: the receive is queued on the stream
                     if r:
-                        got.setdefault(x, []).append((time.perf_counter() - t0) * 1e3)
+                        got.setdefault(x, []).append(max((time.perf_counter() - t0 - SEND_DELAY_S) * 1e3, 0.0))
         del payload
     return got
 

@@ -65,7 +65,8 @@ def _warn_once(key, msg: str, *args) -> None:
 
 
 def captured_prefill(runner) -> tuple | None:
-    """(the largest captured chunk, the context limit or None, the captured token buckets) of a model runner's
+    """(the largest captured chunk, the context limit or None, the captured token buckets, the backend) of a model
+    runner's
     prefill CUDA graph runner (model_runner.py:1201 and 1685 set it, 2036-2060 replay it) when it replays inside
     the context MLA's dispatch reads (tc_piecewise or breakable, cuda_graph_config.py:40-47); None without one or
     with the eager runner. A full graph fixes MLA's method at capture, on a synthetic prefix
@@ -86,7 +87,7 @@ def captured_prefill(runner) -> tuple | None:
     limits = [int(v) for v in (getattr(graphs, "max_context_size", None), getattr(graphs, "max_seq_len", None))
               if v is not None]
     buckets = tuple(sorted(int(b) for b in (getattr(graphs, "capture_num_tokens", None) or ())))
-    return int(graphs.max_num_tokens), (min(limits) if limits else None), buckets
+    return int(graphs.max_num_tokens), (min(limits) if limits else None), buckets, backend
 
 
 CAPTURED: list | None = None  # every rank's captured_prefill, gathered at startup (hooks); None: this rank's alone
@@ -94,10 +95,10 @@ CAPTURED: list | None = None  # every rank's captured_prefill, gathered at start
 
 def _captured_everywhere(sched, runner) -> bool:
     """Whether every planned chunk runs in the captured prefill graph on every rank, where SGLang's MLA dispatch
-    takes absorbed MLA at every prefix (attention_backend_handler.py:109-112). Not under DP attention (a chunk
-    replays only when every DP rank votes for it and none is idle, prefill_cuda_graph_runner.py:1423-1435,
-    dp_attn.py:384-443), nor under context parallelism the graph did not capture (model_runner.py:287-294), nor
-    when the stages' graphs differ. Some chunks but not all: one WARNING naming both limits (the eager chunks
+    takes absorbed MLA at every prefix (attention_backend_handler.py:109-112). Not for tc_piecewise graphs under DP
+    attention (the extending rank votes against replay, dp_attn.py:567-573; breakable graphs replay there as
+    without DP, idle ranks padding a dummy extend), nor under context parallelism the graph did not capture
+    (model_runner.py:287-294), nor when the stages' graphs differ. Some chunks but not all: one WARNING naming both limits (the eager chunks
     follow the regimes in L; the captured ones are priced as if eager)."""
     caps = CAPTURED if CAPTURED is not None else [captured_prefill(runner)]
     if any(c is None for c in caps):
@@ -111,10 +112,10 @@ def _captured_everywhere(sched, runner) -> bool:
     from sglang.srt.runtime_context import get_parallel, max_prefill_buffer_tokens
 
     graphs = getattr(runner, "prefill_cuda_graph_runner", None)
-    if bool(getattr(get_parallel(), "attn_dp_enabled", False)):
-        _warn_once("dp", "[sglang-cpp] MLA prefill under DP attention: a chunk replays the captured prefill graph "
-                   "only when every DP rank votes for it, so chunks of up to %d tokens may run either way; every "
-                   "chunk is priced as eager", cap[0])
+    if bool(getattr(get_parallel(), "attn_dp_enabled", False)) and cap[3] == "tc_piecewise":
+        # under DP attention the extending rank votes against tc_piecewise replay (dp_attn.py:567-573); breakable
+        # graphs replay as without DP: idle ranks vote for them and run a padded dummy extend
+        # (dp_attn.py:400, forward_batch_info.py:1795-1872), so the chunk's own rank replays it too
         return False
     if get_cp_strategy() is not None and not bool(getattr(graphs, "enable_cp_bcg_capture", False)):
         return False

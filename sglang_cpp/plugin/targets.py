@@ -168,14 +168,15 @@ STATE_READS = {
         "group, here the world group's); overhead.time_transfers times each hop's receive alone that way, at two "
         "chunk sizes",
     "ModelRunner.prefill_cuda_graph_runner: max_num_tokens, max_context_size, max_seq_len, prefill_backend_name, "
-    "capture_num_tokens, enable_cp_bcg_capture; ScheduleBatch.can_run_dp_prefill_cuda_graph":
+    "capture_num_tokens, enable_cp_bcg_capture":
         "model_executor/model_runner.py:1201, 1685 (set), 2036-2060 (a chunk replays it when can_run_graph), "
         "runner/prefill_cuda_graph_runner.py:348-387 (the bounds), 1325-1421 (can_replay_locally: tokens and "
         "context), models/deepseek_common/attention_backend_handler.py:109-112 (tc_piecewise / breakable replay "
         "pins absorbed MLA), 1423-1497 (the DP vote, idle DP ranks, the backend's own check), 158 and 1417-1420 "
         "(padding at most 2x), managers/scheduler_components/dp_attn.py:384-443, model_runner.py:287-294 (CP); "
-        "switches._captured_everywhere, gathered from every rank at startup (hooks); dp_attn.py:349 (the DP vote "
-        "prepare_mlp_sync_batch_raw sets on the batch, which calibrate.prepare_mlp_sync turns off under DP attention)",
+        "switches._captured_everywhere, gathered from every rank at startup (hooks); under DP attention "
+        "dp_attn.py:400 and 567-573 (idle ranks vote for replay; the extending rank votes no on tc_piecewise), "
+        "forward_batch_info.py:1795-1872 (the padded dummy extend)",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
         "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
         "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",

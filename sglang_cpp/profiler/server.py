@@ -102,19 +102,23 @@ def _device_name(device, url: str) -> str | None:
 
 
 def _dtype(dtype, minfo: dict, info: dict) -> str | None:
-    """The weights' dtype as the plugin names it: SGLang's `auto` resolved from the model's config.json when the
-    model folder is readable here, else as reported."""
+    """The weights' dtype as the plugin names it: SGLang's `auto` resolved from the model's config.json as SGLang
+    resolves it (configs/model_config.py:2285-2325) when the model folder is readable here, else as reported."""
     import json
     from pathlib import Path
 
+    names = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
     if str(dtype) != "auto":
-        return dtype
+        return names.get(str(dtype).lower(), dtype)
     cfg = Path(str(minfo.get("model_path") or info.get("model_path") or "")) / "config.json"
     try:
-        got = json.loads(cfg.read_text()).get("torch_dtype")
+        doc = json.loads(cfg.read_text())
     except (OSError, ValueError):
         return dtype
-    return {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}.get(str(got), dtype)
+    got = names.get(str(doc.get("dtype") or doc.get("torch_dtype") or "float32"))  # SGLang reads dtype first
+    if got in (None, "float32"):  # SGLang runs a float32 checkpoint in 16 bits (model_config.py:2302-2319)
+        return "bfloat16" if str(doc.get("model_type", "")).startswith("gemma") else "float16"
+    return got
 
 
 __all__ = ["profile_server", "server_prefill_ms"]

@@ -19,7 +19,7 @@ from ..args import add_model_source, alias, parse_len, parse_lens, parse_sigma
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model_source(p.add_argument, required=True)
-    p.add_argument("--device", required=True, help="device preset, e.g. H20")
+    p.add_argument("--gpu", dest="device", required=True, help="GPU preset, e.g. H20 (any case)")
     p.add_argument("--tp-size", dest="tp", type=int, default=1)
     p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (default: the model's)")
     p.add_argument("--measured", action="append", required=True, metavar="PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]]",
@@ -43,6 +43,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sigma", type=parse_sigma, default=0.8, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
     alias(p, "--tp-size", "--tp")
+    alias(p, "--gpu", "--device")
     alias(p, "--input-len", "--input-lens")
 
 

@@ -86,7 +86,8 @@ def versions(meta: dict) -> dict:
 
 
 def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict]:
-    meta = {**doc.get("meta", {}), "pp": P}
+    meta = {**doc.get("meta", {}), "pp": P,  # the server's names, where the flags give them: the plugin checks them
+            **({"device_name": cfg.device_name} if cfg.device_name else {}), **({"dtype": cfg.dtype} if cfg.dtype else {})}
     if doc.get("meta", {}).get("pp") not in (None, P):
         meta["profiled_pp"] = doc["meta"]["pp"]
     from ..files import tuned_dir

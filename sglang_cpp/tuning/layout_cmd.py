@@ -137,7 +137,7 @@ def plot(path: str, cfg: LayoutConfig, ranked, win: dict, num_layers: int, top: 
 def add_args(p: argparse.ArgumentParser) -> None:
     d = LayoutConfig(analytic="")
     add_model_source(p.add_argument, required=True)
-    p.add_argument("--device", default=d.device, help="device preset, e.g. H20")
+    p.add_argument("--gpu", dest="device", default=d.device, help="GPU preset, e.g. H20 (any case)")
     p.add_argument("--gpus", type=int, default=d.gpus, help="GPUs for one prefill instance (TP x PP)")
     p.add_argument("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens, default=d.input_lens,
                    help="prompt lengths, e.g. 32k,128k,1m")
@@ -157,6 +157,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, metavar="OUT.png")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar (stderr)")
     alias(p, "--input-len", "--input-lens")
+    alias(p, "--gpu", "--device")
 
 
 def run(args) -> int:

@@ -37,7 +37,7 @@ class PartitionConfig:
     def __post_init__(self):
         if bool(self.profile) == bool(self.analytic):
             raise ValueError("give exactly one cost source: --profile PROFILE (with a per-layer breakdown) "
-                             "or --analytic MODEL --device DEV --tp N")
+                             "or --analytic MODEL --gpu GPU --tp-size N")
         for name in ("pp_size", "tp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -178,9 +178,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON with per-layer breakdown (layer_ms, embed_ms, head_ms)")
     add_model_source(src.add_argument)
-    p.add_argument("--device", default="H100", help="device preset for --analytic (H100, H200, H20, A100, cpu-2core)")
+    p.add_argument("--gpu", dest="device", default="H100", help="GPU preset for --analytic (H100, H200, H20, B200, MI300X, ...)")
     p.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
     alias(p, "--tp-size", "--tp")
+    alias(p, "--gpu", "--device")
     p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default: model's)")
     p.add_argument("--pp-size", type=int, required=True)
     p.add_argument("--num-layers", type=int, default=None,

@@ -229,7 +229,7 @@ MODELS = {
 MODELS["qwen3-235b-a22b-fp8"] = replace(MODELS["qwen3-235b-a22b"], weight_bytes=1, name="qwen3-235b-a22b-fp8")
 
 
-def device_of(name: str | None, flag: str = "--device") -> "DeviceSpec":
+def device_of(name: str | None, flag: str = "--gpu") -> "DeviceSpec":
     """The device preset `name`, matched case-insensitively (h20, H20); none given, or an unknown one, is one
     line listing the presets: an analytic figure depends on the device, so none is assumed."""
     if name:

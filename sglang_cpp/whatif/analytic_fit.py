@@ -215,7 +215,7 @@ def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list, *, overhead
                                        options={"xatol": 1e-5}).x), overhead_ms
     if not 1e-3 < eff < 1.0 - 1e-4:
         raise ValueError(f"the fitted efficiency {eff:.3f} sits at a bound of (0, 1]: the measurements cannot be "
-                         f"reached by this model on {device.name} (check --device, --tp-size and the TTFTs)")
+                         f"reached by this model on {device.name} (check --gpu, --tp-size and the TTFTs)")
     dev = replace(device, efficiency=eff, attn_efficiency=None)
     return Fit(eff, o, tuple((p, predict(model, dev, tp, p, o, max_prefill, dtype)) for p in points))
 
