@@ -10,7 +10,7 @@ every PP8 figure is a prediction. Writes results/analytic_whatif.md and results/
 The stage models are the roofline (`sglang_cpp/whatif/roofline.py`: the slower of FLOPs and bytes, experts
 touched counted) with the H20 preset's fixed per-chunk cost unless --chunk-overhead-ms says otherwise.
 The same side by side comes from one CLI call:
-  sglang-cpp bench ttft --analytic qwen3-235b-a22b-fp8 --device H20 --tp-size 4 --pp-size 8 \
+  sglang-cpp bench ttft --analytic qwen3-235b-a22b-fp8 --gpu H20 --tp-size 4 --pp-size 8 \
     --efficiency <fitted> --input-len 128k,256k,512k,1m --num-prompts 1 --sigma 0.8 \
     --policy fixed:6k,fixed:18k,quadratic:18k,plan:18k --plot whatif.png
 

@@ -151,7 +151,7 @@ def main() -> int:
             "16 queued requests scale at 94-95% under every candidate but the large overhead, so the blog's "
             "efficiencies are neither TTFT nor saturated-throughput quantities of this model. The what-if default "
             "stays today's model (2 ms per chunk; Table 1's 10.54 s predicted within 1.5%).", "",
-            "All three figures fitted together (`sglang-cpp tune analytic --analytic qwen3-235b-a22b-fp8 --device H20 "
+            "All three figures fitted together (`sglang-cpp tune analytic --analytic qwen3-235b-a22b-fp8 --gpu H20 "
             f"--tp-size 4 --measured 1,128k,55.5 --measured 8,128k,10.54,quadratic,18k,0.8 --measured-ratio "
             f"{RATIO_ARG} --fit-overhead`): efficiency {q3.efficiency:.3f}, per-chunk overhead {q3.overhead_ms:.1f} "
             f"ms; it gives " + ", ".join(f"{p}: {v:.3f}" if isinstance(p, Ratio) else

@@ -16,7 +16,7 @@ measurement. Writes results/tuning_free_analytic.md.
 Usage: python benchmarks/tuning_free_analytic.py [--chunk-overhead-ms MS] [--results PATH]
 
 The fit that reproduces the blog's fixed 6K / DCK 18K ratio (results/tuning_free_analytic-ratio-fit.md):
-  sglang-cpp tune analytic --analytic qwen3-235b-a22b-fp8 --device H20 --tp-size 4 --measured 1,128k,55.5 \
+  sglang-cpp tune analytic --analytic qwen3-235b-a22b-fp8 --gpu H20 --tp-size 4 --measured 1,128k,55.5 \
     --measured-ratio 8,128k,fixed:6k/quadratic:18k:0.8,1.105 --fit-overhead
   python benchmarks/tuning_free_analytic.py --chunk-overhead-ms <its overhead> \
     --results results/tuning_free_analytic-ratio-fit.md
