@@ -41,7 +41,7 @@ SOURCES = {
     "measured: check-llama stage, 8 layers, H100 (torch kernels)":
         ["--simulate", "results/gpu_kernels-check-llama.profile.json"],
     "analytic: Qwen3-235B-A22B TP4 stage, H20 (roofline)":
-        ["--analytic", "qwen3-235b-a22b", "--device", "H20", "--tp-size", "4"],
+        ["--analytic", "qwen3-235b-a22b", "--gpu", "H20", "--tp-size", "4"],
 }
 
 
