@@ -4,7 +4,7 @@ grid with random-KV prefixes against the earlier design (chunk walks through who
 Each sample costs the slowest stage's t(L, x) (the stages calibrate at the same moment), times the GPU
 forwards per shape (1 untimed + 2 timed, calibrate.default_repeats), plus filling the prefix's KV slots
 at the HBM bandwidth. The grid is the one the server samples: each level after the first narrows its
-top chunk per prefix to what the plan for the next length runs there (`calibrate.top_chunk`), here on
+top chunk per prefix to what the plan for the next length runs there (`core.calib_grid.top_chunk`), here on
 the analytic model itself where the server uses the model fitted on the levels so far. The earlier
 design walked three or four chunk sequences per level, each a whole prompt of the level's length, at levels 4x apart (its schedule is copied below from commit e0e426a, the
 last one that ran it). Writes results/calibration_cost.md. SIMULATED: analytic model, not a measurement.
@@ -22,7 +22,7 @@ from sglang_cpp.core.costmodel import PipelineCost
 from sglang_cpp.core.partition import default_partition
 from sglang_cpp.core.planner_base import PlanConfig
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.plugin.calibrate import calibration_levels, new_points, top_chunk
+from sglang_cpp.core.calib_grid import calibration_levels, new_points, top_chunk
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
 from sglang_cpp.whatif.analytic_fit import BLOG_PP1, fit, stage_models
 from sglang_cpp.whatif.roofline import kv_bytes_per_token
@@ -92,7 +92,7 @@ def main() -> int:
            "costs the slowest stage's time. Largest calibration chunk: SGLang's prefill-buffer ceiling "
            "(max(C, --max-prefill-tokens 16384, 1.25 C); C = 8192 for the Llama servers, 18432 for the blog's "
            "Qwen3 servers); each level after the first samples, per prefix, chunks up to what the plan for the "
-           "next length runs there, rounded up to 64 x 2^k (calibrate.top_chunk, on the analytic model; the "
+           "next length runs there, rounded up to 64 x 2^k (core.calib_grid.top_chunk, on the analytic model; the "
            "server uses its fit so far). The chunk walks used one top, the ceiling.", "",
            "| deployment | target | samples (grid) | grid (s) | chunk walks (s) | grid / walks |",
            "|---|---:|---:|---:|---:|---:|"]

@@ -5,7 +5,7 @@ import pytest
 
 from types import SimpleNamespace
 
-from sglang_cpp.plugin.calibrate import calibration_grid, calibration_levels, level_grids
+from sglang_cpp.core.calib_grid import calibration_grid, calibration_levels, level_grids
 
 
 @pytest.mark.parametrize("M,cap,lo", [(1024, 0, 0), (2048, 0, 0), (8128, 16384, 0), (8192, 1024, 0),
@@ -77,7 +77,7 @@ def test_top_chunk_follows_the_plan_on_the_model_so_far_not_the_memory_cap():
 
     from sglang_cpp.core.costmodel import CostModel, PipelineCost
     from sglang_cpp.core.planner import PlanConfig, plan_equal_time
-    from sglang_cpp.plugin.calibrate import calibration_grid, cap_at, top_chunk
+    from sglang_cpp.core.calib_grid import calibration_grid, cap_at, top_chunk
 
     pc = PlanConfig(pp_size=2, align=64, max_chunk=16384)
     cpu = CostModel(c0=2.0, b=0.05, e=2e-6, f=3e-6)  # torch_native-like: the x^2 term punishes big chunks
@@ -146,7 +146,7 @@ def test_levels_quadruple_to_the_target():
 
 
 def test_eta_scales_the_last_level_by_the_observed_growth():
-    from sglang_cpp.plugin.calibrate import _eta_s
+    from sglang_cpp.core.calib_grid import _eta_s
 
     levels = [1024, 2048, 4096, 8192]
     assert _eta_s(levels, 1, [10.0]) == pytest.approx(30 + 90 + 270)  # no growth seen yet: 3x per doubling

@@ -12,7 +12,7 @@ from sglang_cpp.core.planner import plan_chunks
 from sglang_cpp.core.planner_base import ttft
 from sglang_cpp.core.refine import RefineConfig, Refiner
 from sglang_cpp.core.regimes import CPU_FLASH_SWITCHES, largest_x, regime_rows
-from sglang_cpp.plugin.calibrate import calibration_grid
+from sglang_cpp.core.calib_grid import calibration_grid
 
 # long-llama's stage on the AVX512 testbed (its 32K calibration, fitted per chunk regime), with the CPU flash
 # kernel's measured cost per query over a long prefix (results/flash_split.md): 1.65x below 192 queries,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sglang_cpp.plugin.calibrate import calibration_grid
+from sglang_cpp.core.calib_grid import calibration_grid
 from sglang_cpp.plugin.coverage import inside, listed, plan_shapes, regime_of, uncovered
 
 

@@ -165,7 +165,7 @@ def test_mla_switches_follow_sglangs_dispatch(backend, cpc, bounds):
 
 
 def test_a_switch_past_the_calibration_target_is_dropped_loudly(caplog):
-    from sglang_cpp.plugin.calibrate import calibrated_switches
+    from sglang_cpp.core.calib_grid import calibrated_switches
 
     names = ("mha", "mla-absorbed", "mha-one-shot", "mha-chunked-kv")
     with caplog.at_level("WARNING", logger="sglang_cpp"):
@@ -177,7 +177,7 @@ def test_a_switch_past_the_calibration_target_is_dropped_loudly(caplog):
 
 @pytest.mark.parametrize("M,switches", [(32768, (1, 8192)), (16384, (1,)), (1024, (1,)), (131072, (1, 8192, 65536))])
 def test_the_grid_samples_every_regime_enough_to_fit_it(M, switches):
-    from sglang_cpp.plugin.calibrate import calibration_grid
+    from sglang_cpp.core.calib_grid import calibration_grid
 
     pts = calibration_grid(M, 64, 16384, 0, switches)
     assert all(L + x <= M and L % 64 == 0 and x % 64 == 0 for L, x in pts)
@@ -193,7 +193,7 @@ def test_the_grid_samples_every_regime_enough_to_fit_it(M, switches):
 
 
 def test_no_switch_leaves_the_grid_as_it_was():
-    from sglang_cpp.plugin.calibrate import calibration_grid
+    from sglang_cpp.core.calib_grid import calibration_grid
 
     assert calibration_grid(32768, 64, 16384, 0, ()) == calibration_grid(32768, 64, 16384, 0)
     Ls = sorted({L for L, _ in calibration_grid(32768, 64, 16384)})

@@ -2,7 +2,7 @@
 measured on every stage before serving, and the model is refitted with them.
 
 Why: the calibration narrows its chunk sizes level by level to what the plan on the model so far cuts
-(`calibrate.top_chunk`), before the pipelined probe has measured the per-chunk overhead. Charged that
+(`core.calib_grid.top_chunk`), before the pipelined probe has measured the per-chunk overhead. Charged that
 overhead, the served plan wants bigger chunks. At 16K on long-llama its first chunk (3136 tokens) was 3x the
 largest sampled one and ran 1.13x its prediction on the critical stage. A shape outside the convex
 hull of its regime's samples is an extrapolation. Here every stage measures such shapes exactly as the plan
@@ -94,7 +94,8 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
     (world rank 0's, on every rank; 0 for a profile the user gave), the served plans' cap. Collective: every
     rank calls it."""
     from ..core.costmodel import cost_from_profile, model_from_dict
-    from .calibrate import calibration_levels, default_repeats, measure_gathered
+    from ..core.calib_grid import calibration_levels
+    from .calibrate import default_repeats, measure_gathered
     from .consensus import from_rank0, world_rank
     from .overhead import with_overheads
     from .. import envs

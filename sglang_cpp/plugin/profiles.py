@@ -66,7 +66,7 @@ KEY_FIELDS = ("model", "num_layers", "hidden_size", "dtype", "tp", "pp", "page_s
               "calib_design", "calib_prefix", "layer_partition", "sglang_version", "torch_version", "server_args",
               "kernel_switches", "chunk_switches")
 SWITCH_FIELDS = ("kernel_switches", "chunk_switches")  # key fields only where present
-CALIB_DESIGN = "grid-3"  # which samples a calibration takes (calibrate.calibration_grid): a new design recalibrates
+CALIB_DESIGN = "grid-3"  # which samples a calibration takes (core.calib_grid.calibration_grid): a new design recalibrates
 
 
 def calibration_target(requested: int, context_len: int, max_context: int, kv_tokens: int) -> tuple[int, str]:
@@ -204,7 +204,8 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     coefficients: no rank fits alone, so
     BLAS or scipy differences between nodes cannot give two stages different plans. A calibration runs
     on all ranks together, rank 0 fits the gathered samples and saves them."""
-    from .calibrate import calibrate_all_stages, calibrated_switches
+    from ..core.calib_grid import calibrated_switches
+    from .calibrate import calibrate_all_stages
     from .consensus import from_rank0, world_rank
 
     meta = server_meta(sched, cfg)
