@@ -33,7 +33,7 @@ import numpy as np
 
 from sglang_cpp.bench.server import ServerSpec, launched
 from sglang_cpp.bench.ttft import BenchConfig, run_ttft
-from sglang_cpp.core.costmodel import load_profile
+from sglang_cpp.core.profile_io import load_profile
 from sglang_cpp.core.costmodel import model_from_dict as load_cost_dict
 from sglang_cpp.files import read_events
 from sglang_cpp.machine import provenance_lines

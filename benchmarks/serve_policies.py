@@ -34,7 +34,7 @@ from sglang_cpp.bench.serve import (SLO, ServeBenchConfig, goodput, plot_runs, r
 from sglang_cpp.bench.report import spread
 from sglang_cpp.bench.server import ServerSpec, launched, reported_calibration
 from sglang_cpp.bench.ttft import _find
-from sglang_cpp.core.costmodel import cost_from_profile, load_profile
+from sglang_cpp.core.profile_io import cost_from_profile, load_profile
 from sglang_cpp.files import update_section
 from sglang_cpp.machine import provenance_lines
 

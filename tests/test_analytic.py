@@ -313,7 +313,8 @@ def test_roofline_charges_small_moe_chunks_their_expert_reads():
 def test_roofline_json_round_trip(tmp_path):
     """A roofline stage (a maximum of rows) saves and loads as the same function of (L, x)."""
     from sglang_cpp.whatif.analytic_fit import stage_models
-    from sglang_cpp.core.costmodel import PipelineCost, load_cost, save_profile
+    from sglang_cpp.core.costmodel import PipelineCost
+    from sglang_cpp.core.profile_io import load_cost, save_profile
 
     stages = stage_models(MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"], 4, 2)
     path = save_profile(tmp_path / "p.json", cost=PipelineCost(tuple(stages)))

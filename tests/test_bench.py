@@ -271,7 +271,7 @@ def test_compare_table_failures_and_resume(fake, tmp_path):
     assert launches[3].env["SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"] == "0.75"
     assert launches[2].env["SGLANG_CPP_PROFILE"].endswith("profile.json") and launches[4].cores == "0"
     up = json.loads(Path(launches[3].env["SGLANG_CPP_PROFILE"]).read_text())["upstream"]
-    from sglang_cpp.core.costmodel import load_cost
+    from sglang_cpp.core.profile_io import load_cost
     from sglang_cpp.core.upstream import UpstreamPredictor, profile_lengths
 
     cost = load_cost(_profile(tmp_path))

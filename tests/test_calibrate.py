@@ -167,7 +167,7 @@ def _meta(model="m"):
 def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatch):
     """A calibration cut by the budget is stored under the length it reached, and a later start with the
     same target and budget reuses it (recalibrating would stop at the same place); others do not."""
-    from sglang_cpp.core.costmodel import save_profile
+    from sglang_cpp.core.profile_io import save_profile
     from sglang_cpp.plugin.profiles import cache_path, covered_len, find_cached
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
@@ -219,7 +219,7 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     """What world rank 0 sends every rank: the profile's content, the cached calibration's, or the target."""
     from types import SimpleNamespace
 
-    from sglang_cpp.core.costmodel import save_profile
+    from sglang_cpp.core.profile_io import save_profile
     from sglang_cpp.plugin.profiles import cache_path, resolve_source
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
@@ -235,7 +235,8 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     src = resolve_source(meta, cfg)
     assert src["kind"] == "cache" and len(src["doc"]["samples"]) == len(samples)
     # issue 26: rank 0 fits and sends coefficients; the samples never leave it, and no other rank refits
-    from sglang_cpp.core.costmodel import cost_from_profile, model_from_dict
+    from sglang_cpp.core.costmodel import model_from_dict
+    from sglang_cpp.core.profile_io import cost_from_profile
     from sglang_cpp.plugin.profiles import _rank0_source
 
     kept: dict = {}

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from sglang_cpp.core.costmodel import (CostModel, PipelineCost, cost_from_profile, fit_cost_model, load_cost,
-                                  load_profile, parse_coeffs, save_profile)
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, fit_cost_model
+from sglang_cpp.core.profile_io import cost_from_profile, load_cost, load_profile, parse_coeffs, save_profile
 
 TRUE = dict(c0=12.0, g=0.004, b=0.35, d=3e-7, e=6e-7, f=3e-7)
 
@@ -115,7 +115,7 @@ def test_bad_profiles_are_named(tmp_path, content, match):
 
 def test_upstream_only_profile_loads_but_is_no_2d_model(tmp_path):
     """{'upstream': {a, b, c}} is what policy quadratic reads; policy plan needs samples or stages."""
-    from sglang_cpp.core.costmodel import load_profile
+    from sglang_cpp.core.profile_io import load_profile
 
     p = tmp_path / "up.json"
     p.write_text('{"format": "sglang-cpp-profile", "samples": [], "upstream": {"a": 1e-3, "b": 11, "c": 220}}')
@@ -139,7 +139,8 @@ def test_missing_profile_and_bad_coeffs(tmp_path):
 def test_whole_pipeline_profile_charges_each_stage_its_share(tmp_path):
     """`profile --backend server` times a chunk through all P stages (scope 'all'); a reader that copied
     it to every stage would charge each stage the whole pipeline's time (P times too slow)."""
-    from sglang_cpp.core.costmodel import CostModel, load_cost, save_profile
+    from sglang_cpp.core.costmodel import CostModel
+    from sglang_cpp.core.profile_io import load_cost, save_profile
 
     whole = CostModel(c0=40.0, b=0.2, e=2e-5, f=1e-5)  # what the server measured, all stages together
     samples = [{"L": L, "x": x, "ms": float(whole.time(L, x)), "stage": 0, "scope": "all"}
@@ -156,7 +157,8 @@ def test_one_profile_check_for_every_command_names_the_file_the_field_and_the_fl
     at --pp-size 4 with the same line (the file, what it holds, the flag); a one-stage model serves any PP size;
     the plugin's check is the same function (model, --tp-size, --dtype)."""
     from sglang_cpp.cli import main as cli_main
-    from sglang_cpp.core.costmodel import CostModel, PipelineCost, check_profile, load_profile, save_profile
+    from sglang_cpp.core.costmodel import CostModel, PipelineCost
+    from sglang_cpp.core.profile_io import check_profile, load_profile, save_profile
 
     m = CostModel(c0=1.0, b=0.01, e=2e-6, f=1e-6)
     two = save_profile(tmp_path / "pp2.json", cost=PipelineCost((m, m)), meta={"pp": 2, "tp": 8, "dtype": "bfloat16",

@@ -12,7 +12,7 @@ import pytest
 from sglang_cpp.bench.client import generate, random_ids
 from sglang_cpp.bench.server import ServerSpec, launched
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.core.costmodel import load_profile
+from sglang_cpp.core.profile_io import load_profile
 
 from conftest import SMALL_POOL, read_events, switch_stream
 

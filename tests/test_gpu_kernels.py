@@ -100,7 +100,7 @@ def test_an_fp8_mla_stage_is_priced_as_the_bf16_kernels_ran_with_its_prefix_rebu
 def test_the_written_report_brings_each_shapes_profile_beside_it(tmp_path):
     """check.py's kernels step and the report script write the same files: the report and, per shape, a
     profile that `bench ttft --simulate` prices chunks with (what the lent GPU runs must bring back)."""
-    from sglang_cpp.core.costmodel import load_cost
+    from sglang_cpp.core.profile_io import load_cost
 
     rep = _load("kernels_report")
     md = tmp_path / "out" / "gpu_kernels.md"

@@ -11,7 +11,8 @@ import pytest
 
 
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.core.costmodel import META_KEYS, load_cost, load_profile
+from sglang_cpp.core.costmodel import META_KEYS
+from sglang_cpp.core.profile_io import load_cost, load_profile
 from sglang_cpp.profiler.grid import ProfileConfig, default_chunks, make_grid
 
 from conftest import TINY  # under SGLANG_CPP_CACHE_DIR; the `tiny` fixture builds it when missing

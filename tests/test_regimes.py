@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_cpp.core.costmodel import (CostModel, PiecewiseCost, PipelineCost, add_constant, cost_from_profile,
-                                       fit_piecewise, model_from_dict)
+from sglang_cpp.core.costmodel import CostModel, PiecewiseCost, PipelineCost, add_constant, fit_piecewise, model_from_dict
+from sglang_cpp.core.profile_io import cost_from_profile
 from sglang_cpp.core.planner import plan_chunks
 from sglang_cpp.core.planner_base import ttft
 from sglang_cpp.core.regimes import regime_rows

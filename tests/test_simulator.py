@@ -327,7 +327,7 @@ def test_plan_cli_missing_setting_is_one_error_naming_the_flag(argv, msg, capsys
 def test_plan_cli_cuts_under_a_served_profiles_measured_chunk(tmp_path, capsys):
     """A served profile keeps the cap its server planned under (the largest chunk calibration and coverage
     measured, plugin/coverage.py): `plan --profile` cuts under it as the server did; --max-chunk overrides."""
-    from sglang_cpp.core.costmodel import save_profile
+    from sglang_cpp.core.profile_io import save_profile
 
     cost = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
     runs = {}
@@ -364,7 +364,8 @@ def test_every_json_output_is_strict_json(capsys):
 def test_a_profile_for_another_pp_size_is_refused_naming_file_and_flag(cmd, tmp_path, capsys):
     """Issue 47 item 2: an 8-stage profile with --pp-size 4 planned with exit 0 (`plan`) or failed naming
     neither the file nor the flag (`simulate`, `bench ttft`). One stage's model still serves any PP size."""
-    from sglang_cpp.core.costmodel import PipelineCost, save_profile
+    from sglang_cpp.core.costmodel import PipelineCost
+    from sglang_cpp.core.profile_io import save_profile
 
     m = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
     eight = save_profile(tmp_path / "pp8.json", cost=PipelineCost((m,) * 8), meta={"pp": 8})

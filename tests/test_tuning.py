@@ -10,7 +10,8 @@ import pytest
 
 import sglang_cpp
 from sglang_cpp.cli import main
-from sglang_cpp.core.costmodel import COEFS, CostModel, PipelineCost, load_cost, load_profile, save_profile
+from sglang_cpp.core.costmodel import COEFS, CostModel, PipelineCost
+from sglang_cpp.core.profile_io import load_cost, load_profile, save_profile
 from sglang_cpp.core.partition import parse_partition
 
 STAGE0 = CostModel(c0=5.0, g=0.002, b=0.05, d=1e-7, e=3e-6, f=1.5e-6)
@@ -287,7 +288,8 @@ def test_the_plugin_calibrates_past_a_tuned_file_that_does_not_fit_and_names_nea
     name it for this server."""
     from types import SimpleNamespace
 
-    from sglang_cpp.core.costmodel import CostModel, save_profile
+    from sglang_cpp.core.costmodel import CostModel
+    from sglang_cpp.core.profile_io import save_profile
     from sglang_cpp.files import device_file_name
     from sglang_cpp.plugin.profiles import resolve_source, tuned_path
 
@@ -339,7 +341,7 @@ def test_a_server_profile_is_named_as_the_plugin_names_its_server(tmp_path):
 def test_tune_chunk_names_and_labels_the_file_for_the_server_it_is_given(tmp_path, capsys, monkeypatch):
     """--device-name and --dtype name the file for a server whose profile came with other names (a remote
     server's 'cuda' and 'auto') and label its meta the same, so the plugin's check accepts what its name matched."""
-    from sglang_cpp.core.costmodel import check_profile, load_profile
+    from sglang_cpp.core.profile_io import check_profile, load_profile
     from sglang_cpp.plugin.profiles import tuned_path
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path / "cache"))

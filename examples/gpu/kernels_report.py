@@ -134,7 +134,7 @@ def report(doc: dict, commit: str, command: str) -> tuple[str, list]:
 def save_profiles(doc: dict, folder: Path) -> list[Path]:
     """Each shape's grid samples as a profile (one PP stage of `layers` layers), for `sglang-cpp bench ttft
     --simulate`, `plan` and `tune`: what the planner does on a measured GPU stage."""
-    from sglang_cpp.core.costmodel import save_profile
+    from sglang_cpp.core.profile_io import save_profile
 
     env, out = doc["env"], []
     for sh in doc["shapes"]:

@@ -247,7 +247,7 @@ def calibration_stages(cfg: ExperimentConfig, runner: Runner, plan_ents: list) -
         return None, None, ""
     cal = Path(runner.state["calibration"])
     try:
-        from ..core.costmodel import load_cost
+        from ..core.profile_io import load_cost
 
         c = load_cost(cal)
         return cal, list(getattr(c, "stages", None) or [c]), ""

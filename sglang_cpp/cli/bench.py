@@ -105,7 +105,7 @@ def side_by_side(records: list[dict], args) -> str:
 
     limit, model, device, tp = None, args.analytic, args.device, args.tp
     if args.simulate:  # a `tune analytic` JSON names its model and device
-        from ..core.costmodel import load_profile
+        from ..core.profile_io import load_profile
 
         meta = load_profile(args.simulate)["meta"]
         model, device, tp = meta.get("model"), meta.get("device_name"), int(meta.get("tp") or 1)

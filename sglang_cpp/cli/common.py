@@ -36,7 +36,7 @@ def cli_costs(args) -> tuple[list, int]:
     """(per-stage cost models, hidden size) for the chosen cost source: args.profile, args.coeffs or
     args.analytic (with device, tp, pp_size and, where the command has them, efficiency, dtype and
     layers_per_stage)."""
-    from ..core.costmodel import load_cost, parse_coeffs
+    from ..core.profile_io import load_cost, parse_coeffs
     from ..whatif.simulator import _stage_costs
 
     P = args.pp_size

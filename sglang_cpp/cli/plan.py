@@ -14,7 +14,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_cost_arg(args):
-    from ..core.costmodel import PipelineCost, load_cost, parse_coeffs
+    from ..core.costmodel import PipelineCost
+    from ..core.profile_io import load_cost, parse_coeffs
 
     if getattr(args, "profile", None):
         return load_cost(args.profile, pp_size=getattr(args, "pp_size", None))
@@ -89,7 +90,7 @@ def served_cap(profile: str | None) -> int:
     exceed; plugin/coverage.py), else 0: `plan --profile <served>` cuts the server's chunks."""
     if not profile:
         return 0
-    from ..core.costmodel import load_profile
+    from ..core.profile_io import load_profile
 
     doc = load_profile(profile)
     meta = doc.get("meta") if isinstance(doc, dict) else None

@@ -437,7 +437,7 @@ def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tupl
               chunk_switches: tuple = ()):
     """World rank 0: top_chunk on the samples so far (fitted per regime of `bounds` and `chunk_switches`);
     a fit that fails keeps the cap (and says so)."""
-    from ..core.costmodel import cost_from_profile
+    from ..core.profile_io import cost_from_profile
 
     try:
         cost = cost_from_profile({"samples": samples, "meta": {"regime_bounds": list(bounds),

@@ -93,7 +93,8 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
     world rank 0 keeps the refit (the calibration cache). measured_chunk: the largest chunk in the samples
     (world rank 0's, on every rank; 0 for a profile the user gave), the served plans' cap. Collective: every
     rank calls it."""
-    from ..core.costmodel import cost_from_profile, model_from_dict
+    from ..core.costmodel import model_from_dict
+    from ..core.profile_io import cost_from_profile
     from ..core.calib_grid import calibration_levels
     from .calibrate import default_repeats, measure_gathered
     from .consensus import from_rank0, world_rank

@@ -14,7 +14,8 @@ from pathlib import Path
 from .. import envs
 from .cache_key import timing_args
 from ..machine import cpu_model, device_name  # noqa: F401  (device_name: the key of caches and tuned files)
-from ..core.costmodel import ChunkOverhead, PipelineCost, check_profile, cost_from_profile, load_profile, model_from_dict, save_profile
+from ..core.costmodel import ChunkOverhead, PipelineCost, model_from_dict
+from ..core.profile_io import check_profile, cost_from_profile, load_profile, save_profile
 from .switches import server_chunk_switches, server_switches
 from ..files import device_file_name, tuned_dir
 from ..core.upstream import UpstreamPredictor
@@ -129,7 +130,7 @@ def check_writable(folder: Path) -> None:
 
 
 def check_matches(doc: dict, meta: dict, where: str, pp_size: int) -> None:
-    """SGLANG_CPP_PROFILE against this server (core.costmodel.check_profile, the one check every command uses)."""
+    """SGLANG_CPP_PROFILE against this server (core.profile_io.check_profile, the one check every command uses)."""
     check_profile(doc, where, pp_size=pp_size, tp_size=meta.get("tp"), model=meta.get("model"),
                   dtype=meta.get("dtype"), hidden_size=meta.get("hidden_size"), num_layers=meta.get("num_layers"),
                   fix="profile this server (`sglang-cpp profile`, `sglang-cpp tune chunk`) or unset SGLANG_CPP_PROFILE")

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from ..args import alias, parse_ints, parse_len
-from ..core.costmodel import COEFS, META_KEYS, fit_cost_model, save_profile
+from ..core.costmodel import COEFS, META_KEYS, fit_cost_model
+from ..core.profile_io import save_profile
 from .grid import BACKENDS, DEVICES, DTYPES, ProfileConfig
 
 

@@ -50,7 +50,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from ..whatif.analytic import device_of, model_of
     from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
-    from ..core.costmodel import PipelineCost, add_constant, save_profile
+    from ..core.costmodel import PipelineCost, add_constant
+    from ..core.profile_io import save_profile
     from ..files import device_file_name
 
     model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))

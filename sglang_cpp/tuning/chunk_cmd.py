@@ -8,7 +8,7 @@ import platform
 import shlex
 from pathlib import Path
 
-from ..core.costmodel import save_profile
+from ..core.profile_io import save_profile
 from ..files import device_file_name
 from . import config_from_args
 from .fit import FORMS, as_cost, residuals

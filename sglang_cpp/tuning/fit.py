@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..args import alias
-from ..core.costmodel import COEFS, PipelineCost, cost_from_profile, load_profile, save_profile
+from ..core.costmodel import COEFS, PipelineCost
+from ..core.profile_io import cost_from_profile, load_profile, save_profile
 from ..files import iter_events
 from . import config_from_args
 
@@ -119,7 +120,7 @@ def load_samples(cfg: FitConfig) -> tuple[list[dict], dict, str]:
 
 # -- fit ---------------------------------------------------------------------------------------
 def fit_stages(samples: list[dict], form: str = "full", meta: dict | None = None, where: str = "profile") -> list:
-    """One CostModel per stage present in the samples, in stage order (costmodel.cost_from_profile's fit,
+    """One CostModel per stage present in the samples, in stage order (profile_io.cost_from_profile's fit,
     which also turns a whole-pipeline profile of scope 'all' into a per-stage share)."""
     by_stage = {int(s.get("stage", 0)) for s in samples}
     if sorted(by_stage) != list(range(len(by_stage))):

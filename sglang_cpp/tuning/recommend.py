@@ -94,7 +94,7 @@ class Option:
 # -- building blocks -------------------------------------------------------------------------------
 def load_stages(cfg: ChunkTuneConfig) -> tuple[dict, list, list, list]:
     """(profile doc, samples, fitted models, one model per PP stage). Refits when samples exist."""
-    from ..core.costmodel import cost_from_profile
+    from ..core.profile_io import cost_from_profile
 
     where = f"profile {cfg.profile}"
     doc, samples = read_profile(cfg.profile)
