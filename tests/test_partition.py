@@ -189,3 +189,19 @@ def test_parse_partition_errors(text, N, P, needle):
     msg = str(err.value)
     assert needle in msg and "SGLANG_PP_LAYER_PARTITION" in msg
     assert "SGLANG_PP_LAYER_PARTITION=15,15" in msg  # the fix: a valid value to copy
+
+
+def test_tune_partition_writes_its_result_as_json(tmp_path, capsys):
+    """Issue 47 item 5: --json on the tune commands; the partition written is the one printed, in SGLang's form."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    out = tmp_path / "part.json"
+    assert cli_main(["tune", "partition", "--analytic", "deepseek-v3", "--gpu", "H20", "--tp-size", "8", "--pp-size",
+                     "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert sum(doc["partition"]) == 61 and len(doc["partition"]) == 4 and doc["env"] in text
+    assert doc["env"] == "SGLANG_PP_LAYER_PARTITION=" + ",".join(map(str, doc["partition"]))
+    assert max(doc["stage_ms"]) <= max(doc["default_stage_ms"]) and doc["gain"] >= 1.0

@@ -33,6 +33,7 @@ class PartitionConfig:
     prefix_len: int | None = None
     chunk: int | None = None
     mem_limit_gb: float | None = None
+    json: str | None = None  # also write the result here
 
     def __post_init__(self):
         if bool(self.profile) == bool(self.analytic):
@@ -192,6 +193,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "profile default: the largest measured)")
     alias(p, "--chunked-prefill-size", "--chunk")
     p.add_argument("--mem-limit-gb", type=float, default=None, help="max weight GB per stage (--analytic)")
+    p.add_argument("--json", default=None, metavar="OUT.json", help="also write the result (strict JSON)")
 
 
 def run(args) -> int:
@@ -199,7 +201,17 @@ def run(args) -> int:
     lc, notes = profile_costs(cfg) if cfg.profile else (analytic_costs(cfg, getattr(args, "model_flag", "--analytic")), [])
     for n in notes:
         print(f"note: {n}")
-    print(render(cfg, lc, compare(cfg, lc)))
+    res = compare(cfg, lc)
+    print(render(cfg, lc, res))
+    if cfg.json:
+        from ..files import save_json
+
+        ours = res["ours"]
+        doc = {"source": lc.source, "notes": notes, "pp_size": cfg.pp_size, "partition": list(ours.parts),
+               "env": ours.env, "stage_ms": [float(t) for t in ours.stage_times],
+               "default_partition": list(res["default"]),
+               "default_stage_ms": [float(t) for t in res["default_times"]], "gain": float(res["gain"])}
+        print(f"wrote {save_json(cfg.json, doc)}")
     return 0
 
 
