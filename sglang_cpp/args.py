@@ -70,6 +70,25 @@ def parse_sigma(text) -> float:
     return _number(text, float, lambda v: 0 <= v <= 1, "a number in [0, 1], e.g. 0.75")
 
 
+GEMM_DTYPES = {"auto": None, "bfloat16": "bf16", "float16": "bf16", "half": "bf16", "fp8": "fp8"}
+
+
+def parse_gemm_dtype(text):
+    """--dtype of an analytic model, in SGLang's words: auto (the checkpoint's), bfloat16 / float16 / half (16-bit
+    GEMMs, one rate), or fp8 (`--quantization fp8`'s GEMMs); the analytic model's own name (bf16 or fp8) or None.
+    The old spelling bf16 is read with one deprecation line."""
+    t = str(text).strip().lower()
+    if t == "bf16":
+        import sys
+
+        print("sglang-cpp: --dtype bf16 is deprecated; use bfloat16 (SGLang's name)", file=sys.stderr)
+        return "bf16"
+    if t not in GEMM_DTYPES:
+        raise ArgError(f"{text!r}: give one of {', '.join(GEMM_DTYPES)} (SGLang's --dtype; fp8: --quantization fp8's "
+                       "GEMMs)")
+    return GEMM_DTYPES[t]
+
+
 def parse_ints(text: str) -> tuple:
     """'256,512,1k' -> (256, 512, 1024)."""
     out = tuple(parse_len(t) for t in str(text).split(",") if t.strip())

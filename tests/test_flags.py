@@ -105,3 +105,24 @@ def test_long_commands_show_progress_on_stderr_unless_disabled(argv, capsys):
     assert cli_main(argv + ["--disable-tqdm"]) == 0
     off = capsys.readouterr()
     assert argv[0] in on.err and "%|" in on.err and "%|" not in off.err and on.out == off.out
+
+
+def test_the_analytic_dtype_speaks_sglangs_vocabulary(capsys):
+    """Issue 47 item 3: one dtype vocabulary, SGLang's: --dtype auto / bfloat16 / float16 / fp8 (the old bf16 with a
+    deprecation line); the same prediction for bfloat16, bf16 and auto on a bf16 checkpoint, a faster one for fp8;
+    anything else one line naming the flag."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    base = ["simulate", "--analytic", "llama3-8b", "--gpu", "H100", "--pp-size", "2", "--input-len", "32k", "--json"]
+    ttft = {}
+    for d in ("bfloat16", "bf16", "auto", "float16", "fp8"):
+        assert cli_main(base + ["--dtype", d]) == 0
+        got = capsys.readouterr()
+        ttft[d] = json.loads(got.out)["ttft_ms"]
+        assert ("deprecated" in got.err) == (d == "bf16")
+    assert ttft["bfloat16"] == ttft["bf16"] == ttft["auto"] == ttft["float16"] > ttft["fp8"]
+    with pytest.raises(SystemExit):
+        cli_main(base + ["--dtype", "int4"])
+    assert "argument --dtype: 'int4': give one of auto, bfloat16, float16, half, fp8" in capsys.readouterr().err

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..args import (add_model_source, alias, parse_chunk, parse_fraction, parse_len, parse_prompt_len, parse_sigma,
-                    positive_int)
+from ..args import (add_model_source, alias, parse_chunk, parse_fraction, parse_gemm_dtype, parse_len, parse_prompt_len,
+                    parse_sigma, positive_int)
 from ..files import dumps
 from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
 from .common import add_attention_backend, chunk_overhead_ms, cli_costs
@@ -33,7 +33,8 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--gpu", dest="device", default=None,
       help="GPU preset, required with --analytic / --model-path (H100, H20, B200, MI300X, ...; any case)")
     a("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
-    a("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default from the model)")
+    a("--dtype", type=parse_gemm_dtype, default=None, metavar="DTYPE",
+      help="GEMM dtype in SGLang's words: auto (the checkpoint's, the default), bfloat16, float16, fp8")
     a("--efficiency", type=parse_fraction, default=None, help="fraction of peak reached (--analytic)")
     add_attention_backend(a)
     a("--layers-per-stage", default=None, help="N or N0,N1,... (--analytic; default an even split)")

@@ -14,14 +14,15 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_len, parse_lens, parse_sigma
+from ..args import add_model_source, alias, parse_gemm_dtype, parse_len, parse_lens, parse_sigma
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model_source(p.add_argument, required=True)
     p.add_argument("--gpu", dest="device", required=True, help="GPU preset, e.g. H20 (any case)")
     p.add_argument("--tp-size", dest="tp", type=int, default=1)
-    p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (default: the model's)")
+    p.add_argument("--dtype", type=parse_gemm_dtype, default=None, metavar="DTYPE",
+      help="GEMM dtype in SGLang's words: auto (the checkpoint's, the default), bfloat16, float16, fp8")
     p.add_argument("--measured", action="append", required=True, metavar="PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]]",
                    help="a measured TTFT, e.g. 1,128k,55.5 (repeat the flag for more points)")
     p.add_argument("--measured-ratio", action="append", default=[],

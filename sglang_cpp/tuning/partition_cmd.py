@@ -174,7 +174,7 @@ def render(cfg: PartitionConfig, lc: LayerCosts, res: dict) -> str:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ..args import add_model_source, alias, parse_len
+    from ..args import add_model_source, alias, parse_gemm_dtype, parse_len
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON with per-layer breakdown (layer_ms, embed_ms, head_ms)")
@@ -183,7 +183,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
     alias(p, "--tp-size", "--tp")
     alias(p, "--gpu", "--device")
-    p.add_argument("--dtype", choices=("bf16", "fp8"), default=None, help="GEMM dtype (--analytic; default: model's)")
+    p.add_argument("--dtype", type=parse_gemm_dtype, default=None, metavar="DTYPE",
+      help="GEMM dtype in SGLang's words: auto (the checkpoint's, the default), bfloat16, float16, fp8")
     p.add_argument("--pp-size", type=int, required=True)
     p.add_argument("--num-layers", type=int, default=None,
                    help="model layers (default: the model's / the profile's num_hidden_layers)")
