@@ -126,3 +126,19 @@ def test_the_analytic_dtype_speaks_sglangs_vocabulary(capsys):
     with pytest.raises(SystemExit):
         cli_main(base + ["--dtype", "int4"])
     assert "argument --dtype: 'int4': give one of auto, bfloat16, float16, half, fp8" in capsys.readouterr().err
+
+
+def test_a_chunk_size_sglang_would_refuse_for_its_page_size_is_refused_naming_both_flags(capsys):
+    """Issue 47 item 3: --page-size 100 with --chunked-prefill-size 8192 planned a chunk SGLang's own startup check
+    refuses (arg_groups/validation_hook.py:243-246); now one line naming both flags, exit 2; a multiple plans."""
+    from sglang_cpp.cli import main as cli_main
+
+    base = ["plan", "--policy", "quadratic", "--coeffs", "2e-7,0.04,5", "--input-len", "32k", "--pp-size", "2"]
+    assert cli_main(base + ["--chunked-prefill-size", "8192", "--page-size", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "--chunked-prefill-size 8192 is not divisible by --page-size 100" in err and "Traceback" not in err
+    assert cli_main(base + ["--chunked-prefill-size", "8000", "--page-size", "100", "--json"]) == 0
+    import json
+
+    chunks = json.loads(capsys.readouterr().out)["chunks"]
+    assert sum(chunks) == 32768 and all(c % 100 == 0 for c in chunks[:-1])  # only the prompt's last chunk is a rest

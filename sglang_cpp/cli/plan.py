@@ -73,6 +73,9 @@ def build_plan(args):
             raise ValueError("--policy quadratic needs --chunked-prefill-size (the base chunk C)")
     from .common import chunk_overhead_ms
 
+    if args.chunk_size and args.page_size and args.chunk_size % args.page_size:  # validation_hook.py:243-246
+        raise ValueError(f"--chunked-prefill-size {args.chunk_size} is not divisible by --page-size {args.page_size}: "
+                         "SGLang refuses it at startup; give a multiple of the page size")
     cost = load_cost_arg(args)
     args.overhead_ms = chunk_overhead_ms(args, args.overhead_ms)
     max_chunk = args.max_chunk or served_cap(args.profile)
