@@ -134,3 +134,26 @@ def test_every_listed_internal_exists_in_the_pinned_sglang():
         except AttributeError:
             missing.append(name)
     assert not missing, missing
+
+
+def test_no_module_loads_a_name_it_neither_defines_nor_imports():
+    """A function moved to another module leaves its callers' name behind (plugin/calibrate.py used `cap_at`
+    after it moved to core/calib_grid.py, a NameError on the server's calibration path only): every module of the
+    package, the benchmarks and the examples is checked statically."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("undefined_names", root / "scripts" / "undefined_names.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    files = [p for d in ("sglang_cpp", "benchmarks", "examples") for p in sorted((root / d).rglob("*.py"))]
+    assert len(files) > 100
+    assert {str(p.relative_to(root)): u for p in files if (u := mod.check(str(p)))} == {}
+    assert mod.check(__file__) == []
+    bad = root / "tests" / "_tmp_undefined.py"
+    try:
+        bad.write_text("def f():\n    return cap_at(1)\n")
+        assert mod.check(str(bad)) == ["cap_at"]  # the check sees the case it was written for
+    finally:
+        bad.unlink()

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import envs
-from ..core.calib_grid import _eta_s, calibrated_switches, calibration_levels, level_grids, new_points, top_chunk
+from ..core.calib_grid import _eta_s, calibrated_switches, calibration_levels, cap_at, level_grids, new_points, top_chunk
 from .deadline import note_error, tick
 
 logger = logging.getLogger("sglang_cpp")
