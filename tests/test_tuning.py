@@ -38,7 +38,7 @@ def tune(capsys, *argv) -> tuple[int, str, str]:
 # -- fit ------------------------------------------------------------------------------------------
 def test_fit_recovers_coefficients_per_stage_and_plots(tmp_path, capsys):
     prof = write_profile(tmp_path / "p.json", (STAGE0, STAGE1))
-    rc, out, err = tune(capsys, "fit", prof, "--png", tmp_path / "fit.png", "--out", tmp_path / "fitted.json")
+    rc, out, err = tune(capsys, "fit", prof, "--plot", tmp_path / "fit.png", "--json", tmp_path / "fitted.json")
     assert rc == 0, err
     assert "stage 0" in out and "stage 1" in out and "R^2=" in out and "held-out" in out
     fitted = load_cost(tmp_path / "fitted.json")

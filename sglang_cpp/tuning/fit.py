@@ -212,7 +212,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="full: c0+gL+bx+dL^2+eLx+fx^2 (any backend); fa: d=0, e=2f (FlashAttention kernels)")
     p.add_argument("--plot", dest="png", default=None, metavar="OUT.png", help="measured vs fitted plot")
     alias(p, "--plot", "--png")
-    p.add_argument("--out", default=None, metavar="FITTED.json", help="write samples + fitted stages + residuals")
+    p.add_argument("--json", dest="out", default=None, metavar="FITTED.json",
+                   help="write samples + fitted stages + residuals (strict JSON, loadable as SGLANG_CPP_PROFILE)")
+    alias(p, "--json", "--out")
 
 
 def run(args) -> int:
