@@ -185,6 +185,8 @@ def test_a_tp_rank_failing_inside_a_calibration_forward_ends_every_process_with_
 
 
 def _in_group(proc, pgid: int) -> bool:
+    import psutil
+
     try:
         return os.getpgid(proc.pid) == pgid and proc.status() != "zombie"
     except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):

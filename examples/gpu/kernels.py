@@ -177,7 +177,7 @@ def measure_shape(torch, name: str, cfg: KernelsConfig, device: str, progress=pr
         progress(f"[gpu-kernels] {name} {kind} L={L} x={x}: {row['ms']:.3f} ms"
                  + (f" (linear {row['linear_ms']:.3f}, attention {row['attention_ms']:.3f})" if kind == "small" else ""),
                  flush=True)
-    del stack
+    stack = None  # its weights and KV back to the allocator before the next shape (the closures above are done)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {"shape": name, "spec": asdict(spec), "layers": layers, "tp": tp, "attention": attn,
