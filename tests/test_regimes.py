@@ -358,12 +358,12 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     bcg = PrefillCudaGraphRunner(max_num_tokens=4096, max_context_size=65536, max_seq_len=32768,
                                  prefill_backend_name="breakable", capture_num_tokens=[4096, 1024, 2048])
     assert switches.captured_prefill(runner(bcg)) == (4096, 32768, (1024, 2048, 4096), "breakable")
-    full = PrefillCudaGraphRunner(max_num_tokens=4096, max_context_size=None, max_seq_len=None,
-                                  prefill_backend_name="full")
+    full = PrefillCudaGraphRunner(max_num_tokens=16384, max_context_size=None, max_seq_len=None,
+                                  prefill_backend_name="full", capture_num_tokens=list(dense))
     switches._WARNED.clear()
-    with caplog.at_level("WARNING", logger="sglang_cpp"):
-        assert switches.captured_prefill(runner(full)) is None
-    assert "full prefill CUDA graph fixes the attention method at capture" in caplog.text
+    with caplog.at_level("WARNING", logger="sglang_cpp"):  # read on every rank whatever the model: no MLA warning
+        assert switches.captured_prefill(runner(full)) == (16384, None, dense, "full")
+    assert "full prefill CUDA graph" not in caplog.text
     assert switches.captured_prefill(runner(None)) is None
     assert switches.captured_prefill(runner(EagerRunner(max_num_tokens=8))) is None
     assert captured_everywhere(16384, None, 16384, 131072) and not captured_everywhere(16384, None, 16385, 131072)
@@ -381,6 +381,9 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     monkeypatch.setattr(switches, "CAPTURED", None)
     assert switches._captured_everywhere(sched, runner(pcg)) is True
     assert mla_switches("fa3", captured_prefill=True) == ((), ())
+    with caplog.at_level("WARNING", logger="sglang_cpp"):  # a full graph holding every chunk: still eager pricing
+        assert switches._captured_everywhere(sched, runner(full)) is False
+    assert "full prefill CUDA graph fixes the attention method at capture" in caplog.text
     monkeypatch.setattr(switches, "CAPTURED", [switches.captured_prefill(runner(pcg))] * 2)
     assert switches._captured_everywhere(sched, runner(pcg)) is True  # both stages alike
     monkeypatch.setattr(switches, "CAPTURED", [switches.captured_prefill(runner(pcg)), None])

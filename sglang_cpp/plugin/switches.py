@@ -66,28 +66,17 @@ def _warn_once(key, msg: str, *args) -> None:
 
 def captured_prefill(runner) -> tuple | None:
     """(the largest captured chunk, the context limit or None, the captured token buckets, the backend) of a model
-    runner's
-    prefill CUDA graph runner (model_runner.py:1201 and 1685 set it, 2036-2060 replay it) when it replays inside
-    the context MLA's dispatch reads (tc_piecewise or breakable, cuda_graph_config.py:40-47); None without one or
-    with the eager runner. A full graph fixes MLA's method at capture, on a synthetic prefix
-    (prefill_cuda_graph_runner.py:557-561, 1127-1160): None, with one WARNING that such chunks are priced as
-    eager, approximately."""
+    runner's prefill CUDA graph runner (model_runner.py:1201 and 1685 set it, 2036-2060 replay it); None without
+    one or with the eager runner. Read on every rank at startup, whatever the model: what it means for MLA's
+    dispatch is _captured_everywhere's business."""
     graphs = getattr(runner, "prefill_cuda_graph_runner", None)
     if graphs is None or type(graphs).__name__ == "EagerRunner" or not getattr(graphs, "max_num_tokens", None):
-        return None
-    backend = str(getattr(graphs, "prefill_backend_name", ""))
-    if backend == "full":
-        _warn_once("full", "[sglang-cpp] MLA prefill: the full prefill CUDA graph fixes the attention method at "
-                   "capture (chunks of up to %d tokens); the cost model prices them as eager, approximately. "
-                   "Breakable or tc_piecewise prefill graphs are priced exactly when they hold every planned chunk",
-                   int(graphs.max_num_tokens))
-        return None
-    if backend not in ("tc_piecewise", "breakable"):
         return None
     limits = [int(v) for v in (getattr(graphs, "max_context_size", None), getattr(graphs, "max_seq_len", None))
               if v is not None]
     buckets = tuple(sorted(int(b) for b in (getattr(graphs, "capture_num_tokens", None) or ())))
-    return int(graphs.max_num_tokens), (min(limits) if limits else None), buckets, backend
+    return (int(graphs.max_num_tokens), (min(limits) if limits else None), buckets,
+            str(getattr(graphs, "prefill_backend_name", "")))
 
 
 CAPTURED: list | None = None  # every rank's captured_prefill, gathered at startup (hooks); None: this rank's alone
@@ -95,7 +84,8 @@ CAPTURED: list | None = None  # every rank's captured_prefill, gathered at start
 
 def _captured_everywhere(sched, runner) -> bool:
     """Whether every planned chunk runs in the captured prefill graph on every rank, where SGLang's MLA dispatch
-    takes absorbed MLA at every prefix (attention_backend_handler.py:109-112). Not for tc_piecewise graphs under DP
+    takes absorbed MLA at every prefix (attention_backend_handler.py:109-112): tc_piecewise or breakable graphs,
+    inside whose replay the dispatch reads its context (a full graph: one WARNING, priced eager). Not for tc_piecewise graphs under DP
     attention (the extending rank votes against replay, dp_attn.py:567-573; breakable graphs replay there as
     without DP, idle ranks padding a dummy extend), nor under context parallelism the graph did not capture
     (model_runner.py:287-294), nor when the stages' graphs differ. Some chunks but not all: one WARNING naming both limits (the eager chunks
@@ -108,6 +98,15 @@ def _captured_everywhere(sched, runner) -> bool:
                    "is priced as eager", sorted(set(caps), key=str))
         return False
     cap = caps[0]
+    if cap[3] == "full":  # the method is fixed at capture, on a synthetic prefix (prefill_cuda_graph_runner.py:
+        # 557-561, 1127-1160), not pinned by the replay context the dispatch reads (tc_piecewise, breakable)
+        _warn_once("full", "[sglang-cpp] MLA prefill: the full prefill CUDA graph fixes the attention method at "
+                   "capture (chunks of up to %d tokens); the cost model prices them as eager, approximately. "
+                   "Breakable or tc_piecewise prefill graphs are priced exactly when they hold every planned chunk",
+                   cap[0])
+        return False
+    if cap[3] not in ("tc_piecewise", "breakable"):  # cuda_graph_config.py:40-47
+        return False
     from sglang.srt.layers.cp.utils import get_cp_strategy
     from sglang.srt.runtime_context import get_parallel, max_prefill_buffer_tokens
 
