@@ -58,12 +58,14 @@ def device_file_name(model, pp: int, tp, device_name, dtype, **extra) -> str:
                     for k, v in parts.items()) + ".json"
 
 
-def tuned_dir() -> Path:
-    """`sglang-cpp tune chunk`'s default folder, where the plugin looks for this server's file at startup:
-    SGLANG_CPP_CACHE_DIR/tuned (SGLang's fused-MoE tuner likewise writes per-device configs the server reads)."""
+def tuned_path(meta: dict, folder=None) -> Path:
+    """The one name of a tuned profile: `sglang-cpp tune chunk` writes it, the plugin looks for its server's at
+    startup. In `folder`, by default SGLANG_CPP_CACHE_DIR/tuned (SGLang's fused-MoE tuner likewise writes per-device
+    configs the server reads), named by the model, PP and TP size, device and dtype of `meta`."""
     from .envs import CACHE_DIR
 
-    return Path(CACHE_DIR.get()) / "tuned"
+    name = device_file_name(meta.get("model"), meta["pp"], meta.get("tp"), meta.get("device_name"), meta.get("dtype"))
+    return Path(folder or Path(CACHE_DIR.get()) / "tuned") / name
 
 
 def load_json(path, default=_MISSING):

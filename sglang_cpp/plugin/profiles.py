@@ -8,16 +8,15 @@ import hashlib
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
 from .. import envs
 from .cache_key import timing_args
-from ..machine import cpu_model, device_name  # noqa: F401  (device_name: the key of caches and tuned files)
+from ..machine import device_name
 from ..core.costmodel import ChunkOverhead, PipelineCost, model_from_dict
 from ..core.profile_io import check_profile, cost_from_profile, load_profile, save_profile
 from .switches import server_chunk_switches, server_switches
-from ..files import device_file_name, tuned_dir
+from ..files import device_file_name, tuned_path
 from ..core.upstream import UpstreamPredictor
 
 logger = logging.getLogger("sglang_cpp")
@@ -92,12 +91,6 @@ def cache_path(meta: dict, max_len: int) -> Path:
     name = device_file_name(meta["model"], meta["pp"], meta["tp"], meta["device_name"], meta["dtype"],
                             layers=meta["layer_partition"] or "default", key=digest[:12], maxlen=max_len)
     return Path(envs.CACHE_DIR.get()) / "calibration" / name
-
-
-def tuned_path(meta: dict) -> Path:
-    """Where `sglang-cpp tune chunk` writes this server's profile by default, named as SGLang's fused-MoE tuner
-    names its configs (model, PP, TP, device, dtype): SGLANG_CPP_CACHE_DIR/tuned/ (per node; world rank 0's)."""
-    return tuned_dir() / device_file_name(meta["model"], meta["pp"], meta["tp"], meta["device_name"], meta["dtype"])
 
 
 def _near_misses(tuned: Path) -> None:

@@ -9,18 +9,19 @@ import shlex
 from pathlib import Path
 
 from ..core.profile_io import save_profile
-from ..files import device_file_name
+from ..files import tuned_path
 from . import config_from_args
 from .fit import FORMS, as_cost, residuals
 from .recommend import DEFAULT_SIZES, SGLANG_MAX_PREFILL, ChunkTuneConfig, load_stages, recommend
 
 
 def profile_name(meta: dict, pp_size: int, model_name: str | None = None, device_name: str | None = None,
-                 dtype: str | None = None) -> str:
-    """The per-device file name a server with the plugin looks for (plugin/profiles.tuned_path): the flags win
-    over the profile's meta."""
-    return device_file_name(model_name or meta.get("model"), pp_size, meta.get("tp"),
-                            device_name or meta.get("device_name"), dtype or meta.get("dtype"))
+                 dtype: str | None = None, folder=None) -> Path:
+    """The per-device file a server with the plugin looks for (files.tuned_path, the one name both use): the
+    flags win over the profile's meta."""
+    return tuned_path({"model": model_name or meta.get("model"), "pp": pp_size, "tp": meta.get("tp"),
+                       "device_name": device_name or meta.get("device_name"), "dtype": dtype or meta.get("dtype")},
+                      folder)
 
 
 def launch_line(env: dict, meta: dict, cfg: ChunkTuneConfig, C: int, dynamic: bool, mpt: int) -> str:
@@ -90,10 +91,7 @@ def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict]:
             **({"device_name": cfg.device_name} if cfg.device_name else {}), **({"dtype": cfg.dtype} if cfg.dtype else {})}
     if doc.get("meta", {}).get("pp") not in (None, P):
         meta["profiled_pp"] = doc["meta"]["pp"]
-    from ..files import tuned_dir
-
-    path = Path(cfg.out_dir or tuned_dir()) / profile_name(doc.get("meta", {}), P, cfg.model_name, cfg.device_name,
-                                                            cfg.dtype)
+    path = profile_name(doc.get("meta", {}), P, cfg.model_name, cfg.device_name, cfg.dtype, cfg.out_dir or None)
     lines = launch_lines(rec, meta, cfg, path)
     recs = {k: (v.to_dict() if v is not None else None) for k, v in rec.items() if k not in ("all", "upstream_failed")}
     recs.update(objective="mean over input_lens of predicted TTFT / best fixed TTFT (simulator)",

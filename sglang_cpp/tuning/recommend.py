@@ -34,7 +34,7 @@ class ChunkTuneConfig:
     page_size: int = 1
     max_prefill_tokens: int = SGLANG_MAX_PREFILL
     model_name: str | None = None
-    out_dir: str = ""  # "": SGLANG_CPP_CACHE_DIR/tuned (files.tuned_dir), where the plugin looks at startup
+    out_dir: str = ""  # "": SGLANG_CPP_CACHE_DIR/tuned (files.tuned_path), where the plugin looks at startup
     device_name: str | None = None  # the file name's device (default: the profile's meta)
     dtype: str | None = None  # ... and dtype
     context_length: int | None = None
