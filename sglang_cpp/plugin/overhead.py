@@ -96,7 +96,7 @@ def transfer_sizes(align: int, largest: int) -> tuple[int, ...]:
     most 4096 tokens (a transient of x * hidden on both GPUs at startup) and never above `largest`, the
     plans' largest chunk; one size when the two would be closer than a factor of 4."""
     small = 2 * align
-    big = min(max(16 * small, small), 4096, int(largest)) // align * align
+    big = min(16 * small, 4096, int(largest)) // align * align
     return (small, big) if big >= 4 * small else (small,)
 
 
