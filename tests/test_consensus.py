@@ -154,6 +154,27 @@ def test_a_failure_on_any_rank_fails_all():
     assert consensus.on_every_rank(lambda: 7, gather=lambda p: [p, p]) == [7, 7]
 
 
+
+def test_a_rank_that_fails_logs_its_error_and_a_stuck_gather_names_it_when_the_deadline_ends_it(caplog):
+    """A rank failing inside the overhead probe can meet peers still inside a collective: its gather then waits
+    until the startup deadline, whose message must carry this rank's own error, not only the phase."""
+    import threading
+    from sglang_cpp.plugin import deadline
+
+    expired, stuck = [], threading.Event()
+
+    def gather_that_hangs(payload):
+        stuck.wait(10)  # the peers never arrive; the deadline ends the wait
+        return [payload]
+
+    def probe():
+        raise RuntimeError("NCCL recv of 'hidden_states' timed out on PP1")
+    with deadline.startup_deadline(0.2, "PP1 TP0", expire=lambda msg: (expired.append(msg), stuck.set())):
+        with caplog.at_level(logging.ERROR, logger="sglang_cpp"), pytest.raises(RuntimeError, match="rank 0"):
+            consensus.on_every_rank(probe, gather=gather_that_hangs)
+    assert "NCCL recv of 'hidden_states' timed out on PP1" in caplog.text  # logged on the failing rank itself
+    assert len(expired) == 1 and "this rank had failed: RuntimeError: NCCL recv of 'hidden_states'" in expired[0]
+
 # -- first-chunk limit (PrefillAdder_add_one_req) ----------------------------------------------------
 def test_planned_cut_keeps_its_size():
     assert first_chunk_limit(2048, 10000, 4096, 1) == 2048

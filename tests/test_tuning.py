@@ -310,6 +310,13 @@ def test_the_plugin_calibrates_past_a_tuned_file_that_does_not_fit_and_names_nea
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "measured with tp=8 but this server runs --tp-size 1" in warned[0]
     assert f"Remove {tuned_path(meta)}" in warned[0]
+    doc = json.loads(tuned_path(meta).read_text())
+    tuned_path(meta).write_text(json.dumps(doc | {"meta": ["tp", 8]}))  # hand-edited: meta no longer an object
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sglang_cpp"):
+        assert resolve_source(meta, cfg)["kind"] == "calibrate"  # a WARNING, not an AttributeError stopping it
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "meta is list, expected an object" in warned[0]
     save_profile(tuned_path(meta), cost=m, meta={"tp": 1})
     assert resolve_source(meta, cfg)["kind"] == "profile"  # the right file is used
     monkeypatch.setenv("SGLANG_CPP_PROFILE", str(tmp_path / "missing.json"))

@@ -52,7 +52,11 @@ def load_profile(path: str | Path) -> dict:
         raise ValueError(str(exc) if str(exc).startswith(where) else f"{where}: bad samples: {exc}") from None
     if not doc["samples"] and not doc.get("stages") and "coeffs" not in doc and "upstream" not in doc:
         raise ValueError(f"{where} has neither samples nor fitted coefficients")
-    doc.setdefault("meta", {})
+    if not isinstance(doc.setdefault("meta", {}), dict):
+        raise ValueError(f"{where}: meta is {type(doc['meta']).__name__}, expected an object of what it was measured "
+                         "on (model, pp, tp, dtype); rewrite it with `sglang-cpp profile` or `sglang-cpp tune chunk`")
+    if not isinstance(doc.get("stages") or [], list):
+        raise ValueError(f"{where}: stages is {type(doc['stages']).__name__}, expected a list of per-stage models")
     return doc
 
 

@@ -7,10 +7,14 @@ and sent to all. Errors travel too: a rank never raises alone while the others w
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable
 
 from .. import envs
+from .deadline import note_error
+
+logger = logging.getLogger("sglang_cpp")
 
 # Settings that shape the plan or the P2P protocol but are read outside envs.ALL.
 EXTRA_ENV = ("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "SGLANG_PP_LAYER_PARTITION")
@@ -117,11 +121,15 @@ def from_rank0(fn: Callable[[], Any], *, rank: int | None = None, gather: Callab
 
 
 def on_every_rank(fn: Callable[[], Any], *, gather: Callable = all_gather) -> list:
-    """fn() on every rank; if any rank fails, every rank raises with all the errors. Returns all values."""
+    """fn() on every rank; if any rank fails, every rank raises with all the errors. Returns all values.
+    A failure is logged here and kept for the startup deadline's message: if a peer is stuck in a collective
+    fn() left half done, this rank waits in the gather and the deadline is what ends it, naming the cause."""
     try:
         payload = {"ok": True, "value": fn()}
     except Exception as exc:  # travels to every rank, then fails everywhere
         payload = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        logger.exception("[sglang-cpp] failed on this rank; sending the error to every rank")
+        note_error(payload["error"])
     got = gather(payload)
     errors = [f"rank {r}: {g['error']}" for r, g in enumerate(got) if not g["ok"]]
     if errors:
