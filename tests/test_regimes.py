@@ -337,7 +337,11 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     from types import SimpleNamespace
 
     import sglang.srt.layers.cp.utils as cpu
+    import sglang.srt.layers.moe.utils as moe_utils
+    import sglang.srt.mem_cache.kv_cache_builder as kvb
     import sglang.srt.runtime_context as rc
+    from sglang.srt.layers.moe.utils import MoeA2ABackend
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_cpp.core.regimes import captured_everywhere, mla_switches
     from sglang_cpp.plugin import switches
@@ -393,7 +397,27 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     assert switches._captured_everywhere(sched, runner(pcg)) is False  # DP: the extending rank votes no (tc_piecewise)
     bcg_all = PrefillCudaGraphRunner(max_num_tokens=16384, max_context_size=None, max_seq_len=None,
                                      prefill_backend_name="breakable", capture_num_tokens=list(dense))
+    monkeypatch.setattr(moe_utils, "get_moe_a2a_backend", lambda: a2a[0])
+    monkeypatch.setattr(rc, "get_exec", lambda: SimpleNamespace(overlap=SimpleNamespace(enable_two_batch_overlap=tbo[0])))
+    monkeypatch.setattr(rc, "get_memory", lambda: SimpleNamespace(enable_hisparse=False))
+    monkeypatch.setattr(kvb, "uses_ssm_state", lambda mc: False)
+    a2a, tbo = [MoeA2ABackend.NONE], [False]
     assert switches._captured_everywhere(sched, runner(bcg_all)) is True  # breakable: idle DP ranks pad and replay
+    # a decoding DP peer votes no on every step under these server settings (dp_attn.py:411-436): priced eager
+    switches._WARNED.clear()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sglang_cpp"):
+        a2a[0] = MoeA2ABackend.DEEPEP
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is False
+        a2a[0], tbo[0] = MoeA2ABackend.NONE, True
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is False
+        tbo[0] = False
+        sched.spec_algorithm = SpeculativeAlgorithm.EAGLE
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is False
+        sched.spec_algorithm = SpeculativeAlgorithm.NONE
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is True
+    warned = [r.getMessage() for r in caplog.records if "under DP attention" in r.getMessage()]
+    assert len(warned) == 1 and "the MoE all-to-all backend deepep" in warned[0]  # once per server, the first reason
     par.attn_dp_enabled = False
     monkeypatch.setattr(cpu, "get_cp_strategy", lambda: "zigzag")
     assert switches._captured_everywhere(sched, runner(pcg)) is False  # CP without a captured CP body

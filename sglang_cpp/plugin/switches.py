@@ -85,11 +85,14 @@ CAPTURED: list | None = None  # every rank's captured_prefill, gathered at start
 def _captured_everywhere(sched, runner) -> bool:
     """Whether every planned chunk runs in the captured prefill graph on every rank, where SGLang's MLA dispatch
     takes absorbed MLA at every prefix (attention_backend_handler.py:109-112): tc_piecewise or breakable graphs,
-    inside whose replay the dispatch reads its context (a full graph: one WARNING, priced eager). Not for tc_piecewise graphs under DP
-    attention (the extending rank votes against replay, dp_attn.py:567-573; breakable graphs replay there as
-    without DP, idle ranks padding a dummy extend), nor under context parallelism the graph did not capture
-    (model_runner.py:287-294), nor when the stages' graphs differ. Some chunks but not all: one WARNING naming both limits (the eager chunks
-    follow the regimes in L; the captured ones are priced as if eager)."""
+    inside whose replay the dispatch reads its context (a full graph: one WARNING, priced eager). SGLang 0.5.23's
+    config parser refuses tc_piecewise (cuda_graph_config.py:183-186, 238-242): its branches here are for a
+    runner that still reports it. Not for tc_piecewise graphs under DP attention (the extending rank votes
+    against replay, dp_attn.py:567-573); breakable graphs replay there as without DP, idle ranks padding a
+    dummy extend, unless a server setting makes every decoding peer vote no (_dp_decode_peers_veto). Nor under
+    context parallelism the graph did not capture (model_runner.py:287-294), nor when the stages' graphs differ.
+    Some chunks but not all: one WARNING naming both limits (the eager chunks follow the regimes in L; the
+    captured ones are priced as if eager)."""
     caps = CAPTURED if CAPTURED is not None else [captured_prefill(runner)]
     if any(c is None for c in caps):
         return False
@@ -116,6 +119,13 @@ def _captured_everywhere(sched, runner) -> bool:
         # graphs replay as without DP: idle ranks vote for them and run a padded dummy extend
         # (dp_attn.py:400, forward_batch_info.py:1795-1872), so the chunk's own rank replays it too
         return False
+    if bool(getattr(get_parallel(), "attn_dp_enabled", False)):
+        veto = _dp_decode_peers_veto(sched)
+        if veto:
+            _warn_once("dp-veto", "[sglang-cpp] MLA prefill under DP attention: the breakable prefill graph replays "
+                       "only when every DP rank votes for it, and a rank decoding meanwhile votes no here (%s; "
+                       "managers/scheduler_components/dp_attn.py:411-436), so chunks are priced as eager", veto)
+            return False
     if get_cp_strategy() is not None and not bool(getattr(graphs, "enable_cp_bcg_capture", False)):
         return False
     largest, context = int(max_prefill_buffer_tokens()), int(getattr(sched.model_config, "context_len", 0) or 0)
@@ -130,6 +140,30 @@ def _captured_everywhere(sched, runner) -> bool:
                f" over contexts of up to {cap[1]}" if cap[1] is not None else "", cap[0], largest,
                f", contexts up to {context}" if cap[1] is not None else "")
     return False
+
+
+def _dp_decode_peers_veto(sched) -> str:
+    """Why a decoding DP peer would vote against the breakable prefill graph on this server, '' if it need not.
+    The vote is a minimum over DP ranks (dp_attn.py:292); a decode batch votes for replay only as its 1-token
+    extend view, which these server-wide settings rule out (dp_attn.py:411-436). Per-request reasons (logprobs,
+    grammar, beams on a peer) cannot be known at startup; those chunks run eager while priced captured."""
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+    from sglang.srt.mem_cache.kv_cache_builder import uses_ssm_state
+    from sglang.srt.runtime_context import get_exec, get_memory
+
+    spec = getattr(sched, "spec_algorithm", None)
+    if spec is not None and not spec.is_none():
+        return f"speculative decoding ({getattr(spec, 'name', spec)})"
+    a2a = get_moe_a2a_backend()
+    if not a2a.is_none():
+        return f"the MoE all-to-all backend {getattr(a2a, 'value', a2a)}"
+    if bool(getattr(get_exec().overlap, "enable_two_batch_overlap", False)):
+        return "two-batch overlap"
+    if bool(getattr(get_memory(), "enable_hisparse", False)):
+        return "HiSparse"
+    if uses_ssm_state(sched.model_config):
+        return "a model with recurrent state"
+    return ""
 
 
 def _dispatch_predicates(sched) -> dict:

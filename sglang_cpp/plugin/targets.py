@@ -85,6 +85,9 @@ INTERNALS = (
     "sglang.srt.distributed.parallel_state.get_pp_group",
     "sglang.srt.distributed.parallel_state.get_world_group",  # overhead.time_transfers: a barrier of every rank
     "sglang.srt.layers.cp.utils.get_cp_strategy",  # switches._captured_everywhere: CP the prefill graph lacks
+    "sglang.srt.layers.moe.utils.get_moe_a2a_backend",  # switches._dp_decode_peers_veto: a DP peer's graph vote
+    "sglang.srt.mem_cache.kv_cache_builder.uses_ssm_state",  # ... the same vote (dp_attn.py:411-436)
+    "sglang.srt.runtime_context.get_memory",  # ... the same vote: HiSparse
     "sglang.srt.eplb.expert_distribution._ExpertDistributionRecorderNoop",
     "sglang.srt.eplb.expert_distribution.get_global_expert_distribution_recorder",
     "sglang.srt.eplb.expert_distribution.set_global_expert_distribution_recorder",
@@ -176,7 +179,9 @@ STATE_READS = {
         "(padding at most 2x), managers/scheduler_components/dp_attn.py:384-443, model_runner.py:287-294 (CP); "
         "switches._captured_everywhere, gathered from every rank at startup (hooks); under DP attention "
         "dp_attn.py:400 and 567-573 (idle ranks vote for replay; the extending rank votes no on tc_piecewise), "
-        "forward_batch_info.py:1795-1872 (the padded dummy extend)",
+        "forward_batch_info.py:1795-1872 (the padded dummy extend), 292 (the vote is a minimum over DP ranks) and "
+        "411-436 (a decoding peer votes yes only as a convertible 1-token extend: no speculative decoding, MoE "
+        "all-to-all backend none, no two-batch overlap, HiSparse or recurrent state; switches._dp_decode_peers_veto)",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
         "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
         "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",
