@@ -73,20 +73,25 @@ def parse_sigma(text) -> float:
 GEMM_DTYPES = {"auto": None, "bfloat16": "bf16", "float16": "bf16", "half": "bf16", "fp8": "fp8"}
 
 
-def parse_gemm_dtype(text):
-    """--dtype of an analytic model, in SGLang's words: auto (the checkpoint's), bfloat16 / float16 / half (16-bit
-    GEMMs, one rate), or fp8 (`--quantization fp8`'s GEMMs); the analytic model's own name (bf16 or fp8) or None.
-    The old spelling bf16 is read with one deprecation line."""
+def parse_dtype(text) -> str:
+    """--dtype in SGLang's words: auto (the checkpoint's), bfloat16, float16 / half, or fp8 (`--quantization
+    fp8`'s GEMMs). The old spelling bf16 is read as bfloat16 with one deprecation line."""
     t = str(text).strip().lower()
     if t == "bf16":
         import sys
 
         print("sglang-cpp: --dtype bf16 is deprecated; use bfloat16 (SGLang's name)", file=sys.stderr)
-        return "bf16"
+        return "bfloat16"
     if t not in GEMM_DTYPES:
         raise ArgError(f"{text!r}: give one of {', '.join(GEMM_DTYPES)} (SGLang's --dtype; fp8: --quantization fp8's "
                        "GEMMs)")
-    return GEMM_DTYPES[t]
+    return t
+
+
+def parse_gemm_dtype(text):
+    """--dtype of an analytic model (parse_dtype's words) as the analytic model's GEMM rate: bf16 (16-bit GEMMs,
+    one rate), fp8, or None (the checkpoint's)."""
+    return GEMM_DTYPES[parse_dtype(text)]
 
 
 def parse_ints(text: str) -> tuple:

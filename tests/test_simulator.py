@@ -380,6 +380,56 @@ def test_a_profile_for_another_pp_size_is_refused_naming_file_and_flag(cmd, tmp_
     capsys.readouterr()
 
 
+COST_CMDS = [["plan", "--input-len", "32k"], ["simulate", "--input-len", "32k"],
+             ["bench", "ttft", "--num-prompts", "1", "--input-len", "32k"],
+             ["simulate-serve", "--num-prompts", "2", "--input-len", "1k-2k", "--output-len", "4-8", "--disable-tqdm"]]
+
+
+@pytest.mark.parametrize("cmd", COST_CMDS, ids=lambda c: c[0] + (" " + c[1] if c[0] == "bench" else ""))
+def test_a_profile_from_another_tp_size_or_dtype_is_refused_when_the_flag_is_given(cmd, tmp_path, capsys):
+    """Issue 47 item 2: every command that prices chunks checks a profile against the --tp-size and --dtype the
+    user gave (one line: the file, the field it holds, the flag); a flag left out checks nothing, so a TP8
+    profile still runs without --tp-size. An analytic profile's bf16 (16-bit GEMMs) agrees with SGLang's words."""
+    from sglang_cpp.core.profile_io import save_profile
+
+    m = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
+    tp8 = save_profile(tmp_path / "tp8.json", cost=m, meta={"tp": 8, "dtype": "bf16"})
+    src = ["--simulate" if cmd[0] == "bench" else "--profile", str(tp8), "--pp-size", "2"]
+    assert cli_main([*cmd, *src, "--tp-size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert f"profile {tp8} was measured with tp=8 but the command line gives --tp-size 4" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert cli_main([*cmd, *src, "--dtype", "fp8"]) == 2
+    assert "measured with dtype=bf16 but the command line gives --dtype fp8" in capsys.readouterr().err
+    for ok in ([], ["--tp-size", "8"], ["--dtype", "bfloat16"], ["--dtype", "float16"], ["--dtype", "auto"]):
+        assert cli_main([*cmd, *src, *ok]) == 0, ok
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("cmd", COST_CMDS, ids=lambda c: c[0] + (" " + c[1] if c[0] == "bench" else ""))
+def test_every_command_that_prices_chunks_reads_one_cost_source_with_the_dataclass_defaults(cmd):
+    """Issue 46 item 3: plan, simulate, simulate-serve and bench ttft take their cost source from one add_args
+    whose defaults are CostSource's: a command given only a preset gets every other field at its default."""
+    import argparse
+    from dataclasses import asdict
+
+    from sglang_cpp.cli import SUBCOMMANDS
+    from sglang_cpp.cli.cost_source import CostSource
+
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd")
+    import importlib
+    mod, add, _, _ = SUBCOMMANDS[cmd[0]]
+    getattr(importlib.import_module(mod), add)(sub.add_parser(cmd[0]))
+    args = ap.parse_args([*cmd, "--model-path", "llama3-8b", "--gpu", "h100", "--pp-size", "2"])
+    got = CostSource.from_args(args)
+    assert asdict(got) == asdict(CostSource(analytic="llama3-8b", gpu="h100"))
+    assert got.kind == "analytic" and got.overhead_ms() > 0  # the preset's per-chunk cost, not 0
+    args = ap.parse_args([*cmd, "--analytic", "llama3-8b", "--gpu", "H100", "--tp", "2", "--pp-size", "2"])
+    got = CostSource.from_args(args)
+    assert (got.model_flag, got.tp_size, got.dtype) == ("--analytic", 2, "auto")
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--chunked-prefill-size", "0"],
      "--chunked-prefill-size: '0': give a chunk size >= 1"),

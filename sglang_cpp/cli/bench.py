@@ -6,17 +6,16 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from types import SimpleNamespace
 
-from ..args import (add_model_source, alias, parse_chunk, parse_fraction, parse_len, parse_lens, parse_sigma,
-                    positive_int)
+from ..args import alias, parse_chunk, parse_len, parse_lens, parse_sigma
 from ..bench import experiment
 from ..bench import serve as serve_bench
 from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
                           write_jsonl)
 from ..core.policy import POLICIES
 from ..core.upstream import check_sigma
-from .common import add_attention_backend, add_experiment_args, run_experiment
+from .common import add_experiment_args, run_experiment
+from .cost_source import CostSource, add_cost_source_args, alias_cost_source
 
 
 def parse_policies(text: str) -> list[tuple[str, int | None]]:
@@ -44,29 +43,22 @@ def simulate_ttft(args) -> list[dict]:
     from ..core.policy import plan_for
     from ..whatif.simulator import SimConfig
     from ..whatif.stream import StreamPolicy, plan_stream
-    from .common import chunk_overhead_ms, cli_costs
-
-    P = args.pp_size
-    src = SimpleNamespace(profile=args.simulate, analytic=args.analytic if not args.simulate else None,
-                          coeffs=args.coeffs if not (args.simulate or args.analytic) else None,
-                          device=args.device, tp=args.tp, dtype=None, efficiency=args.efficiency,
-                          layers_per_stage=None, pp_size=P, attention_backend=args.attention_backend)
-    stages, hidden = cli_costs(src)
-    args.cpu_overhead_ms = chunk_overhead_ms(src, args.cpu_overhead_ms)
+    P, src = args.pp_size, CostSource.from_args(args)
+    stages, hidden = src.stage_costs(P)
+    overhead_ms = src.overhead_ms()
     cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
-                    hidden_size=hidden, cpu_overhead_ms=args.cpu_overhead_ms)
+                    hidden_size=hidden, cpu_overhead_ms=overhead_ms)
     records, n, C = [], args.num_requests, args.max_concurrency
     for policy, pchunk in args.policy:
         chunk = pchunk or args.chunk_size or 8192
         label = args.policy_label if args.policy_label and len(args.policy) == 1 else \
             f"{policy} C={chunk}" + (f" sigma={args.sigma:g}" if policy == "quadratic" else "") + " (simulated)"
         meta = run_meta(label, True)
-        hw = {"source": args.simulate and f"profile {args.simulate}" or args.analytic and
-              f"analytic {args.analytic} on {args.device}" or f"coeffs {args.coeffs}", "pp_size": P, "tp": args.tp,
-              "chunk_size": chunk, "sim_policy": policy, "chunk_overhead_ms": args.cpu_overhead_ms}
-        kw = dict(sigma=args.sigma, max_prefill=args.max_prefill_tokens, overhead_ms=args.cpu_overhead_ms,
-                  coeffs=args.coeffs, profile=args.simulate)
+        hw = {"source": src.describe(), "pp_size": P, "tp": src.tp_size or 1, "chunk_size": chunk,
+              "sim_policy": policy, "chunk_overhead_ms": overhead_ms}
+        kw = dict(sigma=args.sigma, max_prefill=args.max_prefill_tokens, overhead_ms=overhead_ms,
+                  coeffs=args.coeffs, profile=args.profile)
         check_sigma(args.sigma)
         for L in args.input_lens:
             memo = {}  # the policies other than plan give a prompt the same chunks whatever the queue
@@ -78,7 +70,7 @@ def simulate_ttft(args) -> list[dict]:
                 return memo[key]
 
             run = plan_stream([L] * n, StreamPolicy(policy, chunks, queue_aware=policy == "plan"), cost, P,
-                              max_concurrency=C, overhead_ms=args.cpu_overhead_ms, config=cfg)
+                              max_concurrency=C, overhead_ms=overhead_ms, config=cfg)
             res = run.sim
             ttfts = [t / 1e3 for t in res.ttfts_ms]
             rec = summarize(ttfts, [""] * n, L, res.makespan_ms / 1e3, ttfts)
@@ -103,11 +95,11 @@ def side_by_side(records: list[dict], args) -> str:
     dck = next((lb for lb in labels if kinds[lb] == "quadratic"), None)
     from ..whatif.analytic import device_of, model_of, percent_of_limit
 
-    limit, model, device, tp = None, args.analytic, args.device, args.tp
-    if args.simulate:  # a `tune analytic` JSON names its model and device
+    limit, model, device, tp = None, args.analytic, args.gpu, args.tp_size or 1
+    if args.profile:  # a `tune analytic` JSON names its model and device
         from ..core.profile_io import load_profile
 
-        meta = load_profile(args.simulate)["meta"]
+        meta = load_profile(args.profile)["meta"]
         model, device, tp = meta.get("model"), meta.get("device_name"), int(meta.get("tp") or 1)
     try:  # a preset or the user's config on a device preset; a profile naming neither: no limit column
         spec, dev = model_of(model), device_of(device)
@@ -168,35 +160,22 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--warmup-requests", "--warmup")
     alias(p, "--output-file", "--output-jsonl")
     g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
-    g.add_argument("--simulate", metavar="PROFILE", help="profile / cost-model JSON to simulate")
-    add_model_source(g.add_argument)
-    g.add_argument("--coeffs", help="A,B,C (upstream f(l), also the cost model when alone) or c0,g,b,d,e,f")
-    g.add_argument("--gpu", dest="device", default=None,
-                   help="GPU preset, required with --analytic / --model-path (H100, H20, B200, MI300X, ...; any case)")
-    g.add_argument("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
+    add_cost_source_args(g, profile_flag="--simulate", exclusive=False)
     g.add_argument("--pp-size", type=int, default=2)
     g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,
                    help="the base chunk C (default 8192)")
     g.add_argument("--policy", type=parse_policies, default=[("plan", None)],
                    help="chunk policy, or several side by side: NAME[:CHUNK],... with NAME plan, quadratic "
                         "(upstream dynamic chunking) or fixed, e.g. fixed:6k,fixed:18k,quadratic:18k,plan:18k")
-    g.add_argument("--efficiency", type=parse_fraction, default=None,
-                   help="fraction of peak reached (--analytic; e.g. what `tune analytic` fitted)")
     g.add_argument("--sigma", type=parse_sigma, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
-    add_attention_backend(g.add_argument)
     g.add_argument("--max-prefill-tokens", type=int, default=16384)
     g.add_argument("--trace", metavar="PATH",
                    help="Perfetto/Chrome trace of each simulated run, every prompt's chunks tagged r<request>c<chunk> "
                         "({policy}, {chunk} and {input_len} in PATH are filled in)")
     g.add_argument("--p2p-latency-ms", type=float, default=0.0)
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
-    g.add_argument("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=None,
-                   help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
-                        "default: the --gpu preset's with --analytic, else 0)")
-    alias(p, "--tp-size", "--tp")
     alias(p, "--chunked-prefill-size", "--chunk-size")
-    alias(p, "--chunk-overhead-ms", "--cpu-overhead-ms")
-    alias(p, "--gpu", "--device")
+    alias_cost_source(p)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -230,13 +209,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_ttft_cli(args) -> int:
-    simulated = bool(args.simulate or args.analytic or args.coeffs)
+    simulated = bool(args.profile or args.analytic or args.coeffs)
     if simulated and args.base_url:
         raise ValueError("--base-url cannot be combined with --simulate/--analytic/--coeffs: "
                          "drop --base-url to simulate, or the simulation options to measure")
     if not simulated and not args.base_url:
         raise ValueError("give --base-url of a running SGLang server, or --simulate PROFILE / --analytic MODEL")
-    if args.simulate and args.analytic:
+    if args.profile and args.analytic:
         raise ValueError("give one cost source: --simulate PROFILE or --analytic MODEL, not both")
     if simulated and args.shared_prefix:
         raise ValueError("--shared-prefix is not simulated; drop it, or measure on a server with --base-url")

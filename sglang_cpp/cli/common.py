@@ -1,68 +1,11 @@
-"""The argument helpers the subcommand families share: the stage cost models of a cost source
-(--profile, --coeffs or --analytic: `simulate`, `simulate-serve`, `bench ttft --simulate`), the fixed
-per-chunk cost's default, and the runner's flags (`bench compare`, `tune sweep`). One copy, so every
-command reads a flag alike."""
+"""The runner's flags (`bench compare`, `tune sweep`): one set, so both commands read a flag alike. The cost
+source of the commands that price chunks is cli/cost_source.py."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from ..args import alias, parse_floats, parse_ints, parse_len, parse_lens
-
-
-def chunk_overhead_ms(args, given: float | None) -> float:
-    """--chunk-overhead-ms (`given`), or its default: the device preset's fixed per-chunk cost for an
-    analytic model (a profile measured it already, so 0 there). `args` names the cost source."""
-    if given is not None:
-        if not (given >= 0 and math.isfinite(given)):
-            raise ValueError(f"--chunk-overhead-ms={given} must be a finite number >= 0")
-        return given
-    if getattr(args, "analytic", None) and not getattr(args, "profile", None) and not getattr(args, "coeffs", None):
-        from ..whatif.analytic import device_of
-
-        return device_of(getattr(args, "device", None)).chunk_overhead_ms
-    return 0.0
-
-
-def add_attention_backend(add) -> None:
-    """--attention-backend for the analytic cost source (`simulate`, `simulate-serve`, `bench ttft`)."""
-    add("--attention-backend", default=None,
-        help="SGLang's prefill attention backend (--analytic): an MLA model's stages are then piecewise in L "
-             "where SGLang switches method on it (e.g. fa3: 8192); default: no switch")
-
-
-def cli_costs(args) -> tuple[list, int]:
-    """(per-stage cost models, hidden size) for the chosen cost source: args.profile, args.coeffs or
-    args.analytic (with device, tp, pp_size and, where the command has them, efficiency, dtype and
-    layers_per_stage)."""
-    from ..core.profile_io import load_cost, parse_coeffs
-    from ..whatif.simulator import _stage_costs
-
-    P = args.pp_size
-    if args.profile:
-        return _stage_costs(load_cost(args.profile, pp_size=P), P), 0
-    if args.coeffs:
-        return [parse_coeffs(args.coeffs)] * P, 0
-    from ..whatif.analytic import check_tp, device_of, model_of
-    from ..whatif.analytic_fit import stage_models
-
-    model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))
-    check_tp(model, int(args.tp))
-    dev = device_of(args.device)
-    if getattr(args, "efficiency", None) is not None:
-        from dataclasses import replace
-        dev = replace(dev, efficiency=args.efficiency)
-    lps = getattr(args, "layers_per_stage", None)
-    try:
-        parts = None if lps is None else ([int(v) for v in str(lps).split(",")] if "," in str(lps) else [int(lps)] * P)
-    except ValueError:
-        parts = [0]
-    if parts is not None and (len(parts) != P or any(n < 1 for n in parts)):
-        raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
-    models = stage_models(model, dev, args.tp, P, parts, dtype=getattr(args, "dtype", None),
-                          attention_backend=getattr(args, "attention_backend", None))
-    return models, model.hidden_size
 
 
 def add_experiment_args(p, preset) -> None:

@@ -3,36 +3,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..args import add_model_source, alias, parse_chunk, parse_len, parse_prompt_len, parse_sigma, positive_int
-
-
-def add_cost_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--profile", help="profile / cost-model JSON (from `sglang-cpp profile` or `tune`)")
-    g.add_argument("--coeffs", help="A,B,C (upstream f(l)=A l^2+B l+C) or c0,g,b,d,e,f (2-D model)")
-    add_model_source(g.add_argument, default=None)
-
-
-def load_cost_arg(args):
-    from ..core.costmodel import PipelineCost
-    from ..core.profile_io import load_cost, parse_coeffs
-
-    if getattr(args, "profile", None):
-        return load_cost(args.profile, pp_size=getattr(args, "pp_size", None))
-    if getattr(args, "coeffs", None):
-        return parse_coeffs(args.coeffs)
-    if getattr(args, "analytic", None):  # every stage's roofline model (the simulator's, cli_costs)
-        from .common import cli_costs
-
-        stages, _ = cli_costs(args)
-        return stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
-    raise ValueError("give a cost model: --profile JSON, --coeffs c0,g,b,d,e,f or --model-path (a preset or your "
-                     "config.json)")
+from ..args import alias, parse_chunk, parse_len, parse_prompt_len, parse_sigma, positive_int
+from .cost_source import CostSource, add_cost_source_args, alias_cost_source
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=["plan", "quadratic", "fixed"], default="plan")
-    add_cost_args(p)
+    add_cost_source_args(p)
     p.add_argument("--input-len", dest="prompt_len", type=parse_prompt_len, required=True, help="prompt tokens (8k, 1m)")
     p.add_argument("--prefix-len", type=parse_len, default=0, help="tokens already cached (radix/HiCache hit)")
     p.add_argument("--pp-size", type=int, default=2)
@@ -47,19 +24,13 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-chunk", type=int, default=None,
                    help="largest chunk (default SGLang's prefill-buffer ceiling: max(C, --max-prefill-tokens, "
                         "1.25 C) with dynamic chunking on PP)")
-    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=None,
-                   help="fixed cost per chunk: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
-                        "default: the --gpu preset's with --model-path, else 0)")
-    p.add_argument("--gpu", dest="device", default=None, help="GPU preset (with --model-path / --analytic)")
-    p.add_argument("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (with --model-path)")
     p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", help="also write the plan JSON here")
     alias(p, "--input-len", "--prompt-len")
-    alias(p, "--gpu", "--device")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias(p, "--context-length", "--context-len")
-    alias(p, "--chunk-overhead-ms", "--overhead-ms")
+    alias_cost_source(p)
 
 
 def build_plan(args):
@@ -71,18 +42,16 @@ def build_plan(args):
             raise ValueError("--policy quadratic needs --coeffs A,B,C (upstream's fitted f(l) = A l^2 + B l + C)")
         if not args.chunk_size:
             raise ValueError("--policy quadratic needs --chunked-prefill-size (the base chunk C)")
-    from .common import chunk_overhead_ms
-
     if args.chunk_size and args.page_size and args.chunk_size % args.page_size:  # validation_hook.py:243-246
         raise ValueError(f"--chunked-prefill-size {args.chunk_size} is not divisible by --page-size {args.page_size}: "
                          "SGLang refuses it at startup; give a multiple of the page size")
-    cost = load_cost_arg(args)
-    args.overhead_ms = chunk_overhead_ms(args, args.overhead_ms)
+    src = CostSource.from_args(args)
+    cost, overhead_ms = src.cost(args.pp_size), src.overhead_ms()
     max_chunk = args.max_chunk or served_cap(args.profile)
     if args.policy == "fixed" and not args.chunk_size:
         raise ValueError("--policy fixed needs --chunked-prefill-size (the fixed chunk C)")
     return plan_for(args.policy, args.prompt_len, cost, args.pp_size, args.chunk_size or 0, sigma=args.sigma,
-                    ctx=args.context_len, max_prefill=args.max_prefill_tokens, overhead_ms=args.overhead_ms,
+                    ctx=args.context_len, max_prefill=args.max_prefill_tokens, overhead_ms=overhead_ms,
                     coeffs=args.coeffs, prefix_len=args.prefix_len, page_size=args.page_size or 1,
                     method=args.method, max_chunk=max_chunk, min_chunk=args.min_chunk or 0,
                     align=args.align or 64)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..args import (add_model_source, alias, parse_chunk, parse_fraction, parse_gemm_dtype, parse_len, parse_prompt_len,
-                    parse_sigma, positive_int)
+from ..args import alias, parse_chunk, parse_len, parse_prompt_len, parse_sigma
 from ..files import dumps
 from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
-from .common import add_attention_backend, chunk_overhead_ms, cli_costs
+from .cost_source import CostSource, add_cost_source_args, alias_cost_source
 
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -26,26 +25,12 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
       help="the base chunk C: the fixed chunk, or upstream's first chunk (default 8k)")
     a("--method", default="equal-time", help="planner method for --policy plan (equal-time, dp)")
     a("--max-chunk", type=parse_len, default=None, help="planner's largest chunk")
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--profile", help="profile JSON (sglang-cpp profile)")
-    src.add_argument("--coeffs", help="'a,b,c' (upstream) or 'c0,g,b,d,e,f'")
-    add_model_source(src.add_argument)
-    a("--gpu", dest="device", default=None,
-      help="GPU preset, required with --analytic / --model-path (H100, H20, B200, MI300X, ...; any case)")
-    a("--tp-size", dest="tp", type=positive_int, default=1, help="tensor parallel size (--analytic)")
-    a("--dtype", type=parse_gemm_dtype, default=None, metavar="DTYPE",
-      help="GEMM dtype in SGLang's words: auto (the checkpoint's, the default), bfloat16, float16, fp8")
-    a("--efficiency", type=parse_fraction, default=None, help="fraction of peak reached (--analytic)")
-    add_attention_backend(a)
-    a("--layers-per-stage", default=None, help="N or N0,N1,... (--analytic; default an even split)")
+    add_cost_source_args(parser, required=True)
     a("--p2p-latency-ms", type=float, default=0.0)
     a("--p2p-bandwidth-gbps", type=float, default=math.inf, help="GB/s (default: free)")
     a("--hidden-size", type=int, default=None, help="bytes per token = hidden * 2 (default: the model's)")
     a("--send-mode", choices=SEND_MODES, default="deferred")
     a("--recv-mode", choices=RECV_MODES, default="serial")
-    a("--chunk-overhead-ms", dest="cpu_overhead_ms", type=float, default=None,
-      help="fixed cost per chunk and stage: launch, scheduling, P2P setup (SGLANG_CPP_CHUNK_OVERHEAD_MS; "
-           "default: the --gpu preset's with --analytic, else 0)")
     a("--virtual-stages", type=int, default=1,
       help="V model slices per rank (interleaved / virtual PP, whatif/virtual_pp.py): each chunk visits every "
            "rank V times; V > 1 simulates deferred sends with pre-posted receives")
@@ -55,22 +40,21 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--json", action="store_true", help="machine-readable output")
     alias(parser, "--input-len", "--prompt-len")
     alias(parser, "--chunked-prefill-size", "--chunk-size")
-    alias(parser, "--tp-size", "--tp")
-    alias(parser, "--gpu", "--device")
-    alias(parser, "--chunk-overhead-ms", "--cpu-overhead-ms")
+    alias_cost_source(parser)
     return parser
 
 
 def run_simulate(args) -> int:
     """`sglang-cpp simulate`: plan (fixed, quadratic or planner) + simulate + report. Bad input raises
     ValueError (sglang_cpp.cli.main prints it and exits 2)."""
-    costs, hidden = cli_costs(args)
-    args.cpu_overhead_ms = chunk_overhead_ms(args, args.cpu_overhead_ms)
+    src = CostSource.from_args(args)
+    costs, hidden = src.stage_costs(args.pp_size)
+    overhead_ms = src.overhead_ms()
     P = len(costs)
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
                     hidden_size=args.hidden_size if args.hidden_size is not None else hidden,
                     send_mode=args.send_mode, recv_mode=args.recv_mode,
-                    cpu_overhead_ms=args.cpu_overhead_ms)
+                    cpu_overhead_ms=overhead_ms)
     R = args.prompt_len - args.prefix_len
     if R < 1:
         raise ValueError(f"--input-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")
@@ -82,7 +66,7 @@ def run_simulate(args) -> int:
         raise ValueError("--chunked-prefill-size must be >= 1")
     cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
     chunks = chunks_for(args.policy, args.prompt_len, cost, P, C, sigma=args.sigma, max_prefill=args.max_prefill_tokens,
-                        overhead_ms=args.cpu_overhead_ms, coeffs=args.coeffs, profile=args.profile,
+                        overhead_ms=overhead_ms, coeffs=args.coeffs, profile=args.profile,
                         prefix_len=args.prefix_len, method=args.method, max_chunk=args.max_chunk or 0)
     if args.virtual_stages > 1:
         from ..whatif.virtual_pp import simulate_virtual

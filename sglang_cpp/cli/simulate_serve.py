@@ -6,22 +6,14 @@ import argparse
 import math
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_chunk, parse_fraction, parse_len, positive_int, progress_bar
+from ..args import alias, parse_chunk, parse_len, progress_bar
 from ..files import dumps
-from .common import add_attention_backend
+from .cost_source import CostSource, add_cost_source_args, alias_cost_source
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--profile", help="per-stage cost-model JSON (calibration, `tune chunk`, `tune analytic`)")
-    src.add_argument("--coeffs", help="one stage model for every stage: c0,g,b,d,e,f or upstream's A,B,C")
-    add_model_source(src.add_argument)
-    a("--gpu", dest="device", default=None,
-      help="GPU preset, required with --analytic / --model-path (H100, H20, B200, MI300X, ...; any case)")
-    a("--tp-size", dest="tp", type=positive_int, default=1)
-    a("--efficiency", type=parse_fraction, default=None, help="fraction of peak reached (--analytic)")
-    add_attention_backend(a)
+    add_cost_source_args(p, required=True, overhead=False)
     a("--pp-size", type=int, required=True)
     w = p.add_argument_group("workload: a trace, or Poisson arrivals")
     w.add_argument("--workload", help="JSON lines / CSV with arrival_ms, input_len, output_len")
@@ -55,8 +47,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     a("--plot", help="PNG of the KV occupancy over time, one line per policy")
     a("--disable-tqdm", action="store_true", help="no progress bar (stderr)")
     alias(p, "--chunked-prefill-size", "--chunk-size")
-    alias(p, "--tp-size", "--tp")
-    alias(p, "--gpu", "--device")
+    alias_cost_source(p, overhead=False)
     alias(p, "--input-len", "--input-lens")
     alias(p, "--num-prompts", "--num-requests")
     alias(p, "--output-len", "--output-lens")
@@ -120,9 +111,7 @@ def run(args) -> int:
                            LengthMix.parse(args.output_lens, "--output-lens"), args.seed)
     if args.save_workload:
         save_trace(requests, args.save_workload)
-    from .common import cli_costs
-
-    prefill = cli_costs(args)[0]
+    prefill = CostSource.from_args(args).stage_costs(args.pp_size)[0]
     results = run_policies(requests, prefill, [n.strip() for n in args.policies.split(",") if n.strip()],
                            chunk=args.chunk, decode=decode_costs(args.decode_log, len(prefill)),
                            kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,

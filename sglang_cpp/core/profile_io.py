@@ -104,13 +104,24 @@ def _name(v) -> str:
     return Path(str(v).rstrip("/")).name  # a model path or a folder name: the same model in another folder
 
 
+_DTYPE_WORDS = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32"}
+
+
+def same_dtype(held, given) -> bool:
+    """One dtype in SGLang's words and torch's or the analytic model's: 'torch.bfloat16', 'bfloat16' and 'bf16'
+    agree; an analytic profile's bf16 means 16-bit GEMMs, so float16 agrees with it too."""
+    h, g = (_DTYPE_WORDS.get(w, w) for w in (str(v).lower().replace("torch.", "") for v in (held, given)))
+    return h == g or (str(held).lower() == "bf16" and g == "float16")
+
+
 def check_profile(doc: dict, where: str, *, pp_size: int | None = None, tp_size: int | None = None,
                   model: str | None = None, dtype: str | None = None, hidden_size: int | None = None,
-                  num_layers: int | None = None, fix: str = "") -> None:
+                  num_layers: int | None = None, fix: str = "", runs: str = "this server runs") -> None:
     """The one compatibility check of a profile or calibration against what it is used for (every command and
     the plugin): a profile measured on another model, TP size, dtype or split is wrong, not approximately right.
     Each given value is compared with the field the profile's meta holds (absent there: not checked); the
-    error names `where` (the file), the field and value it holds, and the flag that disagrees. A one-stage
+    error names `where` (the file), the field and value it holds, and the flag that disagrees (`runs`: who gave
+    it, the server or the command line). A one-stage
     model serves every PP size; per-stage models only theirs."""
     pm = doc.get("meta") or {}
     tail = f"; {fix}" if fix else ""
@@ -121,10 +132,10 @@ def check_profile(doc: dict, where: str, *, pp_size: int | None = None, tp_size:
     if model and pm.get("model") and _name(pm["model"]) != _name(model):
         raise ValueError(f"{where} was measured on model {_name(pm['model'])} but this server serves "
                          f"{_name(model)}{tail}")
-    for key, flag, want in (("tp", "--tp-size", tp_size), ("dtype", "--dtype", dtype)):
-        if want is not None and pm.get(key) not in (None, "") and \
-                str(pm[key]).replace("torch.", "") != str(want).replace("torch.", ""):
-            raise ValueError(f"{where} was measured with {key}={pm[key]} but this server runs {flag} {want}{tail}")
+    for key, flag, want, same in (("tp", "--tp-size", tp_size, lambda a, b: str(a) == str(b)),
+                                  ("dtype", "--dtype", dtype, same_dtype)):
+        if want is not None and pm.get(key) not in (None, "") and not same(pm[key], want):
+            raise ValueError(f"{where} was measured with {key}={pm[key]} but {runs} {flag} {want}{tail}")
     if pp_size is None:
         return
     stages = {s.get("stage", 0) for s in doc.get("samples", [])} or set(range(len(doc.get("stages") or [])))
