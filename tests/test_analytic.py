@@ -245,11 +245,16 @@ def test_tune_analytic_writes_a_json_that_simulate_loads(tmp_path, capsys):
 
     rc = main(["tune", "analytic", "--analytic", "qwen3-235b-a22b-fp8", "--gpu", "H20", "--tp-size", "4",
                "--measured", "1,128k,55.5", "--pp-size", "8", "--input-lens", "128k", "--chunked-prefill-size",
-               "18k", "--out-dir", str(tmp_path)])
+               "18k", "--out-dir", str(tmp_path), "--json", str(tmp_path / "fit.json")])
     out = capsys.readouterr().out
     assert rc == 0, out
     said = float(out.split("predicted PP8 131072 tokens, quadratic C=18432: ")[1].split(" s")[0])
     (path,) = tmp_path.glob("model=qwen3-235b-a22b-fp8,pp=8,tp=4,device_name=H20,*.json")
+    fit = json.loads((tmp_path / "fit.json").read_text())  # --json: what it printed, strict JSON
+    assert fit["profile"] == str(path) and (fit["gpu"], fit["tp_size"], fit["pp_size"]) == ("H20", 4, 8)
+    assert fit["predictions"][0]["input_len"] == 131072 and round(fit["predictions"][0]["ttft_s"], 2) == said
+    (point,) = fit["points"]
+    assert point["measured"] == 55.5 and 0 < fit["efficiency"] <= 1 and point["predicted"] == pytest.approx(55.5, rel=0.05)
     rc = main(["simulate", "--profile", str(path), "--pp-size", "8", "--input-len", "128k", "--policy", "quadratic",
                "--chunked-prefill-size", "18k", "--sigma", "0.8", "--json"])
     sim = json.loads(capsys.readouterr().out)

@@ -351,7 +351,8 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
     (tmp_path / "model").mkdir()
     cfg = experiment.ExperimentConfig(model=str(tmp_path / "model"), input_lens=(512,), num_requests=2, warmup=0,
                                       fixed_chunks=(128, 256), plan_chunks=(128, 1024, 4096), rounds=2,
-                                      results=str(tmp_path / "res" / "tf.md"), profile=str(_profile(tmp_path)))
+                                      results=str(tmp_path / "res" / "tf.md"), profile=str(_profile(tmp_path)),
+                                      json=str(tmp_path / "res" / "tf.json"))
     (tmp_path / "res").mkdir()
     (tmp_path / "res" / "tf.jsonl").write_text('{"stale": "an earlier run"}\n')  # a new run does not append to it
     assert experiment.experiment(cfg, launch=launch, log=lambda m: None) == 1  # the third start failed
@@ -368,6 +369,10 @@ def test_tuning_free_mode_interleaves_rounds_and_reports_the_chunks_that_ran(fak
     assert "Failed servers" not in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| fixed C=128 |"))
     assert len(row.split("|")[2].split(" / ")) == 4  # 2 rounds x 2 measured requests
+    doc = json.loads((tmp_path / "res" / "tf.json").read_text())  # --json: each configuration's TTFTs, every round
+    by = {r["config"]: r for r in doc["rows"]}
+    assert doc["rounds"] == 2 and len(by["fixed C=128"]["ttfts_s"]) == 4 and by["fixed C=128"]["chunks_ran"] is None
+    assert by["sglang-cpp plan (C=1024)"]["chunks_ran"] == [ran] * 4
     # the served model's makespan of 4 chunks of 128 on two equal stages, by hand: sum + max = 45.77 ms
     assert row.split("|")[6].strip() == "0.05"
     assert f"- C=128: {ran} (the same in all 4 requests: yes)" in md

@@ -121,7 +121,7 @@ def test_tune_layout_prices_cp_and_prints_sglangs_cp_flags(tmp_path, capsys):
     assert {"TP8 x PP2", "TP8 (CP8) x PP2"} <= set(names) and names["TP8 (CP8) x PP2"]["attn_cp"] == 8
     assert names["TP8 (CP8) x PP2"]["infeasible"] is None and names["TP8 (CP8) x PP2"]["best"]["131072"]["ttft_ms"] > 0
     capsys.readouterr()
-    cfg = LayoutConfig(analytic="deepseek-v3")
+    cfg = LayoutConfig(analytic="deepseek-v3", device="H20")
     line = launch_flags(cfg, Ranked(Layout(8, 2, 1, 8), (31, 30), best={S: ("plan", 32768, 1.0)}), S, 61)
     assert line.endswith("--enable-dynamic-chunking --attn-cp-size 8 --enable-prefill-cp --cp-strategy zigzag")
     assert "--attn-cp-size" not in launch_flags(cfg, Ranked(Layout(8, 2), (31, 30), best={S: ("plan", 32768, 1.0)}), S, 61)

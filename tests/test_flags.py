@@ -142,3 +142,15 @@ def test_a_chunk_size_sglang_would_refuse_for_its_page_size_is_refused_naming_bo
 
     chunks = json.loads(capsys.readouterr().out)["chunks"]
     assert sum(chunks) == 32768 and all(c % 100 == 0 for c in chunks[:-1])  # only the prompt's last chunk is a rest
+
+
+def test_every_tune_command_writes_json_on_request():
+    """Issue 47 item 5: `--json OUT.json` on every tune command (fit, chunk, partition, analytic, layout, sweep);
+    each command's own test reads what it wrote."""
+    from sglang_cpp.tuning.cli import COMMANDS
+
+    tune = _parser("tune")._subparsers._group_actions[0].choices
+    assert set(tune) == set(COMMANDS)
+    missing = [name for name, sp in tune.items() if "--json" not in sp._option_string_actions]
+    assert not missing, missing
+    assert all(tune[n]._option_string_actions["--json"].nargs is None for n in tune)  # a path, not a switch

@@ -98,6 +98,19 @@ def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):
     assert match in err
 
 
+@pytest.mark.parametrize("cmd,argv", [
+    ("layout", ["--model-path", "llama3-8b", "--gpus", "8"]),
+    ("partition", ["--model-path", "llama3-8b", "--pp-size", "2"]),
+])
+def test_the_gpu_is_required_where_the_answer_depends_on_it(cmd, argv, capsys):
+    """Issue 47 item 1: `tune layout` and `tune partition` on an analytic model assumed an H100 when --gpu was
+    left out; now one line, exit 2, listing the presets. A profile (partition) needs no --gpu."""
+    assert cli_main(["tune", cmd, *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"sglang-cpp tune {cmd}: error: --model-path needs --gpu: one of " in err
+    assert "B200" in err and "H20" in err and "MI300X" in err and len(err.strip().splitlines()) == 1
+
+
 def test_differences_inside_the_models_error_are_ties_not_a_best_or_a_crossover():
     """Issue 47 item 8: layouts within TIE_BAND (3%, the analytic model's stated error) of the best are ties; a
     change of winner inside it is no crossover; one beyond it is."""

@@ -99,9 +99,13 @@ def test_profile_with_other_stage_count_is_rejected(tmp_path, capsys):
 # -- chunk ------------------------------------------------------------------------------------------
 def test_chunk_writes_a_plugin_loadable_profile_with_recommendations(tmp_path, capsys):
     prof = write_profile(tmp_path / "p.json")
-    rc, out, err = tune(capsys, "chunk", prof, "--pp-size", 2, "--input-lens", "8k,32k", "--out-dir", tmp_path / "o")
+    rc, out, err = tune(capsys, "chunk", prof, "--pp-size", 2, "--input-lens", "8k,32k", "--out-dir", tmp_path / "o",
+                        "--json", tmp_path / "rec.json")
     assert rc == 0, err
     name = "model=Qwen3-8B,pp=2,tp=1,device_name=NVIDIA_H100_80GB_HBM3,dtype=bfloat16.json"
+    said = json.loads((tmp_path / "rec.json").read_text())  # --json: the recommendations and where the file went
+    assert said["tuned_profile"] == str(tmp_path / "o" / name) and said["launch"]["plan"] in out
+    assert said["plan"] == load_profile(tmp_path / "o" / name)["recommendations"]["plan"]
     path = tmp_path / "o" / name
     assert path.is_file(), list((tmp_path / "o").iterdir())
     cost = load_cost(path)  # what the plugin does with SGLANG_CPP_PROFILE
@@ -215,8 +219,15 @@ def test_sweep_with_fake_launcher(tmp_path, capsys, monkeypatch):
     png, md = tmp_path / "sweep.png", tmp_path / "res" / "sweep.md"
     prof = write_profile(tmp_path / "p.json", models=(STAGE0, STAGE1), meta={**META, "pp": 2})
     rc, out, err = tune(capsys, "sweep", "--model-path", tmp_path / "model", "--plot", png, "--results", md,
-                        "--profile", prof)
+                        "--profile", prof, "--json", tmp_path / "sweep.json")
     assert rc == 1, err  # one server failed: reported, not fatal
+    doc = json.loads((tmp_path / "sweep.json").read_text())  # --json: the same rows, strict JSON
+    assert doc["best_fixed_chunk"] == {"8000": 8192} and doc["machine"]["isa"] and doc["command"].startswith("sglang-cpp")
+    by = {r["config"]: r for r in doc["rows"]}
+    assert by["fixed C=1024"]["status"] == "failed" and "server died" in by["fixed C=1024"]["reason"]
+    assert by["sglang-cpp plan (C=8192)"]["median_ttft_ms"] == 24000.0
+    assert by["sglang-cpp plan (C=8192)"]["ttfts_s"] == [24.0] and by["fixed C=8192"]["predicted_ttft_ms"] > 0
+    assert by["upstream dynamic (sigma=0.6, C=8000)"]["sigma"] == 0.6
     text = md.read_text()
     assert text in out and "| fixed C=1024 | 1024 | 8000 | — | — | server failed: RuntimeError" in text
     rows = {r.split(" | ")[0].lstrip("| "): r for r in text.splitlines() if r.startswith("| ")}

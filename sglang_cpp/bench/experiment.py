@@ -28,7 +28,7 @@ DEFAULT_MODEL = "~/.cache/sglang-cpp/models/smollm2-135m"
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """Every field is a flag (field `foo_bar` is `--foo-bar`); everything but fresh, results, plot and
+    """Every field is a flag (field `foo_bar` is `--foo-bar`); everything but fresh, results, plot, json and
     the timeouts keys the resumable state."""
 
     model: str = DEFAULT_MODEL
@@ -50,6 +50,7 @@ class ExperimentConfig:
     upstream_profiling: bool = False  # True: upstream profiles at startup (128 fresh prefills; slow on CPU)
     results: str = "results/compare.md"  # relative to the working directory, never inside a package
     plot: str | None = None
+    json: str | None = None  # also write the rows as strict JSON here
     timeout_per_server: float = 900.0
     request_timeout: float = 3600.0
     fresh: bool = False

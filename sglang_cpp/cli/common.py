@@ -40,6 +40,8 @@ def add_experiment_args(p, preset) -> None:
            "of running its algorithm through SGLANG_CPP_POLICY=quadratic on the fit emulated from the calibration")
     a("--results", default=d.results, help=f"markdown table; state, .jsonl and logs beside it (default {d.results})")
     a("--plot", default=None, help="bar chart of median TTFT per configuration")
+    a("--json", default=None, metavar="OUT.json", help="also write every row as strict JSON (each request's TTFT, "
+                                                          "the simulator's figure, the machine and commit)")
     a("--timeout-per-server", type=float, default=d.timeout_per_server,
       help="seconds a server may take to become healthy (the plan server calibrates at its first start)")
     a("--request-timeout", type=float, default=d.request_timeout, help="seconds per request")

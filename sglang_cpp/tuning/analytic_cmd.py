@@ -43,6 +43,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", dest="chunk", type=parse_len, default=16384)
     p.add_argument("--sigma", type=parse_sigma, default=0.8, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
+    p.add_argument("--json", default=None, metavar="OUT.json",
+                   help="also write the fit (efficiency, overhead, each point measured vs predicted, the predictions "
+                        "and the per-device file's path) as strict JSON")
     alias(p, "--tp-size", "--tp")
     alias(p, "--gpu", "--device")
     alias(p, "--input-len", "--input-lens")
@@ -63,19 +66,24 @@ def run(args) -> int:
     print(f"{model.name} on {device.name}, TP{args.tp}: efficiency {f.efficiency:.4f} of peak, per-chunk overhead "
           f"{f.overhead_ms:.2f} ms ({'fitted' if args.fit_overhead else 'given'})")
     print(f"{'measured configuration':<44} {'measured (s)':>12} {'predicted (s)':>13} {'ratio':>7}")
+    rows, preds = [], []
     for p, v in f.rows:
         if isinstance(p, Ratio):
             print(f"{str(p) + ' (ratio)':<44} {p.ratio:>12.3f} {v:>13.3f} {v / p.ratio:>7.3f}")
+            rows.append({"configuration": str(p), "kind": "ratio", "measured": p.ratio, "predicted": v})
             continue
         name = f"PP{p.pp_size} {p.input_len} tokens {p.policy} C={p.chunk}" + (f" sigma={p.sigma:g}"
                                                                                 if p.policy == "quadratic" else "")
         print(f"{name:<44} {p.ttft_ms / 1e3:>12.2f} {v / 1e3:>13.2f} {v / p.ttft_ms:>7.3f}")
+        rows.append({"configuration": name, "kind": "ttft_s", "measured": p.ttft_ms / 1e3, "predicted": v / 1e3})
     P = args.pp_size or max(p.pp_size for p in points)  # a Ratio's PP counts
     dev = replace(device, efficiency=f.efficiency, attn_efficiency=None)
     for L in args.input_lens:
         q = Measured(P, L, 1.0, args.policy, args.chunk, args.sigma)
-        print(f"predicted PP{P} {L} tokens, {args.policy} C={args.chunk}: "
-              f"{predict_ms(model, dev, args.tp, q, f.overhead_ms, args.max_prefill_tokens, args.dtype) / 1e3:.2f} s")
+        t = predict_ms(model, dev, args.tp, q, f.overhead_ms, args.max_prefill_tokens, args.dtype) / 1e3
+        print(f"predicted PP{P} {L} tokens, {args.policy} C={args.chunk}: {t:.2f} s")
+        preds.append({"pp_size": P, "input_len": L, "policy": args.policy, "chunked_prefill_size": args.chunk,
+                      "sigma": args.sigma if args.policy == "quadratic" else None, "ttft_s": t})
     stages = [add_constant(m, f.overhead_ms) for m in stage_models(model, dev, args.tp, P, dtype=args.dtype)]
     meta = {"model": model.name, "device_name": device.name, "dtype": stages[0].meta.get("dtype"), "tp": args.tp,
             "pp": P, "backend": "analytic-fit", "efficiency": f.efficiency, "overhead_ms": f.overhead_ms,
@@ -84,6 +92,13 @@ def run(args) -> int:
     path = Path(args.out_dir) / device_file_name(model.name, P, args.tp, device.name, meta["dtype"])
     save_profile(path, meta=meta, cost=PipelineCost(tuple(stages)) if P > 1 else stages[0])
     print(f"wrote {path} (load it with simulate --profile, bench ttft --simulate or plan --profile)")
+    if args.json:
+        from ..files import save_json
+
+        doc = {"model": model.name, "gpu": device.name, "tp_size": args.tp, "pp_size": P, "dtype": meta["dtype"],
+               "efficiency": f.efficiency, "chunk_overhead_ms": f.overhead_ms, "overhead_fitted": args.fit_overhead,
+               "points": rows, "predictions": preds, "profile": str(path)}
+        print(f"wrote {save_json(args.json, doc)}")
     return 0
 
 

@@ -86,7 +86,7 @@ def versions(meta: dict) -> dict:
             "profile_torch": meta.get("torch_version")}
 
 
-def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict]:
+def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict, dict]:
     meta = {**doc.get("meta", {}), "pp": P,  # the server's names, where the flags give them: the plugin checks them
             **({"device_name": cfg.device_name} if cfg.device_name else {}), **({"dtype": cfg.dtype} if cfg.dtype else {})}
     if doc.get("meta", {}).get("pp") not in (None, P):
@@ -105,7 +105,7 @@ def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict]:
     if rec["upstream"] is not None:
         extra["upstream"] = dict(rec["upstream"].settings["coeffs"])
     save_profile(path, samples=samples, meta=meta, cost=as_cost(models), extra=extra)
-    return path, lines
+    return path, lines, recs
 
 
 # -- CLI -------------------------------------------------------------------------------------------------
@@ -137,6 +137,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="C grid for fixed and upstream (default 1k..32k)")
     alias(p, "--fixed-chunks", "--chunk-sizes")
     p.add_argument("--form", choices=FORMS, default="full", help="cost-model form when refitting samples")
+    p.add_argument("--json", default=None, metavar="OUT.json",
+                   help="also write the recommendations, every option's predicted TTFT and the launch lines (strict "
+                        "JSON; the tuned file holds them too, under 'recommendations')")
 
 
 def run(args) -> int:
@@ -155,8 +158,12 @@ def run(args) -> int:
     print(table(rec, cfg))
     if rec["upstream_failed"]:
         print(f"upstream's fit fails at C={sorted(rec['upstream_failed'])} (dynamic chunking would switch off)")
-    path, lines = write_json(cfg, doc, samples, models, rec, P)
+    path, lines, recs = write_json(cfg, doc, samples, models, rec, P)
     print(f"\nwrote {path}")
+    if cfg.json:
+        from ..files import save_json
+
+        print(f"wrote {save_json(cfg.json, {'tuned_profile': str(path), **recs})}")
     print("\n(a) sglang-cpp plan policy:\n  " + lines["plan"])
     if "upstream" in lines:
         print("(b) upstream dynamic chunking (sglang-cpp off):\n  " + lines["upstream"])

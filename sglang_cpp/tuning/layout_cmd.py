@@ -18,6 +18,7 @@ from pathlib import Path
 from ..args import add_model_source, alias, parse_fraction, parse_ints, parse_len, parse_lens, progress_bar
 from ..core.partition import default_partition, format_partition
 from ..whatif.layout import TIE_BAND, ties
+from ..whatif.specs import DEVICES
 from . import config_from_args
 
 
@@ -26,7 +27,7 @@ class LayoutConfig:
     """Every field is a flag of `sglang-cpp tune layout`."""
 
     analytic: str
-    device: str = "H100"
+    device: str | None = None  # --gpu: required (the ranking depends on it; none is assumed)
     gpus: int = 8
     input_lens: tuple = (32768, 131072, 1048576)
     virtual_stages: tuple = (1, 2, 4)
@@ -42,6 +43,8 @@ class LayoutConfig:
     plot: str | None = None
 
     def __post_init__(self):
+        if self.analytic and not self.device:
+            raise ValueError(f"--model-path needs --gpu: one of {', '.join(sorted(DEVICES))} (any case)")
         if self.context_length is not None and max(self.input_lens) > self.context_length:
             raise ValueError(f"--input-len {max(self.input_lens)} is above --context-length {self.context_length}: "
                              "drop the length or raise the context length")
@@ -137,7 +140,8 @@ def plot(path: str, cfg: LayoutConfig, ranked, win: dict, num_layers: int, top: 
 def add_args(p: argparse.ArgumentParser) -> None:
     d = LayoutConfig(analytic="")
     add_model_source(p.add_argument, required=True)
-    p.add_argument("--gpu", dest="device", default=d.device, help="GPU preset, e.g. H20 (any case)")
+    p.add_argument("--gpu", dest="device", default=d.device, metavar="GPU",
+                   help=f"GPU preset (required), any case: {', '.join(sorted(DEVICES))}")
     p.add_argument("--gpus", type=int, default=d.gpus, help="GPUs for one prefill instance (TP x PP)")
     p.add_argument("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens, default=d.input_lens,
                    help="prompt lengths, e.g. 32k,128k,1m")

@@ -26,7 +26,7 @@ class PartitionConfig:
     pp_size: int
     profile: str | None = None
     analytic: str | None = None
-    device: str = "H100"
+    device: str | None = None  # --gpu: required with --analytic / --model-path (none is assumed)
     tp: int = 1
     dtype: str | None = None
     num_layers: int | None = None
@@ -39,6 +39,10 @@ class PartitionConfig:
         if bool(self.profile) == bool(self.analytic):
             raise ValueError("give exactly one cost source: --profile PROFILE (with a per-layer breakdown) "
                              "or --analytic MODEL --gpu GPU --tp-size N")
+        if self.analytic and not self.device:
+            from ..whatif.specs import DEVICES
+
+            raise ValueError(f"--model-path needs --gpu: one of {', '.join(sorted(DEVICES))} (any case)")
         for name in ("pp_size", "tp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -179,7 +183,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON with per-layer breakdown (layer_ms, embed_ms, head_ms)")
     add_model_source(src.add_argument)
-    p.add_argument("--gpu", dest="device", default="H100", help="GPU preset for --analytic (H100, H200, H20, B200, MI300X, ...)")
+    p.add_argument("--gpu", dest="device", default=None,
+                   help="GPU preset, required with --model-path (H100, H200, H20, B200, MI300X, ...; any case)")
     p.add_argument("--tp-size", dest="tp", type=int, default=1, help="tensor parallel size (--analytic)")
     alias(p, "--tp-size", "--tp")
     alias(p, "--gpu", "--device")

@@ -41,6 +41,7 @@ class ChunkTuneConfig:
     p2p_ms: float = 0.0
     chunk_sizes: tuple = DEFAULT_SIZES
     form: str = "full"
+    json: str | None = None  # also write the recommendations (and the tuned file's path) here
 
     def __post_init__(self):
         for name in ("pp_size", "page_size", "max_prefill_tokens"):
