@@ -83,7 +83,7 @@ def main() -> int:
             "- planner's objective: sum(t) + (P-1) * max(t) with t the slowest stage's time per chunk, what the "
             "planner's search minimises. The stages differ (embedding on the first, the LM head on the last, 11 "
             "or 12 layers each), so the planner makes its final choice among its best plans and the fixed chunks "
-            "on the exact flow-shop makespan (`planner_base.makespan`, the simulator's recurrence); before that "
+            "on the exact flow-shop makespan (`objective.makespan`, the simulator's recurrence); before that "
             "choice the plan lost to DCK at 256K (1.024).",
             "- % of physical limit: the causal prefill FLOPs over 32 GPUs at dense peak (anchors.md 2.2) divided "
             "by the predicted TTFT.",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sglang_cpp.core.costmodel import PipelineCost
 from sglang_cpp.core.partition import default_partition
-from sglang_cpp.core.planner_base import PlanConfig
+from sglang_cpp.core.objective import PlanConfig
 from sglang_cpp.machine import provenance_lines
 from sglang_cpp.core.calib_grid import calibration_levels, new_points, top_chunk
 from sglang_cpp.whatif.analytic import DEVICES, MODELS

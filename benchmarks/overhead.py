@@ -30,7 +30,7 @@ import numpy as np
 from sglang_cpp.bench.client import generate, random_ids
 from sglang_cpp.bench.server import ServerSpec, launched, reported_calibration
 from sglang_cpp.core.profile_io import load_cost, load_profile
-from sglang_cpp.core.planner_base import makespan
+from sglang_cpp.core.objective import makespan
 from sglang_cpp.files import read_events
 from sglang_cpp.machine import provenance_lines
 

@@ -22,7 +22,7 @@ WING_OF = {"sglang_cpp.core": "core", "sglang_cpp.whatif": "whatif", "sglang_cpp
 BELOW = {"support": set(), "core": {"support"}, "whatif": {"support", "core"}, "plugin": {"support", "core"},
          "bench": {"support", "core", "whatif"}, "cli": {"support", "core", "whatif", "plugin", "bench"}}
 PURE = ("core", "whatif")  # no torch, no sglang: they run anywhere numpy does
-CORE = ("sglang_cpp.core.costmodel", "sglang_cpp.core.planner", "sglang_cpp.core.planner_base",
+CORE = ("sglang_cpp.core.costmodel", "sglang_cpp.core.planner", "sglang_cpp.core.objective",
         "sglang_cpp.core.equal_time", "sglang_cpp.core.plan", "sglang_cpp.core.partition", "sglang_cpp.core.upstream",
         "sglang_cpp.core.policy", "sglang_cpp.core.batch_policy", "sglang_cpp.core.refine",
         "sglang_cpp.whatif.simulator", "sglang_cpp.whatif.analytic", "sglang_cpp.whatif.analytic_fit",

@@ -9,7 +9,7 @@ import pytest
 from sglang_cpp.core.costmodel import CostModel, PiecewiseCost, PipelineCost, add_constant, fit_cost_model, model_from_dict
 from sglang_cpp.core.profile_io import cost_from_profile
 from sglang_cpp.core.planner import plan_chunks
-from sglang_cpp.core.planner_base import ttft
+from sglang_cpp.core.objective import ttft
 from sglang_cpp.core.refine import RefineConfig, Refiner
 from sglang_cpp.core.regimes import CPU_FLASH_SWITCHES, largest_x, regime_rows
 from sglang_cpp.core.calib_grid import calibration_grid

@@ -36,7 +36,7 @@ def test_the_checker_sees_a_violation():
     ig = _graph_module()
     g = ig.graph()
     assert {"sglang", "torch"} <= ig.reach(g, "sglang_cpp.plugin.hooks")
-    assert {"sglang_cpp.tuning.recommend", "sglang_cpp.core.planner_base"} <= ig.reach(g, "sglang_cpp.tuning.cli")
+    assert {"sglang_cpp.tuning.recommend", "sglang_cpp.core.objective"} <= ig.reach(g, "sglang_cpp.tuning.cli")
     assert not {m for m in ig.reach(g, "sglang_cpp.cli") if m.startswith("sglang_cpp.plugin")}
     assert ig.cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 

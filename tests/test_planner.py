@@ -178,8 +178,8 @@ def test_a_stage_that_never_paces_is_not_searched_and_the_exact_makespan_decides
     paces); the final choice is still made on the exact makespan of every stage, where the fast stages
     shorten the fill and drain: on (fast, slow, fast) the plan is no slower than the plan of three slow
     stages: faster than that plan's chunks would run there (27.89 s against 28.02 s)."""
-    from sglang_cpp.core.equal_time import _pacing_rows
-    from sglang_cpp.core.planner_base import makespan
+    from sglang_cpp.core.equal_time_search import _pacing_rows
+    from sglang_cpp.core.objective import makespan
 
     slow = CostModel.fa(a=2e-6, b=0.06, c0=25.0)
     fast = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
@@ -198,7 +198,7 @@ def test_a_stage_slower_than_no_other_nowhere_is_searched_but_still_predicted():
     coefficient by coefficient), yet the plan's predicted times are the maximum over every stage."""
     import numpy as np
 
-    from sglang_cpp.core.equal_time import _pacing_rows
+    from sglang_cpp.core.equal_time_search import _pacing_rows
 
     fixed_cost = CostModel(c0=40.0, b=0.01, f=1e-7)  # paces small chunks
     quadratic = CostModel(c0=1.0, b=0.01, f=4e-6)  # paces big chunks
@@ -235,7 +235,7 @@ def test_a_tight_chunk_count_is_all_maximum_chunks():
     maximum (the 495,558-token, max-128 fuzz input that walked 3,872 boundaries one by one)."""
     import numpy as np
 
-    from sglang_cpp.core.equal_time import _equal_count_chunks
+    from sglang_cpp.core.equal_time_search import _equal_count_chunks
 
     cfg = PlanConfig(pp_size=3, align=64, max_chunk=128)
     R = 495_558
@@ -254,10 +254,10 @@ LONG_LLAMA_32K = PipelineCost((
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 5), st.integers(0, 10**6), st.floats(0, 5))
 def test_makespan_is_the_simulators_recurrence(P, seed, o):
-    """planner_base.makespan against the discrete-event simulator (independent code) on stages that differ."""
+    """objective.makespan against the discrete-event simulator (independent code) on stages that differ."""
     import numpy as np
 
-    from sglang_cpp.core.planner_base import makespan
+    from sglang_cpp.core.objective import makespan
     from sglang_cpp.whatif.simulator import SimConfig, simulate
 
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from sglang_cpp.core.costmodel import CostModel, PipelineCost
 from sglang_cpp.core.planner import PlanConfig, fixed_split, plan_equal_time
-from sglang_cpp.core.planner_base import advance, flow_shop
+from sglang_cpp.core.objective import advance, flow_shop
 from sglang_cpp.core.queue_plan import QueueView, completions, mean_completion, plan_in_queue
 
 GPU = CostModel.fa(a=1e-6, b=0.05, c0=20.0)

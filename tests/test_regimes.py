@@ -8,7 +8,7 @@ import pytest
 from sglang_cpp.core.costmodel import CostModel, PiecewiseCost, PipelineCost, add_constant, fit_piecewise, model_from_dict
 from sglang_cpp.core.profile_io import cost_from_profile
 from sglang_cpp.core.planner import plan_chunks
-from sglang_cpp.core.planner_base import ttft
+from sglang_cpp.core.objective import ttft
 from sglang_cpp.core.regimes import regime_rows
 
 # DeepSeek-like on flashinfer: fresh chunks as MHA, absorbed MLA below 8192 (a dearer attention, no

@@ -222,7 +222,7 @@ def render_tuning_free(cfg, order: list, ents: dict, stages, cal, cal_err: str, 
     import numpy as np
 
     from ..core.costmodel import PipelineCost
-    from ..core.planner_base import fixed_split, makespan
+    from ..core.objective import fixed_split, makespan
 
     P = cfg.pp_size
     cost = None if not stages else (stages[0] if len(stages) == 1 else PipelineCost(tuple(stages)))
@@ -295,7 +295,7 @@ def _drift_table(cfg, order: list, ents: dict, L: int, cost) -> list[str]:
     the ratio moves with the host alone: that separates the host's drift from what the plan chose."""
     import numpy as np
 
-    from ..core.planner_base import fixed_split, makespan
+    from ..core.objective import fixed_split, makespan
 
     if cost is None:
         return []

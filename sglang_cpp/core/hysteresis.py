@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 from .costmodel import PipelineCost
 from .plan import ChunkPlan
-from .planner_base import PlanConfig, make_plan, makespan
+from .objective import PlanConfig, make_plan, makespan
 from .regimes import regime_index, x_bounds_of
 
 

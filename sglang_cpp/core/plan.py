@@ -9,7 +9,7 @@ from functools import cached_property
 
 def makespan_equal(t, pp_size: int) -> float:
     """sum(t) + (P-1) * max(t): the exact makespan of chunks taking t ms on each of P equal stages (a proportionate
-    permutation flow shop). The one home of the formula; stages that differ: planner_base.makespan."""
+    permutation flow shop). The one home of the formula; stages that differ: objective.makespan."""
     return float(sum(t) + (pp_size - 1) * max(t))
 
 

@@ -9,11 +9,11 @@ work. A prompt that starts while the pipe is busy, or with prompts queued behind
 that minimise the mean completion of the prompts in view; only the last of a burst shrinks its tail. ROCm
 ATOM's dynamic chunking, which plans every prompt alone, loses 10-15% throughput at concurrency 4-16.
 
-The objective is the flow-shop recurrence (`planner_base.flow_shop`) over per-stage models, with the
+The objective is the flow-shop recurrence (`objective.flow_shop`) over per-stage models, with the
 per-chunk overhead, over: the chunks in flight (priced, their work already committed), this prompt's
 candidate chunks, and the prompts behind it, each cut at the pacing time of this prompt's candidate (its
 running max: chunks up to it add no drain). Candidates: the single-prompt plan, fixed chunks and
-equal-time cuts into fewer chunks (`equal_time.EqualCounts`). With nothing in view, or a one-chunk plan, the
+equal-time cuts into fewer chunks (`equal_time_search.EqualCounts`). With nothing in view, or a one-chunk plan, the
 single-prompt plan is returned as it is. Pure numpy; every stage derives the same plan from the same view.
 """
 from __future__ import annotations
@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .equal_time import EqualCounts, plan_equal_time
+from .equal_time import plan_equal_time
+from .equal_time_search import EqualCounts
 from .plan import ChunkPlan
-from .planner_base import PlanConfig, _check, _times, advance, fixed_candidates, fixed_split, make_plan, stage_times
+from .objective import PlanConfig, _check, _times, advance, fixed_candidates, fixed_split, make_plan, stage_times
 
 MAX_WAITING = 16  # prompts behind the current one that a plan looks at (planning time is linear in them)
 N_GRID = 64  # target times on which the equal-time cuts are read

@@ -172,7 +172,7 @@ def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
 def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Option]:
     """The plan policy at base chunk C, over the plugin's bound knobs (its planner settings exactly)."""
     from ..core.planner import plan_equal_time
-    from ..core.planner_base import PlanConfig
+    from ..core.objective import PlanConfig
 
     al = cfg.align
     mpt = max(cfg.max_prefill_tokens, C)

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.planner_base import stage_times
+from ..core.objective import stage_times
 from ..core.queue_plan import MAX_WAITING, QueueView
 from .simulator import SimConfig, SimResult, simulate_requests
 
