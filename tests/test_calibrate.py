@@ -46,7 +46,7 @@ def test_proxies_are_views_of_one_buffer_set_refilled_before_every_forward():
     values each time (a model that wrote its proxies in place left the next forward garbage)."""
     import torch
 
-    from sglang_cpp.plugin.calibrate import proxy_views
+    from sglang_cpp.plugin.harness import proxy_views
 
     made = []
 
@@ -190,7 +190,7 @@ def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatc
 def test_proxies_are_random_and_the_same_on_every_rank():
     import torch
 
-    from sglang_cpp.plugin.calibrate import _random_proxies
+    from sglang_cpp.plugin.harness import _random_proxies
 
     def make():
         return {"hidden_states": torch.zeros(8, 4), "residual": torch.zeros(8, 4),

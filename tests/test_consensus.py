@@ -201,10 +201,10 @@ def test_mixed_chunk_decode_tokens_ride_on_top_of_a_planned_cut():
 def test_adder_init_reads_the_mixed_deduction(monkeypatch):
     """The decode tokens upstream took out come back whether SGLang passed them by position, by name or
     not at all (0): read from the bound arguments, where the planned chunk gets them back."""
-    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin import hooks, state
 
-    monkeypatch.setattr(hooks, "_FORMING", SimpleNamespace(chunked_req=object()))
-    monkeypatch.setattr(hooks, "ACTIVE", object())
+    monkeypatch.setattr(state, "FORMING", SimpleNamespace(chunked_req=object()))
+    monkeypatch.setattr(state, "ACTIVE", object())
     args = (1, None, None, None, 1.0, 16384, 4096)  # page_size .. rem_chunk_tokens
     for extra, kw, mixed in (((5,), {}, 5), ((), {"num_mixed_decode_tokens": 7}, 7), ((), {}, 0)):
         adder = SimpleNamespace(rem_chunk_tokens=1000, rem_input_tokens=16384)
@@ -216,18 +216,18 @@ def test_a_continuing_planned_chunk_gets_the_mixed_decode_tokens_back(monkeypatc
     """Upstream's __init__ turned the plan's next chunk (predict() = 2, the final piece) into a budget of
     2 - 2 decode tokens = 0: the chunked request then ran a 0-token extend (SIGFPE in the CPU flash
     kernel on the real PP=2 server). With the plan in charge the 2 tokens come back; without it, not."""
-    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin import hooks, state
 
     args = (1, None, None, None, 1.0, 16384, 2)  # page_size .. rem_chunk_tokens (the plan's predict())
-    monkeypatch.setattr(hooks, "_FORMING", SimpleNamespace(chunked_req=object()))
-    monkeypatch.setattr(hooks, "ACTIVE", object())
+    monkeypatch.setattr(state, "FORMING", SimpleNamespace(chunked_req=object()))
+    monkeypatch.setattr(state, "ACTIVE", object())
     adder = SimpleNamespace(rem_chunk_tokens=2 - 2, rem_input_tokens=16384 - 2)  # as upstream's __init__ leaves it
     hooks.PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=2)
     assert adder.rem_chunk_tokens == 2
     adder = SimpleNamespace(rem_chunk_tokens=16384 - 2, rem_input_tokens=16384 - 2)  # a max-size planned chunk
     hooks.PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=2)
     assert adder.rem_chunk_tokens == 16384 - 2  # the forward stays within --max-prefill-tokens
-    monkeypatch.setattr(hooks, "ACTIVE", None)  # upstream's sizer (or none): its own budget stands
+    monkeypatch.setattr(state, "ACTIVE", None)  # upstream's sizer (or none): its own budget stands
     adder = SimpleNamespace(rem_chunk_tokens=2 - 2, rem_input_tokens=16384 - 2)
     hooks.PrefillAdder_init(None, adder, *args, num_mixed_decode_tokens=2)
     assert adder.rem_chunk_tokens == 0
@@ -306,12 +306,12 @@ def test_a_pass_that_plans_no_batch_flushes_the_decision_log(tmp_path, monkeypat
     empty micro-batch slot under PP) hands the buffered lines to the writer."""
     from sglang.srt.managers.schedule_batch import NextBatchPlan
 
-    from sglang_cpp.plugin import decision_log, hooks
+    from sglang_cpp.plugin import decision_log, hooks, state
 
     path = tmp_path / "d.jsonl"
     log = DecisionLog(0, str(path), buffer_lines=256)
-    monkeypatch.setattr(hooks, "LOG", log)
-    monkeypatch.setattr(hooks, "BATCH", None)
+    monkeypatch.setattr(state, "LOG", log)
+    monkeypatch.setattr(state, "BATCH", None)
     log.write("decode_forward", ms=1.0)
     running = SimpleNamespace(reqs=[])
     busy = NextBatchPlan(batch_to_run=SimpleNamespace(reqs=[1]), running_batch=running)
@@ -332,12 +332,12 @@ def test_a_pass_that_plans_no_batch_flushes_the_decision_log(tmp_path, monkeypat
 def test_report_plans_says_when_a_prompt_ran_its_last_chunk(tmp_path):
     """Scheduler_run_batch flushes the decision log when this is true: a request's lines are on disk
     before its first token reaches the client."""
-    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin import forwards
 
     log = DecisionLog(0, "", buffer_lines=256)
     req = SimpleNamespace(rid="plans-r", origin_input_ids=[0] * 10, customized_info=None)
-    assert hooks._report_plans(log, [req], [0], [6]) is False
-    assert hooks._report_plans(log, [req], [6], [4]) is True
+    assert forwards._report_plans(log, [req], [0], [6]) is False
+    assert forwards._report_plans(log, [req], [6], [4]) is True
     assert req.customized_info["sglang_cpp_plan"][0]["ran"] == [6, 4]
 
 
@@ -391,14 +391,14 @@ def test_fit_rejects_launch_timed_forwards(tmp_path):
 def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
     """SGLang admits a request at prefix_len + host_hit_length (HiCache L2 hit): the plan starts there."""
     from sglang_cpp.core.costmodel import CostModel
-    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin import hooks, state
 
     c = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=1024, max_prefill_tokens=4096, page_size=1,
                     context_len=1 << 20)
     sizer = CppChunkSizer(c, cost=CostModel.fa(a=1e-6, b=0.05, c0=20))
     seen = []
     monkeypatch.setattr(sizer, "decide", lambda rid, n, prefix, first: seen.append((n, prefix)) or 512)
-    monkeypatch.setattr(hooks, "ACTIVE", sizer)
+    monkeypatch.setattr(state, "ACTIVE", sizer)
     adder = SimpleNamespace(rem_chunk_tokens=1024, rem_input_tokens=16384, can_run_list=[], page_size=1)
     req = SimpleNamespace(rid="r", full_untruncated_fill_ids=[0] * 20000, prefix_len=3000, host_hit_length=6000)
     out = hooks.PrefillAdder_add_one_req(lambda self, r, *a, **k: self.rem_chunk_tokens, adder, req, False, None)
@@ -406,7 +406,7 @@ def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
 
 
 def test_alignment_is_the_lcm_of_sglangs_grids():
-    from sglang_cpp.plugin.hooks import _align
+    from sglang_cpp.plugin.startup import _align
 
     assert _align(SimpleNamespace(page_size=1, truncation_align_size=None)) == 64
     assert _align(SimpleNamespace(page_size=16, truncation_align_size=None)) == 64
@@ -417,7 +417,7 @@ def test_alignment_is_the_lcm_of_sglangs_grids():
 def test_online_refinement_fits_single_chunks_but_not_one_that_loaded_host_kv_back():
     """Issue 45 item 10: a chunk whose forward waited for HiCache's load back (SGLang's per-layer wait_until,
     inside the timed window) is no sample of what a chunk costs; nor is a batch of several requests."""
-    from sglang_cpp.plugin.hooks import online_sample
+    from sglang_cpp.plugin.forwards import online_sample
 
     one = {"event": "forward", "rids": ["a"], "prefix": [4096], "chunk": [1024], "ms": 12.5}
     assert online_sample(one) == (4096, 1024, 12.5)
@@ -469,7 +469,7 @@ def test_online_refits_reach_every_dp_group_under_local_control_broadcast(monkey
     pull for their group, request_receiver.py:112-125), each of which puts it into its own pulled list.
     World ranks here: PP0 = 0..3 (two DP groups of attention TP 2: leaders 0 and 2), PP1 = 4..7."""
     from sglang_cpp.core.costmodel import CostModel, PipelineCost
-    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin import hooks, state
     from sglang_cpp.plugin.online import ModelUpdate, Online
 
     cost = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20.0),) * 2)
@@ -483,13 +483,13 @@ def test_online_refits_reach_every_dp_group_under_local_control_broadcast(monkey
     rank0._pending = upd
     pulled = {}
     for name, online in (("rank0", rank0), ("relay", relay), ("other", other)):
-        monkeypatch.setattr(hooks, "ONLINE", online)
-        monkeypatch.setattr(hooks, "_PP_RANK", 0)
+        monkeypatch.setattr(state, "ONLINE", online)
+        monkeypatch.setattr(state, "PP_RANK", 0)
         pulled[name] = hooks.SchedulerRequestReceiver__pull_raw_reqs(lambda self: ["req"], None)
     assert pulled["rank0"] == ["req", upd]
     assert pulled["relay"][0] == "req" and pulled["relay"][1].version == 3 and len(pulled["relay"]) == 2
     assert pulled["other"] == ["req"]  # an attention-TP follower gets it through its group's broadcast
-    monkeypatch.setattr(hooks, "ONLINE", relay)
+    monkeypatch.setattr(state, "ONLINE", relay)
     assert hooks.SchedulerRequestReceiver__pull_raw_reqs(lambda self: [], None) == []  # once per update
 
 
@@ -510,7 +510,7 @@ def test_online_refits_reach_every_dp_group_under_local_control_broadcast(monkey
 def test_which_ranks_relay_refits_to_their_dp_group(par, joiner, relays, monkeypatch):
     import sglang.srt.runtime_context as rc
 
-    from sglang_cpp.plugin.hooks import _relays_updates
+    from sglang_cpp.plugin.startup import _relays_updates
 
     monkeypatch.setattr(rc, "get_exec", lambda: SimpleNamespace(moe=SimpleNamespace(is_ep_scale_joiner=joiner)))
     assert _relays_updates(SimpleNamespace(**par)) is relays
@@ -523,7 +523,7 @@ def test_calibration_samples_the_alignment_sglang_settles_after_the_sizer(monkey
     stand-in, give the served grid."""
     import sglang.srt.managers.scheduler as sm
 
-    from sglang_cpp.plugin.hooks import _align, _settled_align
+    from sglang_cpp.plugin.startup import _align, _settled_align
 
     hf = SimpleNamespace(architectures=["LlamaForCausalLM"], model_type="llama")
     sched = SimpleNamespace(page_size=1, truncation_align_size=None, model_config=SimpleNamespace(hf_config=hf))
@@ -538,3 +538,15 @@ def test_calibration_samples_the_alignment_sglang_settles_after_the_sizer(monkey
     monkeypatch.setattr(sm, "attention_backends", lambda: ("triton", "triton"))
     monkeypatch.setattr(sm, "get_exec", lambda: det(True))
     assert _settled_align(sched) == 64  # triton tiles keys at absolute positions: no alignment
+
+
+def test_rank0s_error_of_any_type_reaches_every_rank():
+    """Review finding: rank 0 raised a TypeError (a field of the wrong type) alone while its peers waited in the
+    gather; now any exception travels, a ValueError as itself and the rest as a RuntimeError naming the type."""
+    g = TwoRanks()
+
+    def bad():
+        return int([8192])
+    for rank in (0, 1):
+        with pytest.raises(RuntimeError, match="TypeError: int\\(\\) argument must be"):
+            consensus.from_rank0(bad, rank=rank, gather=g)

@@ -82,7 +82,7 @@ def test_an_alignment_sglang_sets_after_the_sizer_is_built_is_planned_on():
     after maybe_init_dynamic_chunk_sizer; a fake scheduler that sets it late, as SGLang does, gets every
     non-final chunk on the 4096 grid from the first plan on."""
     from sglang_cpp.core.costmodel import CostModel
-    from sglang_cpp.plugin.hooks import _align
+    from sglang_cpp.plugin.startup import _align
     from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
 
     sched = SimpleNamespace(page_size=1)  # no truncation_align_size yet
@@ -307,7 +307,7 @@ def test_calibration_forwards_leave_the_expert_distribution_recorder_alone():
     back afterwards, also when the forward raised."""
     from sglang.srt.eplb import expert_distribution as ed
 
-    from sglang_cpp.plugin.calibrate import no_expert_recording
+    from sglang_cpp.plugin.harness import no_expert_recording
 
     mine = object()
     prev = ed.get_global_expert_distribution_recorder()
@@ -333,7 +333,7 @@ def test_startup_forwards_do_not_advance_the_eplb_rebalance_counter():
 
     from sglang.srt.eplb.eplb_manager import EPLBManager
 
-    from sglang_cpp.plugin.calibrate import no_expert_recording
+    from sglang_cpp.plugin.harness import no_expert_recording
 
     fired = []
     mgr = object.__new__(EPLBManager)

@@ -1,4 +1,4 @@
-"""The queue-aware plan's view of a scheduler (plugin/hooks._queue_view), on fakes shaped as SGLang 0.5.23's
+"""The queue-aware plan's view of a scheduler (plugin/admission._queue_view), on fakes shaped as SGLang 0.5.23's
 state (plugin/targets.STATE_READS names the lines): the other micro-batch slots' prefill batches in flight,
 the waiting requests behind, and what is left out."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace as NS
 
-from sglang_cpp.plugin.hooks import _inflight, _queue_view
+from sglang_cpp.plugin.admission import _inflight, _queue_view
 
 
 class Mode:

@@ -416,9 +416,22 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
         assert switches._captured_everywhere(sched, runner(bcg_all)) is False
         sched.spec_algorithm = SpeculativeAlgorithm.NONE
         assert switches._captured_everywhere(sched, runner(bcg_all)) is True
-    warned = [r.getMessage() for r in caplog.records if "under DP attention" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "votes no here" in r.getMessage()]
     assert len(warned) == 1 and "the MoE all-to-all backend deepep" in warned[0]  # once per server, the first reason
-    par.attn_dp_enabled = False
+    small = [r.getMessage() for r in caplog.records if "decodes at least" in r.getMessage()]
+    assert len(small) == 1 and "decodes at least 32 requests" in small[0] and "bucket (64 tokens)" in small[0]
+    # LoRA: under DP attention every rank with a batch votes no (dp_attn.py:469); without DP only a graph captured
+    # with LoRA replays LoRA batches
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sglang_cpp"):
+        bcg_all.enable_lora, bcg_all._capture_lora = True, True
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is False
+        par.attn_dp_enabled = False
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is True
+        bcg_all._capture_lora = False
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is False
+        bcg_all.enable_lora = False
+    assert sum("--enable-lora" in r.getMessage() for r in caplog.records) == 1
     monkeypatch.setattr(cpu, "get_cp_strategy", lambda: "zigzag")
     assert switches._captured_everywhere(sched, runner(pcg)) is False  # CP without a captured CP body
     monkeypatch.setattr(cpu, "get_cp_strategy", lambda: None)

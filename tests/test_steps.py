@@ -79,13 +79,13 @@ def test_a_served_forward_is_timed_over_model_runner_forward_alone(fake, monkeyp
     import time
     from types import SimpleNamespace
 
-    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin import forwards, hooks, state
     from sglang_cpp.plugin.decision_log import DecisionLog
 
     monkeypatch.setattr(time, "perf_counter", fake)
     log = DecisionLog(0, str(tmp_path / "dec_{rank}.jsonl"), rank=0)
-    monkeypatch.setattr(hooks, "LOG", log)
-    monkeypatch.setattr(hooks, "ONLINE", None)
+    monkeypatch.setattr(state, "LOG", log)
+    monkeypatch.setattr(state, "ONLINE", None)
     runner, draft = object(), object()
     model_forward = lambda self: fake.tick(30)  # noqa: E731  the model's own 30 ms
 
@@ -100,9 +100,9 @@ def test_a_served_forward_is_timed_over_model_runner_forward_alone(fake, monkeyp
                             forward_mode=SimpleNamespace(is_extend=lambda: True, is_decode=lambda: False),
                             prefix_lens=[0], extend_lens=[64], hicache_consumer_index=-1)
     sched = SimpleNamespace(device="cpu", tp_worker=SimpleNamespace(model_runner=runner))
-    assert hooks._run_batch(run_batch, sched, batch) == "out"
+    assert forwards._run_batch(run_batch, sched, batch) == "out"
     assert hooks.ModelRunner_forward(model_forward, runner) is None  # unarmed outside run_batch: a pass
-    hooks._run_batch(lambda s, b: fake.tick(9), sched, batch)  # a batch whose runner never ran
+    forwards._run_batch(lambda s, b: fake.tick(9), sched, batch)  # a batch whose runner never ran
     log.flush()
     recs = [json.loads(x) for x in (tmp_path / "dec_0.jsonl").read_text().splitlines()]
     fwd = [r for r in recs if r["event"] == "forward"]
@@ -116,20 +116,20 @@ def test_without_a_log_path_or_online_refinement_a_forward_is_not_timed(fake, mo
     window armed, no record."""
     from types import SimpleNamespace
 
-    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin import forwards, state
     from sglang_cpp.plugin.decision_log import DecisionLog
     from sglang_cpp.plugin.timing import FORWARD
 
-    monkeypatch.setattr(hooks, "LOG", DecisionLog(0, "", buffer_lines=256))
-    monkeypatch.setattr(hooks, "ONLINE", None)
+    monkeypatch.setattr(state, "LOG", DecisionLog(0, "", buffer_lines=256))
+    monkeypatch.setattr(state, "ONLINE", None)
     monkeypatch.setattr(steps.CLOCK, "forward_start", lambda: pytest.fail("the step clock ran"))
-    monkeypatch.setattr(hooks, "DeviceTimer", lambda *a: pytest.fail("a timer was made"))
+    monkeypatch.setattr(forwards, "DeviceTimer", lambda *a: pytest.fail("a timer was made"))
     req = SimpleNamespace(rid="quiet-r1", origin_input_ids=[0] * 100, customized_info=None)
     batch = SimpleNamespace(reqs=[req], forward_mode=SimpleNamespace(is_extend=lambda: True, is_decode=lambda: False),
                             prefix_lens=[36], extend_lens=[64], hicache_consumer_index=-1)
     sched = SimpleNamespace(device="cpu", tp_worker=SimpleNamespace(model_runner=object()))
     armed = []
-    assert hooks._run_batch(lambda s, b: armed.append(FORWARD._timer) or "out", sched, batch) == "out"
+    assert forwards._run_batch(lambda s, b: armed.append(FORWARD._timer) or "out", sched, batch) == "out"
     assert armed == [None]
     assert req.customized_info["sglang_cpp_plan"][0]["ran"] == [64]
 
@@ -143,7 +143,7 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
     import sglang.srt.distributed.parallel_state as ps
     import sglang.srt.mem_cache.common as mc
 
-    from sglang_cpp.plugin import calibrate, overhead
+    from sglang_cpp.plugin import harness, overhead
 
     order = []
 
@@ -164,8 +164,8 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
     monkeypatch.setattr(ps, "get_pp_group", lambda: pp)
     monkeypatch.setattr(mc, "checkpoint_kv_cache", lambda req, tree: None)
     monkeypatch.setattr(mc, "release_kv_cache", lambda req, tree, checkpoint=False: None)
-    monkeypatch.setattr(calibrate, "synthetic_req", lambda sched, rng, n, rid: Req())
-    monkeypatch.setattr(calibrate, "forward", lambda sched, req, cache, received: order.append("forward") or (
+    monkeypatch.setattr(harness, "synthetic_req", lambda sched, rng, n, rid: Req())
+    monkeypatch.setattr(harness, "forward", lambda sched, req, cache, received: order.append("forward") or (
         1.0, SimpleNamespace(logits_output=SimpleNamespace(tensors={}))))
     monkeypatch.setattr(overhead, "tick", lambda what: None)
     from sglang_cpp.plugin import timing
@@ -177,6 +177,52 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
     # the blocked time, is where a wait on a peer shows
     assert order == ["recv", "sync", "sync", "forward", "send", "recv", "sync", "commit 0", "sync", "forward", "send",
                      "recv", "sync", "commit 1", "sync", "forward", "send", "commit 2"]
+
+
+def test_a_rank_failing_in_the_probe_tells_its_peers_before_the_transfer_barriers(monkeypatch):
+    """Review finding: the transfer timing's world barriers follow the pipelined steps; a rank that failed in a
+    step must not meet its peers' barriers with the caller's gather. Every rank gathers once first: the failing
+    rank sends its error, a healthy rank that hears of one raises before any barrier, and with no failure the
+    barriers run."""
+    from types import SimpleNamespace
+
+    import sglang.srt.distributed.parallel_state as ps
+    import sglang.srt.mem_cache.common as mc
+
+    from sglang_cpp.plugin import harness, overhead, timing
+
+    class Req:
+        prefix_len, extend_end = 0, 0
+
+        def init_next_round_input(self):
+            self.prefix_len = self.extend_end
+
+    said, barriers, released = [], [], []
+    pp = SimpleNamespace(recv_tensor_dict=lambda **k: {}, send_tensor_dict=lambda t, **k: [])
+    monkeypatch.setattr(ps, "get_pp_group", lambda: pp)
+    monkeypatch.setattr(ps, "get_world_group", lambda: SimpleNamespace(barrier=lambda: barriers.append(1)))
+    monkeypatch.setattr(mc, "checkpoint_kv_cache", lambda req, tree: None)
+    monkeypatch.setattr(mc, "release_kv_cache", lambda req, tree, checkpoint=False: released.append(req))
+    monkeypatch.setattr(harness, "synthetic_req", lambda sched, rng, n, rid: Req())
+    monkeypatch.setattr(overhead, "tick", lambda what: None)
+    monkeypatch.setattr(overhead, "_rank", lambda: 3)
+    monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(sync=lambda: None))
+    ok = lambda sched, req, cache, received: (1.0, SimpleNamespace(logits_output=SimpleNamespace(tensors={})))  # noqa: E731
+
+    def oom(sched, req, cache, received):
+        raise RuntimeError("CUDA out of memory")
+    sched = SimpleNamespace(tree_cache=None)
+    probe = lambda agree: overhead.probe_stage(sched, 1, 2, 2, 128, sizes=(128,), agree=agree)  # noqa: E731
+    monkeypatch.setattr(harness, "forward", oom)
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        probe(lambda e: said.append(e) or [e, ""])
+    assert said == ["world rank 3: RuntimeError: CUDA out of memory"] and barriers == [] and len(released) == 1
+    monkeypatch.setattr(harness, "forward", ok)
+    with pytest.raises(RuntimeError, match="another rank failed in the pipelined overhead probe: world rank 0: Runtime"):
+        probe(lambda e: said.append(e) or ["world rank 0: RuntimeError: CUDA out of memory", e])
+    assert said[1:] == [""] and barriers == []  # it said it got there, heard of a failure, ran no barrier
+    got = probe(lambda e: said.append(e) or [e, e])
+    assert said[2:] == [""] and len(barriers) == 4 and sorted(got["transfer"]) == [128]  # 1 warm-up + 3 timed
 
 
 def test_each_hop_is_timed_alone_at_two_sizes_after_a_barrier_of_every_rank(monkeypatch):
@@ -230,23 +276,23 @@ def test_an_idle_pass_writes_the_forwards_whose_events_completed_after_their_bat
     import json
     from types import SimpleNamespace
 
-    from sglang_cpp.plugin import decision_log, hooks
+    from sglang_cpp.plugin import decision_log, hooks, state
     from sglang_cpp.plugin.decision_log import DecisionLog
     from sglang_cpp.plugin.timing import LazyTimes
 
     log = DecisionLog(0, str(tmp_path / "dec_{rank}.jsonl"), rank=0, buffer_lines=256)
-    monkeypatch.setattr(hooks, "LOG", log)
-    monkeypatch.setattr(hooks, "ONLINE", None)
-    monkeypatch.setattr(hooks, "_PENDING", LazyTimes())
-    state = {"done": False}
-    timer = SimpleNamespace(done=lambda: state["done"], elapsed_ms=lambda: 12.5)
-    hooks._PENDING.add(timer, {"event": "forward", "rids": ["r"], "prefix": [0], "chunk": [64]})
+    monkeypatch.setattr(state, "LOG", log)
+    monkeypatch.setattr(state, "ONLINE", None)
+    monkeypatch.setattr(state, "PENDING", LazyTimes())
+    events = {"done": False}
+    timer = SimpleNamespace(done=lambda: events["done"], elapsed_ms=lambda: 12.5)
+    state.PENDING.add(timer, {"event": "forward", "rids": ["r"], "prefix": [0], "chunk": [64]})
     lines = lambda: [json.loads(x) for x in (tmp_path / "dec_0.jsonl").read_text().splitlines()] \
         if (tmp_path / "dec_0.jsonl").exists() else []  # noqa: E731
     hooks.Scheduler_on_idle(None, None)
     decision_log._WRITER.drain()
     assert lines() == []  # its events have not completed: still pending
-    state["done"] = True
+    events["done"] = True
     hooks.Scheduler_on_idle(None, None)
     decision_log._WRITER.drain()
     assert [(r["event"], r["ms"]) for r in lines()] == [("forward", 12.5)]
@@ -261,7 +307,7 @@ def test_an_eplb_rebalance_step_inside_a_served_forward_marks_it_and_keeps_it_ou
 
     from sglang.srt.eplb.eplb_manager import EPLBManager
 
-    from sglang_cpp.plugin import hooks
+    from sglang_cpp.plugin import forwards, hooks
     from sglang_cpp.plugin.timing import FORWARD
 
     ran = []
@@ -287,5 +333,5 @@ def test_an_eplb_rebalance_step_inside_a_served_forward_marks_it_and_keeps_it_ou
     FORWARD.mark("something")  # nothing armed: nothing marked
     assert FORWARD.marks == before
     rec = {"event": "forward", "chunk": [512], "prefix": [0], "ms": 10.0}
-    assert hooks.online_sample(rec) == (0, 512, 10.0)
-    assert hooks.online_sample({**rec, "eplb_rebalance": True}) is None
+    assert forwards.online_sample(rec) == (0, 512, 10.0)
+    assert forwards.online_sample({**rec, "eplb_rebalance": True}) is None

@@ -328,6 +328,12 @@ def test_the_plugin_calibrates_past_a_tuned_file_that_does_not_fit_and_names_nea
         assert resolve_source(meta, cfg)["kind"] == "calibrate"  # a WARNING, not an AttributeError stopping it
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "meta is list, expected an object" in warned[0]
+    tuned_path(meta).write_text(json.dumps(doc | {"meta": {"hidden_size": [4096]}}))  # a field of the wrong type
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sglang_cpp"):
+        assert resolve_source(meta, cfg)["kind"] == "calibrate"  # a WARNING, not a TypeError on rank 0 alone
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "a field of the wrong type (TypeError" in warned[0]
     save_profile(tuned_path(meta), cost=m, meta={"tp": 1})
     assert resolve_source(meta, cfg)["kind"] == "profile"  # the right file is used
     monkeypatch.setenv("SGLANG_CPP_PROFILE", str(tmp_path / "missing.json"))

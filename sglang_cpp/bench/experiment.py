@@ -217,7 +217,7 @@ def log_costs(paths) -> tuple[dict, dict]:
     """(steps, forwards) from a server's decision logs, read once. steps: per stage, its chunk steps' count
     and the medians of what a step cost beyond forward and waits (loop_ms), of the plugin's own hooks in it
     (plugin_ms) and of the forward (plugin/steps.py). forwards: per stage, every single-request extend
-    forward as [rid, prefix, chunk, ms] (plugin/hooks.py), which the report prices on the served model."""
+    forward as [rid, prefix, chunk, ms] (plugin/forwards.py), which the report prices on the served model."""
     import numpy as np
 
     from ..files import read_events

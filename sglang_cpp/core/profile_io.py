@@ -52,7 +52,9 @@ def load_profile(path: str | Path) -> dict:
         raise ValueError(str(exc) if str(exc).startswith(where) else f"{where}: bad samples: {exc}") from None
     if not doc["samples"] and not doc.get("stages") and "coeffs" not in doc and "upstream" not in doc:
         raise ValueError(f"{where} has neither samples nor fitted coefficients")
-    if not isinstance(doc.setdefault("meta", {}), dict):
+    if doc.get("meta") is None:
+        doc["meta"] = {}
+    if not isinstance(doc["meta"], dict):
         raise ValueError(f"{where}: meta is {type(doc['meta']).__name__}, expected an object of what it was measured "
                          "on (model, pp, tp, dtype); rewrite it with `sglang-cpp profile` or `sglang-cpp tune chunk`")
     if not isinstance(doc.get("stages") or [], list):

@@ -260,7 +260,7 @@ def mla_switches(backend: str, threshold: int = MLA_THRESHOLD, capacity: int = M
 
     The switch reads the batch's summed prefix and sequence lengths: a chunk is priced by its own prefix, so
     a MIXED batch (decodes riding with the chunk under --enable-mixed-chunk) may switch earlier than this
-    says; such batches hold several requests and are never fitted (plugin hooks.online_sample). The capacity
+    says; such batches hold several requests and are never fitted (plugin forwards.online_sample). The capacity
     switch really depends on L + x, which this places at L."""
     name = (backend or "").split(":")[0]
     none = ((), ())

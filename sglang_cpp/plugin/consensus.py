@@ -12,7 +12,7 @@ import os
 from typing import Any, Callable
 
 from .. import envs
-from .deadline import note_error
+from .deadline import note_error, tick
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -106,14 +106,18 @@ def world_rank() -> int:
 
 def from_rank0(fn: Callable[[], Any], *, rank: int | None = None, gather: Callable = all_gather) -> Any:
     """Rank 0's fn() on every rank. An exception on rank 0 is re-raised on every rank (same type when
-    it is a ValueError/RuntimeError, so a bad profile reads the same everywhere)."""
+    it is a ValueError, so a bad profile reads the same everywhere; any other type as a RuntimeError naming it)."""
     rank = world_rank() if rank is None else rank
     payload = None
     if rank == 0:
         try:
             payload = {"ok": True, "value": fn()}
-        except (ValueError, RuntimeError, OSError) as exc:
-            payload = {"ok": False, "type": type(exc).__name__, "error": str(exc)}
+        except Exception as exc:  # any type: rank 0 never raises alone while its peers wait in the gather
+            if not isinstance(exc, (ValueError, RuntimeError, OSError)):
+                logger.exception("[sglang-cpp] failed on world rank 0; sending the error to every rank")
+            payload = {"ok": False, "type": type(exc).__name__,
+                       "error": str(exc) if isinstance(exc, (ValueError, RuntimeError, OSError))
+                       else f"{type(exc).__name__}: {exc}"}
     got = gather(payload)[0]
     if not got["ok"]:
         raise (ValueError if got["type"] == "ValueError" else RuntimeError)(got["error"])
@@ -130,6 +134,7 @@ def on_every_rank(fn: Callable[[], Any], *, gather: Callable = all_gather) -> li
         payload = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         logger.exception("[sglang-cpp] failed on this rank; sending the error to every rank")
         note_error(payload["error"])
+    tick("waiting for every rank's result (a gather over the world group)")
     got = gather(payload)
     errors = [f"rank {r}: {g['error']}" for r, g in enumerate(got) if not g["ok"]]
     if errors:

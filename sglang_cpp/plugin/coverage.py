@@ -158,7 +158,7 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
     if log is not None and cap:
         log.write("measured_chunk", chunk=cap)
     if calibrated is not None:  # coverage's activations back to the allocator before serving
-        from .calibrate import _empty_cache
+        from .harness import _empty_cache
 
         _empty_cache(str(getattr(sched, "device", "cpu")))
     return cost, samples, cap

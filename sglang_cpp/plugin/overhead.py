@@ -139,21 +139,24 @@ def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=No
 
 
 def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, seed: int = 0,
-                sizes: tuple = ()) -> dict:
+                sizes: tuple = (), agree=None) -> dict:
     """This stage's {"steps": (step, forward, blocked) ms for each of `n_chunks` pipelined chunks (after one
-    warm one), "transfer": {x: [ms]} of its receives timed alone at `sizes` (time_transfers)}."""
+    warm one), "transfer": {x: [ms]} of its receives timed alone at `sizes` (time_transfers)}. Before the
+    transfers' world barriers every rank says whether its pipelined steps ran (`agree`, a gather over the world
+    group): a rank that failed there would otherwise meet its peers' barriers with the caller's gather."""
     from sglang.srt.distributed.parallel_state import get_pp_group
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
-    from .calibrate import forward, synthetic_req
+    from .harness import forward, synthetic_req
     from .timing import DeviceTimer
 
     pp = get_pp_group()
     timer = DeviceTimer(str(getattr(sched, "device", "cpu")))  # its sync only: the stream's queued work
     rng = np.random.default_rng(seed + 7919)  # same ids on every stage
-    req = synthetic_req(sched, rng, (n_chunks + 1) * chunk, "sglang-cpp-overhead-probe")
-    steps, pending, cache, template = [], [], {}, None
+    steps, pending, cache, template, req = [], [], {}, None, None
+    must_agree = bool(sizes) and pp_size > 1  # the transfers' barriers follow: every rank says first it got there
     try:
+        req = synthetic_req(sched, rng, (n_chunks + 1) * chunk, "sglang-cpp-overhead-probe")
         for k in range(n_chunks + 1):
             tick(f"in step {k} of the pipelined overhead probe (a receive from the previous stage, a forward)")
             t0 = time.perf_counter()
@@ -179,10 +182,32 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
             if k:  # the first chunk warms the path up
                 steps.append(((time.perf_counter() - t0) * 1e3, fwd_ms, blocked * 1e3))
         _commit(pending)
+        if must_agree:
+            must_agree = False
+            failed = [e for e in (agree or _all_gather)("") if e]
+            if failed:
+                raise RuntimeError(f"another rank failed in the pipelined overhead probe: {'; '.join(failed)}")
         transfer = time_transfers(pp, pp_rank, pp_size, template, sizes, timer, getattr(sched, "attn_tp_group", None))
+    except Exception as exc:
+        if must_agree:  # failed before the agreement: the peers learn it there and skip the barriers
+            (agree or _all_gather)(f"world rank {_rank()}: {type(exc).__name__}: {exc}")
+        raise
     finally:
-        release_kv_cache(req, sched.tree_cache, checkpoint=False)
+        if req is not None:
+            release_kv_cache(req, sched.tree_cache, checkpoint=False)
     return {"steps": steps, "transfer": transfer}
+
+
+def _all_gather(payload):
+    from .consensus import all_gather
+
+    return all_gather(payload)
+
+
+def _rank() -> int:
+    from .consensus import world_rank
+
+    return world_rank()
 
 
 def _commit(works) -> None:
@@ -201,7 +226,7 @@ def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
                                  **probe_stage(sched, cfg.pp_rank, cfg.pp_size, n_chunks, chunk, sizes=sizes)})
 
     over, received = from_rank0(lambda: (decide_overheads(got), transfer_medians(got)))
-    from .calibrate import _empty_cache
+    from .harness import _empty_cache
 
     _empty_cache(str(getattr(sched, "device", "cpu")))  # the probe's buffers back before serving
     logger.info("[sglang-cpp] per-chunk overhead measured in the pipeline (%d chunks of %d tokens; hidden-state "

@@ -165,8 +165,9 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
             doc = load_profile(path)
             check_matches(doc, meta, where, cfg.pp_size)
             model = cost_from_profile(doc, where).to_dict()  # fitted here, so an error names the file
-        except ValueError as exc:
-            msg = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a hand-edited file: the fields' types
+            what = str(exc) if isinstance(exc, ValueError) else f"a field of the wrong type ({type(exc).__name__}: {exc})"
+            msg = what if what.startswith(where) else f"{where}: {what}"
             if path != str(tuned):
                 raise ValueError(msg) from None
             logger.warning("[sglang-cpp] %s; calibrating instead. Remove %s, or write it again with `sglang-cpp "

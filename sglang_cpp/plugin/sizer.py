@@ -41,7 +41,7 @@ class SizerConfig:
     max_chunk: int = 0
     overhead_ms: float = 0.0
     method: str = "equal-time"
-    align: int = 64  # SGLang's chunk grid (hooks._align): lcm of page, 64, truncation and mamba grids
+    align: int = 64  # SGLang's chunk grid (startup._align): lcm of page, 64, truncation and mamba grids
     buffer_tokens: int = 0  # SGLang's prefill-buffer ceiling (runtime_context.max_prefill_buffer_tokens); 0: derived
     dynamic: bool = True  # --enable-dynamic-chunking (without it nothing is planned)
     queue_aware: bool = True  # SGLANG_CPP_QUEUE_AWARE: plans see the chunks in flight and the waiting prompts
@@ -106,7 +106,7 @@ class CppChunkSizer:
         self.cfg, self.cost, self.upstream = cfg, cost, upstream
         self.plan_cfg = cfg.plan_config()
         self.current_req = current_req
-        self.queue_view = queue_view  # rid -> what is in the pipe ahead of it and waiting behind it (hooks.py)
+        self.queue_view = queue_view  # rid -> what is in the pipe ahead of it and waiting behind it (admission._queue_view)
         self.log = log or DecisionLog(cfg.pp_rank)
         self._plans: OrderedDict[str, ChunkPlan] = OrderedDict()
         self._waiting: dict[str, tuple] = {}  # rid -> the waiting prompts its plan saw (a change replans)

@@ -89,7 +89,8 @@ def _captured_everywhere(sched, runner) -> bool:
     config parser refuses tc_piecewise (cuda_graph_config.py:183-186, 238-242): its branches here are for a
     runner that still reports it. Not for tc_piecewise graphs under DP attention (the extending rank votes
     against replay, dp_attn.py:567-573); breakable graphs replay there as without DP, idle ranks padding a
-    dummy extend, unless a server setting makes every decoding peer vote no (_dp_decode_peers_veto). Nor under
+    dummy extend, unless a server setting makes every decoding peer vote no (_dp_decode_peers_veto; a peer
+    decoding fewer requests than half the smallest bucket votes no too: one WARNING says so), or LoRA. Nor under
     context parallelism the graph did not capture (model_runner.py:287-294), nor when the stages' graphs differ.
     Some chunks but not all: one WARNING naming both limits (the eager chunks follow the regimes in L; the
     captured ones are priced as if eager)."""
@@ -115,11 +116,19 @@ def _captured_everywhere(sched, runner) -> bool:
 
     graphs = getattr(runner, "prefill_cuda_graph_runner", None)
     if bool(getattr(get_parallel(), "attn_dp_enabled", False)) and cap[3] == "tc_piecewise":
-        # under DP attention the extending rank votes against tc_piecewise replay (dp_attn.py:567-573); breakable
+        # under DP attention the extending rank votes against tc_piecewise replay (dp_attn.py:569-574, 402-403); breakable
         # graphs replay as without DP: idle ranks vote for them and run a padded dummy extend
         # (dp_attn.py:400, forward_batch_info.py:1795-1872), so the chunk's own rank replays it too
         return False
-    if bool(getattr(get_parallel(), "attn_dp_enabled", False)):
+    dp = bool(getattr(get_parallel(), "attn_dp_enabled", False))
+    if bool(getattr(graphs, "enable_lora", False)) and (dp or not getattr(graphs, "_capture_lora", False)):
+        # LoRA replays need static LoRA metadata: under DP attention every rank with a batch votes no
+        # (dp_attn.py:469), and without a LoRA-captured graph the replay check refuses (prefill_cuda_graph_runner.py:
+        # 1370-1374, 1460-1466)
+        _warn_once("lora", "[sglang-cpp] MLA prefill with --enable-lora: the prefill graph does not replay LoRA "
+                   "batches here, so chunks are priced as eager")
+        return False
+    if dp:
         veto = _dp_decode_peers_veto(sched)
         if veto:
             _warn_once("dp-veto", "[sglang-cpp] MLA prefill under DP attention: the breakable prefill graph replays "
@@ -131,6 +140,12 @@ def _captured_everywhere(sched, runner) -> bool:
     largest, context = int(max_prefill_buffer_tokens()), int(getattr(sched.model_config, "context_len", 0) or 0)
     align = math.lcm(64, int(getattr(sched, "page_size", 1) or 1))  # the plan's smallest chunk at least
     if captured_everywhere(cap[0], cap[1], largest, context, cap[2], smallest_chunk=align):
+        if dp:
+            _warn_once("dp-small-decode", "[sglang-cpp] MLA prefill under DP attention: chunks are priced as replaying "
+                       "the breakable prefill graph, which holds while every other DP rank is idle or decodes at least "
+                       "%d requests; a smaller decode batch pads more than 2x to the smallest captured bucket (%d "
+                       "tokens) and votes no (dp_attn.py:437-481, prefill_cuda_graph_runner.py:1417-1420), and that "
+                       "step's chunk runs eager", -(-cap[2][0] // 2) if cap[2] else 1, cap[2][0] if cap[2] else 0)
         return True
     _warn_once(cap, "[sglang-cpp] MLA prefill: chunks of up to %d tokens%s replay the captured prefill CUDA graph "
                "(absorbed MLA at every prefix) where their padding allows, larger ones run eager (the attention "

@@ -94,7 +94,7 @@ INTERNALS = (
     "sglang.srt.layers.dp_attention.get_is_extend_in_batch",
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
     "sglang.srt.managers.schedule_batch.Req",
-    "sglang.srt.managers.scheduler.Scheduler",  # hooks._settled_align: its truncation-alignment setters
+    "sglang.srt.managers.scheduler.Scheduler",  # startup._settled_align: its truncation-alignment setters
     "sglang.srt.managers.scheduler_components.dp_attn.prepare_mlp_sync_batch_raw",
     "sglang.srt.managers.schedule_batch.ScheduleBatch",
     "sglang.srt.managers.schedule_policy.AddReqResult",
@@ -109,11 +109,10 @@ INTERNALS = (
     "sglang.srt.plugins.hook_registry.HookRegistry",
     "sglang.srt.plugins.hook_registry.HookType",
     "sglang.srt.runtime_context.get_disagg",  # pd_kv.startup_error: the PD mode and transfer backend
-    "sglang.srt.runtime_context.get_exec",  # hooks._relays_updates (elastic-EP joiner), switches (MLA dispatch)
+    "sglang.srt.runtime_context.get_exec",  # startup._relays_updates (elastic-EP joiner), switches (MLA dispatch)
     "sglang.srt.runtime_context.get_platform",  # switches._dispatch_predicates: fa4's SM100/110 test
     "sglang.srt.layers.cp.utils.is_mla_cp_enabled",  # switches._dispatch_predicates: MLA prefill CP
     "sglang.srt.runtime_context.get_parallel",
-    "sglang.srt.runtime_context.get_schedule",
     "sglang.srt.runtime_context.get_server_args",
     "sglang.srt.runtime_context.max_prefill_buffer_tokens",
     "sglang.srt.sampling.sampling_params.SamplingParams",
@@ -124,7 +123,7 @@ INTERNALS = (
 
 
 # Scheduler state the plugin reads without calling anything (SGLang 0.5.23 lines), so an upgrade that moves it
-# is found here. The queue-aware plan's view (hooks._queue_view):
+# is found here. The queue-aware plan's view (admission._queue_view):
 STATE_READS = {
     "Scheduler.mbs, Scheduler.running_mbs, Scheduler.running_batch": "managers/scheduler_pp_mixin.py:561-570 "
         "(init_pp_loop_state: pp_size + pp_async_batch_depth slots, distinct running batches), 131-153 and "
@@ -148,19 +147,19 @@ STATE_READS = {
         "arg_groups/overrides.py:1622-1627, and launches it inside forward_stream_ctx, scheduler_pp_mixin.py:1644, "
         "so the events are recorded on the forward stream), managers/tp_worker.py:622-680 and 755-787 "
         "(ForwardBatch.init_new, then model_runner.forward on every stage; sampling after it on the last); "
-        "timing.FORWARD times ModelRunner.forward alone, as calibrate.forward does",
+        "timing.FORWARD times ModelRunner.forward alone, as harness.forward does",
     "get_parallel(): attn_dp_enabled, attn_tp_rank, attn_cp_rank, enable_dp_attention_local_control_broadcast; "
     "get_exec().moe.is_ep_scale_joiner": "managers/scheduler_components/request_receiver.py:112-125 (PP0's "
         "attention TP/CP rank 0 pulls each DP group's requests), 167-200 (under local control broadcast, or as an "
-        "elastic-EP joiner, control messages are broadcast inside the DP group only); hooks._relays_updates, "
+        "elastic-EP joiner, control messages are broadcast inside the DP group only); startup._relays_updates, "
         "online.Online.relays",
     "Scheduler.init_deterministic_inference_config, init_dsa_kpool_truncation_align, "
     "init_mamba_truncation_align": "managers/scheduler.py:657 (the sizer) before 698-700 (these three set "
         "truncation_align_size), 1745-1800 (they read truncation_align_size and model_config only); "
-        "hooks._settled_align runs them on a stand-in at startup",
+        "startup._settled_align runs them on a stand-in at startup",
     "ModelRunner.eplb_manager._main_generator": "model_executor/model_runner.py:1897-1898 (every forward steps "
         "it), eplb/eplb_manager.py:72-94 (a rebalance every --eplb-rebalance-num-iterations steps); "
-        "calibrate.no_expert_recording sets it aside for startup forwards",
+        "harness.no_expert_recording sets it aside for startup forwards",
     "ScheduleBatch.hicache_consumer_index": "managers/scheduler.py:4349-4355 (set at a prefill batch's build from "
         "the cache controller's start_loading, -1 when no load is queued), 4652 (SGLang's own `load_pending = "
         "index >= 0`), tp_worker.py:637 (the forward waits on it); hooks marks such forwards host_loaded",
@@ -178,10 +177,15 @@ STATE_READS = {
         "pins absorbed MLA), 1423-1497 (the DP vote, idle DP ranks, the backend's own check), 158 and 1417-1420 "
         "(padding at most 2x), managers/scheduler_components/dp_attn.py:384-443, model_runner.py:287-294 (CP); "
         "switches._captured_everywhere, gathered from every rank at startup (hooks); under DP attention "
-        "dp_attn.py:400 and 567-573 (idle ranks vote for replay; the extending rank votes no on tc_piecewise), "
+        "dp_attn.py:400 and 569-574, 402-403 (idle ranks vote for replay; the extending rank votes no on tc_piecewise), "
         "forward_batch_info.py:1795-1872 (the padded dummy extend), 292 (the vote is a minimum over DP ranks) and "
         "411-436 (a decoding peer votes yes only as a convertible 1-token extend: no speculative decoding, MoE "
         "all-to-all backend none, no two-batch overlap, HiSparse or recurrent state; switches._dp_decode_peers_veto)",
+    "Scheduler.spec_algorithm; PrefillCudaGraphRunner.enable_lora, _capture_lora": "managers/scheduler.py:509-511 "
+        "(get_spec()'s algorithm, the one the model runner holds), model_executor/runner/prefill_cuda_graph_runner.py:"
+        "341, 510, 538 (set), 1370-1374 and 1460-1466 (LoRA batches replay only a LoRA-captured graph), "
+        "managers/scheduler_components/dp_attn.py:419, 469 (the DP graph vote); switches._dp_decode_peers_veto and "
+        "the LoRA check in switches._captured_everywhere",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
         "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
         "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",

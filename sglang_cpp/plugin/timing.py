@@ -4,7 +4,7 @@ on the current stream. Calibration synchronises anyway; the serving path resolve
 a later call once they have completed, so it never adds a synchronisation to the scheduler loop.
 
 One window for every timed forward: from right before `ModelRunner.forward` to right after
-it. Calibration, the overhead probe and coverage (`calibrate.forward`, the startup harness) and serving
+it. Calibration, the overhead probe and coverage (`harness.forward`, the startup harness) and serving
 (`FORWARD`, armed by the run_batch hook and opened by the ModelRunner.forward hook) time the same thing; the
 batch set-up around it (prepare_for_extend, the MLP-sync gather, ForwardBatch.init_new, sampling) is
 per-chunk overhead, which the probe and the serving steps measure as step - forward - blocked."""
