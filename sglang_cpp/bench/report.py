@@ -165,28 +165,11 @@ def write_report(cfg, rows: list[Row], best: dict, cal, cal_err: str, command: s
     if cfg.plot:
         print(f"wrote {plot_bars(cfg, rows, cfg.plot)}")
     if cfg.json:
+        from .report_json import row_json, save_results_json
+
         body = {"best_fixed_chunk": {str(L): C for L, C in best.items()}, "rows": [row_json(r) for r in rows]}
-        print(f"wrote {_save_json(cfg, command, body)}")
+        print(f"wrote {save_results_json(cfg, command, body)}")
     return out
-
-
-def row_json(row: Row) -> dict:
-    """One row of the table as --json writes it: what ran, every measured TTFT, and the simulator's figure."""
-    r = row.rec()
-    status = "skipped" if row.ent is None else row.ent["status"]
-    return {"config": row.run.label(), "kind": row.run.kind, "chunk": row.run.chunk or None,
-            "sigma": row.run.sigma, "input_len": row.L, "status": status,
-            "median_ttft_ms": row.median, "p90_ttft_ms": r["p90_ttft_ms"] if r else None,
-            "ttfts_s": list(r["ttfts"]) if r else [], "predicted_ttft_ms": row.pred, "note": row.note,
-            "reason": row.ent.get("reason") if row.ent and status != "ok" else None}
-
-
-def _save_json(cfg, command: str, body: dict) -> Path:
-    from ..files import save_json
-    from ..machine import machine_info, source_commit
-
-    return save_json(cfg.json, {"command": command, "commit": source_commit(), "machine": machine_info(),
-                                "pp_size": cfg.pp_size, "model": cfg.model, "input_lens": list(cfg.input_lens), **body})
 
 
 TIE = "tie (the spreads overlap)"
@@ -394,8 +377,8 @@ def _step_table(order: list, ents: dict, P: int) -> list[str]:
 def write_tuning_free(cfg, order, ents, stages, cal, cal_err: str, command: str) -> Path:
     out = _write(cfg, render_tuning_free(cfg, order, ents, stages, cal, cal_err, command))
     if cfg.json:
-        rows = [{"config": r.label(), "kind": r.kind, "chunk": r.chunk, "input_len": L, "ttfts_s": _ttfts(ents[r.key], L),
-                 "chunks_ran": _ran(ents[r.key], L) if r.kind == "plan" else None}
-                for L in cfg.input_lens for r in order]
-        print(f"wrote {_save_json(cfg, command, {'rounds': cfg.rounds, 'rows': rows})}")
+        from .report_json import save_results_json, tuning_free_rows
+
+        body = {"rounds": cfg.rounds, "rows": tuning_free_rows(cfg, order, ents)}
+        print(f"wrote {save_results_json(cfg, command, body)}")
     return out
