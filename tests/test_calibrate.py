@@ -229,6 +229,11 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     meta = {**_meta(), "num_layers": 4, "hidden_size": 256}
     src = resolve_source(meta, cfg)
     assert src["kind"] == "calibrate" and src["max_len"] == 4096
+    from sglang_cpp.plugin.profiles import _rank0_source  # a calibration: rank 0's grid switches go with it
+    mla = {**meta, "kernel_switches": [8192], "chunk_switches": [], "regime_names": ["mha", "absorbed"]}
+    assert _rank0_source(mla, cfg, 0, 0, {})["switches"] == {"kernel_switches": [8192], "chunk_switches": [],
+                                                             "regime_names": ["mha", "absorbed"]}
+    assert _rank0_source(meta, cfg, 0, 0, {})["switches"] == {}  # no switches: no keys (the cache key unchanged)
     samples = [{"L": L, "x": x, "ms": 1.0 + L / 100 + x / 50, "stage": s} for s in (0, 1)
                for L in (0, 512, 1024, 2048) for x in (512, 1024, 2048)]
     save_profile(cache_path(meta, 4096), samples=samples, meta={**meta, "max_len": 4096})

@@ -52,6 +52,9 @@ def server_meta(sched, cfg) -> dict:
             "server_args": timing_args(sa), **_switch_meta(sched)}
 
 
+GRID_SWITCHES = ("kernel_switches", "regime_names", "chunk_switches")  # _switch_meta's keys, where there are switches
+
+
 def _switch_meta(sched) -> dict:
     """The kernel switches in L and in x (plugin/switches.py), only where there are some (MLA; the CPU flash
     kernel): key fields that a model without switches leaves out, so its calibration cache key is what it was."""
@@ -224,6 +227,9 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     max_len, budget_s = src["max_len"], src["budget_s"]
     logger.info("[sglang-cpp] calibration target %d tokens, bounded by %s", max_len, src["bound"])
     pc = cfg.plan_config()
+    for k in GRID_SWITCHES:  # world rank 0's: a rank that read its own switches otherwise would sample another grid
+        meta.pop(k, None)
+    meta.update(src["switches"])
     switches = tuple(meta.get("kernel_switches") or ())
     samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
                                             max_chunk=pc.max_chunk, align=pc.align, min_chunk=pc.min_chunk,
@@ -264,8 +270,8 @@ def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int, kept: dict)
     """resolve_source as world rank 0 sends it: a profile's or cache's fitted model, not its samples
     (those go into `kept`, rank 0's own)."""
     src = resolve_source(meta, cfg, max_context, kv_tokens)
-    if src["kind"] == "calibrate":
-        return src
+    if src["kind"] == "calibrate":  # the grid's kernel switches too: every rank samples rank 0's grid
+        return {**src, "switches": {k: meta[k] for k in GRID_SWITCHES if k in meta}}
     kept["samples"] = list(src["doc"].get("samples") or [])
     if src["kind"] == "cache":
         kept["meta"] = dict(src["doc"].get("meta") or {})
