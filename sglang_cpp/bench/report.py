@@ -379,6 +379,6 @@ def write_tuning_free(cfg, order, ents, stages, cal, cal_err: str, command: str)
     if cfg.json:
         from .report_json import save_results_json, tuning_free_rows
 
-        body = {"rounds": cfg.rounds, "rows": tuning_free_rows(cfg, order, ents)}
+        body = {"rounds": cfg.rounds, "rows": tuning_free_rows(cfg, order, ents, _ttfts, _ran)}
         print(f"wrote {save_results_json(cfg, command, body)}")
     return out

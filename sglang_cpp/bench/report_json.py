@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report import Row, _ran, _ttfts  # report.py loads this module only when --json is given
 
-def row_json(row: Row) -> dict:
-    """One row of the table as --json writes it: what ran, every measured TTFT, and the simulator's figure."""
+def row_json(row) -> dict:
+    """One row of the table (report.Row) as --json writes it: what ran, every measured TTFT, and the simulator's
+    figure."""
     r = row.rec()
     status = "skipped" if row.ent is None else row.ent["status"]
     return {"config": row.run.label(), "kind": row.run.kind, "chunk": row.run.chunk or None,
@@ -26,9 +26,9 @@ def save_results_json(cfg, command: str, body: dict) -> Path:
                                 "pp_size": cfg.pp_size, "model": cfg.model, "input_lens": list(cfg.input_lens), **body})
 
 
-def tuning_free_rows(cfg, order: list, ents: dict) -> list[dict]:
+def tuning_free_rows(cfg, order: list, ents: dict, ttfts, ran) -> list[dict]:
     """The tuning-free mode's rows: each configuration's TTFTs over its rounds and, for the plan, the chunks its
-    requests ran."""
-    return [{"config": r.label(), "kind": r.kind, "chunk": r.chunk, "input_len": L, "ttfts_s": _ttfts(ents[r.key], L),
-             "chunks_ran": _ran(ents[r.key], L) if r.kind == "plan" else None}
+    requests ran (`ttfts`, `ran`: report.py's readers of the runner's entries; this module imports nothing of it)."""
+    return [{"config": r.label(), "kind": r.kind, "chunk": r.chunk, "input_len": L, "ttfts_s": ttfts(ents[r.key], L),
+             "chunks_ran": ran(ents[r.key], L) if r.kind == "plan" else None}
             for L in cfg.input_lens for r in order]
