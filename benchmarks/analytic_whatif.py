@@ -68,7 +68,7 @@ def main() -> int:
     for S, pub in TABLE1.items():
         out.append(f"| {S // 1024}K | {pub:.2f} | {dck[S]:.2f} | {dck[S] / pub:.3f} |")
     worst = max(abs(dck[S] / pub - 1) for S, pub in TABLE1.items())
-    out += ["", f"Worst error {worst:.1%} (target +-15%, asserted by tests/test_analytic.py).", "",
+    out += ["", f"Worst error {worst:.1%} (target +-15%, asserted by tests/unit/test_analytic.py).", "",
             "## What-if: chunk policies side by side (PP8 TP4 on 32 H20, predicted TTFT in s)", "",
             "| input | " + " | ".join(POLICIES) + " | plan vs DCK | planner's objective, plan vs DCK | "
             "plan % of physical limit | DCK % of limit |",
@@ -90,7 +90,7 @@ def main() -> int:
             f"- Roofline: DCK's chunks are >= 4.6K tokens (upstream's C/4 floor); the plan has no floor (issue 25) "
             f"and its smallest chunk at 128K is {min(chunks_for('plan', 131072, cost, 8, 18432, overhead_ms=args.overhead))} "
             "tokens, still FLOP-bound: the byte terms bind for chunks below a few hundred tokens "
-            "(tests/test_analytic.py, the plan on the roofline)."]
+            "(tests/unit/test_analytic.py, the plan on the roofline)."]
     text = "\n".join(out) + "\n"
     Path(args.results).write_text(text)
     plt = pyplot()

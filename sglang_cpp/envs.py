@@ -179,7 +179,7 @@ UPSTREAM = (("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75",
 
 
 def markdown_table() -> str:
-    """docs/env.md's table, from this registry (tests/test_sizer.py keeps the file equal to it)."""
+    """docs/env.md's table, from this registry (tests/inproc/test_sizer.py keeps the file equal to it)."""
     def default(v: EnvVar) -> str:
         d = v.default
         if isinstance(d, bool):

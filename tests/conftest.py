@@ -84,7 +84,7 @@ def cached_prompts(model: str) -> tuple[list, list]:
 
 
 def pd_long_ids(model: str) -> list[int]:
-    """tests/test_pd_disagg.py's long prompt: ~1200 tokens, three chunks at C=512."""
+    """tests/server/test_pd_disagg.py's long prompt: ~1200 tokens, three chunks at C=512."""
     tok = _tokenizer(model)
     return (tok("<|im_start|>user\n" + PARA * 60)["input_ids"][:1180]
             + tok("Summarise.<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
@@ -208,7 +208,7 @@ def serve_hicache(spec: ServerSpec, tail: list[int] | None = None, more=()) -> d
 @pytest.fixture(scope="session")
 def off_run(tiny, tmp_path_factory) -> dict:
     """Tiny PP=2, SGLANG_CPP_POLICY=off with --enable-dynamic-chunking (upstream's own startup profiling,
-    fit and chunking, observed only) and HiCache: shared by tests/test_server_e2e.py and test_hicache.py,
+    fit and chunking, observed only) and HiCache: shared by tests/server/test_server_e2e.py and test_hicache.py,
     one server start instead of two."""
     d = tmp_path_factory.mktemp("off")
     env = {"SGLANG_CPP_POLICY": "off", "SGLANG_CPP_DECISION_LOG": str(d / "dec_{rank}.jsonl")}
@@ -229,3 +229,19 @@ def quadratic_run(tiny, tmp_path_factory) -> dict:
     spec = ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env, device=_device(),
                       extra_args=HICACHE_ARGS)
     return dict(serve_hicache(spec, random_ids(QUAD_PROMPT, seed=11)), dir=d)
+
+
+# -- tests/unit: neither torch nor SGLang ----------------------------------------------------------------
+UNIT = Path(__file__).resolve().parent / "unit"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """tests/unit holds the pure layers' tests (core, whatif, the command line's analytic paths, the bench runner
+    on fakes): run alone (`pytest tests/unit`, seconds, anywhere numpy runs), the session fails when any of them
+    imported torch or SGLang. In the full suite tests/inproc/test_import_graph.py checks their imports."""
+    args = [a.split("::")[0] for a in session.config.args] or ["."]
+    loaded = [m for m in ("torch", "sglang") if m in sys.modules]
+    if loaded and all(Path(a).resolve().is_relative_to(UNIT) for a in args):
+        print(f"\ntests/unit imported {', '.join(loaded)}: a unit test must not; import lazily in the code under "
+              "test, or move the test to tests/inproc", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

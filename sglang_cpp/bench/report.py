@@ -112,7 +112,7 @@ def render(cfg, rows: list[Row], best: dict, cal: Path | None, cal_err: str, com
             f"- upstream dynamic runs at base {cfg.dynamic_base} x the best fixed chunk, clamped to the input. " +
             ("SGLang's own profiling and fit at startup (`--upstream-profiling`)." if cfg.upstream_profiling else
              "Upstream's algorithm run by `SGLANG_CPP_POLICY=quadratic` (chunk-for-chunk equal to SGLang's "
-             "`ChunkSizePredictor`, tests/test_server_e2e.py) on a, b, c fitted, as upstream fits them, to the "
+             "`ChunkSizePredictor`, tests/server/test_server_e2e.py) on a, b, c fitted, as upstream fits them, to the "
              "calibration's fresh-prefill times at upstream's 128 profiling lengths (`*-upstream-C=*.json`); "
              "upstream's own startup profiling is skipped because it alone would exceed this benchmark's time."),
             f"- raw per-request results: the `.jsonl` next to this file; server logs under `{Path(cfg.results).stem}-logs/`."]

@@ -80,7 +80,7 @@ def prefill_buffer_tokens(chunk_size: int | None, max_prefill_tokens: int, pp_si
     workspace sized for a prefill: MoE dispatch, FlashInfer autotune, the PD staging buffers). With dynamic
     chunking on PP it is max(C, --max-prefill-tokens, ceil(1.25 C)); otherwise C (or
     --max-prefill-tokens without chunked prefill). A mirror for the tools that run no server; the plugin
-    passes SGLang's own value, and tests/test_mapping.py checks that the two agree."""
+    passes SGLang's own value, and tests/inproc/test_mapping.py checks that the two agree."""
     C = chunk_size if chunk_size and chunk_size > 0 else 0
     if dynamic and pp_size > 1 and C:
         return max(C, max_prefill_tokens or 0, math.ceil(1.25 * C))

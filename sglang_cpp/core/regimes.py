@@ -243,7 +243,7 @@ def mla_switches(backend: str, threshold: int = MLA_THRESHOLD, capacity: int = M
                  cp: bool = False, captured_prefill: bool = False, sm100: bool = True) -> tuple:
     """(bounds, regime names) of an MLA model's prefill on `backend`, as SGLang 0.5.23 dispatches a single
     request's extend (`models/deepseek_common/attention_backend_handler.py`, the same predicates;
-    tests/test_regimes.py runs the handler itself case by case). ((), ()): one method at every prefix.
+    tests/inproc/test_regimes.py runs the handler itself case by case). ((), ()): one method at every prefix.
 
     - a captured prefill graph (piecewise / breakable CUDA graph): absorbed MLA (aiter: MHA) everywhere;
     - flashinfer / fa3 / flashmla / fa4 / intel_xpu: MLA everywhere under attention CP, under deterministic

@@ -5,7 +5,7 @@ A namespace whose fields shape the forward (kernels, MoE, graphs, communication,
 speculative decoding) keys the cache whole, less the named fields that cannot change a forward's time
 (ports, paths, timeouts, loaders). The other namespaces (scheduling, memory, serving, logging, ...) key
 nothing but their named exceptions. A field SGLang adds to a keyed namespace keys the cache at once (at
-worst a needless recalibration); a namespace SGLang adds fails tests/test_gpu_deployment_guards.py until it is
+worst a needless recalibration); a namespace SGLang adds fails tests/inproc/test_gpu_deployment_guards.py until it is
 placed here. The old hand list missed EP size, the all-to-all backend, DeepEP's mode,
 DP attention, attention CP, the prefill backend, two-batch overlap, prefill graphs, nnodes and more.
 """

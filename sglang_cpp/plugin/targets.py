@@ -67,7 +67,7 @@ TARGETS = {
 }
 
 
-# Every other SGLang internal the plugin calls (tests/test_import_graph.py keeps this list equal to the
+# Every other SGLang internal the plugin calls (tests/inproc/test_import_graph.py keeps this list equal to the
 # plugin's imports): with TARGETS, the whole surface an SGLang upgrade can break, all in this folder.
 INTERNALS = (
     "sglang",  # sglang.__version__: the calibration cache key and the unapplied-hooks error

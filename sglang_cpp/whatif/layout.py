@@ -192,7 +192,7 @@ def winners(ranked: list[Ranked]) -> dict:
     return {S: min(ok, key=lambda r: r.best[S][2]) for S in ok[0].best}
 
 
-# The analytic model's stated error: it predicts the blog's Table 1 within 0.99-1.03x (tests/test_analytic.py
+# The analytic model's stated error: it predicts the blog's Table 1 within 0.99-1.03x (tests/unit/test_analytic.py
 # holds it within 5%), so layouts within 3% of the best are ties, not a ranking.
 TIE_BAND = 0.03
 

@@ -116,7 +116,7 @@ def test_l3_file_backend_hit_is_served_from_the_cached_length_on_both_stages(pla
 
 def test_online_refinement_off_keeps_the_startup_model(plan_run):
     """SGLANG_CPP_ONLINE=0 on this server (its profile is no measurement of the tiny model, so online
-    refinement would refit it, as tests/test_server_e2e.py shows): no refit on any stage, no online line."""
+    refinement would refit it, as tests/server/test_server_e2e.py shows): no refit on any stage, no online line."""
     logs = [plan_run["dir"] / f"dec_{r}.jsonl" for r in (0, 1)]
     assert all(read_events(p, "forward") for p in logs)  # it served forwards enough to refit ...
     assert not any(read_events(p, "refit") for p in logs)  # ... and refitted none

@@ -1,6 +1,6 @@
 """The fast PD release (plugin/pd_ring.py) without servers: its gates, PP0's decision from every stage's
 store column, a later stage applying exactly what it received, and the loud check. The real PD servers
-(tests/test_pd_disagg.py) run it end to end with outputs, batches and releases compared across stages."""
+(tests/server/test_pd_disagg.py) run it end to end with outputs, batches and releases compared across stages."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -120,7 +120,7 @@ def test_the_env_table_in_docs_is_the_registry_and_names_every_variable():
 
     from sglang_cpp import envs
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "env.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "env.md").read_text()
     assert doc.endswith(envs.markdown_table()), "docs/env.md is stale: python -m sglang_cpp.envs gives its table"
     rows = {line.split("|")[1].strip().strip("`") for line in doc.splitlines() if line.startswith("| `SGLANG_")}
     names = {n for row in rows for n in row.replace("` / `", " ").split()}
@@ -144,7 +144,7 @@ def test_results_headers_carry_the_commit_the_code_ran_from():
 
     from sglang_cpp.machine import provenance_lines
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",

@@ -354,7 +354,7 @@ def _ran(path, total: int) -> list[int]:
 
 def test_policy_off_leaves_upstream_unchanged(off_run):
     """Upstream's own profiling and fit run, and its chunks are exactly its algorithm's on both stages
-    (the tiny model with HiCache on: conftest.off_run, shared with tests/test_hicache.py)."""
+    (the tiny model with HiCache on: conftest.off_run, shared with tests/server/test_hicache.py)."""
     d, log = off_run["dir"], off_run["log"]
     assert _decisions(d / "dec_0.jsonl") == [] and _decisions(d / "dec_1.jsonl") == []  # we decided nothing
     (fit,) = read_events(d / "dec_0.jsonl", "upstream_fit")[:1]
@@ -387,7 +387,7 @@ def test_quadratic_reproduces_upstream_chunks(quadratic_run, monkeypatch):
     ({"SGLANG_CPP_DECISION_LOG": "/nonexistent-dir/dec_{rank}.jsonl"},
      "SGLANG_CPP_DECISION_LOG: cannot write /nonexistent-dir/dec_0.jsonl"),
 ])  # a bad sigma or SGLANG_CPP_* value: SizerConfig.from_env on each rank, then every rank fails with the
-#     reason (tests/test_sizer.py, tests/test_consensus.py); a value set on one node only: tests/test_multinode.py
+#     reason (tests/inproc/test_sizer.py, tests/inproc/test_consensus.py); a value set on one node only: tests/server/test_multinode.py
 def test_bad_config_fails_fast_at_startup(tiny, env, needle):
     rc, log = launch_fails(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env,
                                       extra_args=SMALL_POOL), 600)

@@ -272,7 +272,7 @@ def _gpu_check():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "gpu" / "check.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "gpu" / "check.py"
     spec = importlib.util.spec_from_file_location("gpu_check", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-GPU = Path(__file__).resolve().parents[1] / "examples" / "gpu"
+GPU = Path(__file__).resolve().parents[2] / "examples" / "gpu"
 TINY_MOE = dict(num_experts=8, top_k=2, moe_intermediate_size=32, num_shared_experts=1)
 TINY_MLA = dict(kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _graph_module():
@@ -144,7 +144,7 @@ def test_no_module_loads_a_name_it_neither_defines_nor_imports():
     import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("undefined_names", root / "scripts" / "undefined_names.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -158,3 +158,26 @@ def test_no_module_loads_a_name_it_neither_defines_nor_imports():
         assert mod.check(str(bad)) == ["cap_at"]  # the check sees the case it was written for
     finally:
         bad.unlink()
+
+
+def test_the_unit_tests_import_neither_torch_nor_sglang():
+    """tests/unit runs where numpy does: importing its modules (and the shared conftest) in a fresh interpreter
+    loads neither torch nor SGLang. Running `pytest tests/unit` alone checks what the tests import at run time
+    too (tests/unit/conftest.py); a unit test file that imports torch is caught here, in the full suite."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib.util, pathlib\n"
+            "sys.path[:0] = ['tests', 'tests/unit']\n"
+            "import conftest\n"
+            "for p in sorted(pathlib.Path('tests/unit').glob('*.py')):\n"
+            "    spec = importlib.util.spec_from_file_location('u_' + p.stem, p)\n"
+            "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+            "print(sorted(m for m in ('torch', 'sglang') if m in sys.modules), len(list(pathlib.Path('tests/unit').glob('test_*.py'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    heavy, n = out.stdout.strip().splitlines()[-1].rsplit(" ", 1)
+    assert heavy == "[]" and int(n) >= 15, out.stdout
+    code_bad = code.replace("import conftest\n", "import conftest\nimport torch\n")
+    bad = subprocess.run([sys.executable, "-c", code_bad], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.stdout.strip().splitlines()[-1].startswith("['torch']")  # the check sees an import when there is one
