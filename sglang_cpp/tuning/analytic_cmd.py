@@ -52,13 +52,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..whatif.analytic import device_of, model_of
+    from ..whatif.analytic import check_tp, device_of, model_of
     from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
     from ..core.costmodel import PipelineCost, add_constant
     from ..core.profile_io import save_profile
     from ..files import device_file_name
 
     model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))
+    check_tp(model, args.tp)
     device = device_of(args.device)
     points = [Measured.parse(m) for m in args.measured] + [Ratio.parse(r) for r in args.measured_ratio]
     f = fit(model, device, args.tp, points, overhead_ms=args.overhead_ms, fit_overhead=args.fit_overhead,

@@ -73,9 +73,10 @@ class LayerCosts:
 
 
 def analytic_costs(cfg: PartitionConfig, flag: str = "--analytic") -> LayerCosts:
-    from ..whatif.analytic import device_of, embedding_ms, lm_head_ms, model_of, per_layer_costs
+    from ..whatif.analytic import check_tp, device_of, embedding_ms, lm_head_ms, model_of, per_layer_costs
 
     model = model_of(cfg.analytic, flag)
+    check_tp(model, cfg.tp)
     dev = device_of(cfg.device)
     if cfg.num_layers is not None and cfg.num_layers != model.num_layers:
         model = replace(model, num_layers=cfg.num_layers,

@@ -445,6 +445,10 @@ def test_every_command_that_prices_chunks_reads_one_cost_source_with_the_datacla
      "--tp-size 3: llama3-8b has 32 attention heads and 8 KV heads"),
     (["bench", "ttft", "--analytic", "llama3-8b", "--gpu", "H100", "--tp-size", "0", "--input-len", "8k"],
      "--tp-size: '0': give an integer >= 1"),
+    (["tune", "partition", "--model-path", "llama3-8b", "--gpu", "H100", "--tp-size", "3", "--pp-size", "2"],
+     "--tp-size 3: llama3-8b has 32 attention heads and 8 KV heads"),
+    (["tune", "analytic", "--model-path", "llama3-8b", "--gpu", "H100", "--tp-size", "3", "--measured", "1,8k,1.0"],
+     "--tp-size 3: llama3-8b has 32 attention heads and 8 KV heads"),
 ])
 def test_zero_negative_and_unshardable_sizes_are_one_line_naming_the_flag(argv, msg, capsys):
     """Issue 47 item 3: --chunked-prefill-size 0 was ignored by plan, 8192 in simulate and a traceback in
