@@ -17,7 +17,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang_cpp.machine import provenance_lines
-from sglang_cpp.plugin.attention import TorchNativeAttnBackend__run_sdpa_forward_extend as ours
+from sglang_cpp.plugin.compat.attention import TorchNativeAttnBackend__run_sdpa_forward_extend as ours
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = TorchNativeAttnBackend._run_sdpa_forward_extend

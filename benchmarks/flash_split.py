@@ -1,7 +1,7 @@
 """A kernel switch in the chunk size on the CPU testbed: PyTorch's CPU flash attention splits the query into
 blocks of 32, 64 or 256 rows by the query length (256 from 768 rows on), and streams the keys once per block,
 so a chunk of 767 queries over a long prefix costs more per query than one of 768. The prefix part of the
-plugin's extend attention (`plugin/attention.py`) is exactly this call: x queries over L prefix keys.
+plugin's extend attention (`plugin/compat/attention.py`) is exactly this call: x queries over L prefix keys.
 
 Why it matters (issue 25's 32K run): the plan's late chunks (640-768 tokens at prefixes past 24K) ran at
 1.01-1.11x the cost model's prediction while fixed 1024-token chunks ran at 0.93-0.97x, and a polynomial in x

@@ -3,7 +3,7 @@ isolated-forward c0 of each stage.
 
 1. c0: the intercept of each stage's calibrated t(L, x) (forwards timed alone, batch set-up included).
 2. The startup probe: what a pipelined step costs beyond its forward and its waits (P2P, set-up), the
-   value the planner charges (`plugin/overhead.py`, the `overhead` decision-log event).
+   value the planner charges (`plugin/startup/overhead.py`, the `overhead` decision-log event).
 3. While serving, from the logged step times: on each stage, the gap between the end of one chunk's
    forward and the start of the next chunk's forward of the same request (the scheduler loop, the
    request and output relays, and any wait for the other stage), min / median / max over the chunks.

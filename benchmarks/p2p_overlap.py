@@ -5,14 +5,14 @@ Stage 0, per chunk: commit its previous async sends (upstream `_pp_commit_proxy_
 (a fixed matmul loop calibrated to ~--compute-ms), then send a proxy dict like SGLang's
 (hidden_states and residual [x, hidden] bf16 + "__msg_type__") with upstream's wire protocol
 (async: int64 metadata size, pickled metadata, then each tensor; SGLang's own
-GroupCoordinator.send_tensor_dict on a stand-in, sglang_cpp.plugin.p2p.upstream_coordinator).
+GroupCoordinator.send_tensor_dict on a stand-in, sglang_cpp.plugin.serving.p2p.upstream_coordinator).
 Stage 1, per chunk: receive, then compute the same loop. Receive modes on stage 1:
   serial       upstream: metadata, then irecv().wait() per tensor (GroupCoordinator.recv_tensor_dict)
   batched      metadata, then all irecvs posted, then all waited (p2p.post_tensor_dict_recvs; what
                SGLANG_CPP_ASYNC_RECV=1 does, before its deferral of proxy waits to the forward)
   posted-early the next chunk's size/metadata/tensor irecvs are posted BEFORE stage 1 computes the
                current chunk and waited after (the layout is known here; not exactly possible in SGLang,
-               see sglang_cpp/plugin/p2p.py; the simulator's recv_mode="batched" idealisation)
+               see sglang_cpp/plugin/serving/p2p.py; the simulator's recv_mode="batched" idealisation)
 Reported per mode (median over --reps, modes interleaved): stage 1's total time for --chunks chunks
 (after one untimed pipeline-fill chunk), its time blocked in
 receive, and hidden comm = serial blocked - mode blocked, each also as a ratio vs serial.
@@ -45,7 +45,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from sglang_cpp.machine import cpu_model  # noqa: E402
-from sglang_cpp.plugin import p2p  # noqa: E402
+from sglang_cpp.plugin.serving import p2p  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("serial", "batched", "posted-early")

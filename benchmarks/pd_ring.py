@@ -7,7 +7,7 @@ Prefill PP=P (default 4, tiny-llama: one layer per stage, ranks on cores 0|1|0|1
 bootstrap room each). Per prefill start: a short warm-up, --long requests of --long-len tokens one at a time
 (TTFT at decode, streamed), then a stream of --stream requests of --stream-len tokens sent together (KV held
 per iteration). Per rank the plugin's decision log gives the loop index `it` of every event
-(plugin/pd_ring.py): `forward` (the last chunk's), `kv_early` (the early send of that chunk's KV, plugin/pd_kv.py),
+(plugin/pd/ring.py): `forward` (the last chunk's), `kv_early` (the early send of that chunk's KV, plugin/pd/kv.py),
 `kv_chunk` (last=True: the final KV send), `kv_status`
 (4: this stage's transfer done), `release`. Policy off: no calibration, SGLang's own chunking.
 

@@ -21,6 +21,17 @@ WING_OF = {"sglang_cpp.core": "core", "sglang_cpp.whatif": "whatif", "sglang_cpp
            "sglang_cpp.profiler": "cli", "sglang_cpp.tuning": "cli"}  # `profile` and `tune`: command families
 BELOW = {"support": set(), "core": {"support"}, "whatif": {"support", "core"}, "plugin": {"support", "core"},
          "bench": {"support", "core", "whatif"}, "cli": {"support", "core", "whatif", "plugin", "bench"}}
+# Inside the plugin, sub-wings the same way: the shared modules (state, timing, decision_log, targets) at the
+# bottom, compat (CPU and storage shims) and pd beside each other, serving above them, startup on top; the package
+# itself and `hooks` (the registry's namespace) may import all of them.
+PLUGIN_SUB_OF = {"sglang_cpp.plugin.compat": "compat", "sglang_cpp.plugin.pd": "pd",
+                 "sglang_cpp.plugin.serving": "serving", "sglang_cpp.plugin.startup": "startup"}
+PLUGIN_SHARED = ("sglang_cpp.plugin.state", "sglang_cpp.plugin.timing", "sglang_cpp.plugin.decision_log",
+                 "sglang_cpp.plugin.targets")
+PLUGIN_TOP = ("sglang_cpp.plugin", "sglang_cpp.plugin.hooks")
+PLUGIN_BELOW = {"shared": set(), "compat": {"shared"}, "pd": {"shared"}, "serving": {"shared", "pd", "compat"},
+                "startup": {"shared", "compat", "pd", "serving"},
+                "top": {"shared", "compat", "pd", "serving", "startup"}}
 PURE = ("core", "whatif")  # no torch, no sglang: they run anywhere numpy does
 CORE = ("sglang_cpp.core.costmodel", "sglang_cpp.core.planner", "sglang_cpp.core.objective",
         "sglang_cpp.core.equal_time", "sglang_cpp.core.plan", "sglang_cpp.core.partition", "sglang_cpp.core.upstream",
@@ -142,6 +153,30 @@ def wing(mod: str) -> str | None:
     return WING_OF[best] if best else None
 
 
+def plugin_wing(mod: str) -> str | None:
+    """The plugin sub-wing `mod` belongs to (None: outside the plugin, or placed nowhere in it)."""
+    if mod in PLUGIN_TOP:
+        return "top"
+    if mod in PLUGIN_SHARED:
+        return "shared"
+    return next((w for p, w in PLUGIN_SUB_OF.items() if mod == p or mod.startswith(p + ".")), None)
+
+
+def plugin_violations(g: dict) -> list[str]:
+    """Every import inside the plugin against its sub-wings' direction, and every plugin module in none."""
+    out = []
+    for m in sorted(x for x in g if x == "sglang_cpp.plugin" or x.startswith("sglang_cpp.plugin.")):
+        w = plugin_wing(m)
+        if w is None:
+            out.append(f"{m}: in no plugin sub-wing (place it in scripts/import_graph.py)")
+            continue
+        for n in sorted(g[m]):
+            v = plugin_wing(n) if n.startswith("sglang_cpp.plugin") else None
+            if v is not None and v != w and v not in PLUGIN_BELOW[w]:
+                out.append(f"{m} -> {n}: {w} imports {v}")
+    return out
+
+
 def wing_violations(g: dict) -> list[str]:
     """Every import that points up or sideways between wings, every module in no wing, and every torch or
     sglang a pure wing (core, whatif) reaches; [] when the layout holds."""
@@ -157,6 +192,51 @@ def wing_violations(g: dict) -> list[str]:
                 out.append(f"{m} -> {n}: {w} imports {v}")
         if w in PURE:
             out += [f"{m} reaches {x}: {w} is pure" for x in sorted(reach(g, m) & {"torch", "sglang"})]
+    return out
+
+
+def _module_file(dotted: str) -> Path | None:
+    p = ROOT.joinpath(*dotted.split("."))
+    return p / "__init__.py" if (p / "__init__.py").exists() else p.with_suffix(".py") if p.with_suffix(".py").exists() else None
+
+
+def _top_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                names |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+    return names
+
+
+def unresolved(folders=("sglang_cpp", "tests", "benchmarks", "examples", "scripts")) -> list[str]:
+    """Every import of sglang-cpp, relative or absolute, lazy ones inside functions included, that names a module
+    or a name that does not exist: after a module moves, the import that would fail only when its function
+    runs (on a server, or on a GPU) is found here."""
+    out = []
+    for f in sorted(p for d in folders for p in (ROOT / d).rglob("*.py")):
+        parts = list(f.relative_to(ROOT).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        mod = ".".join(parts[:-1] if is_pkg else parts)
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.ImportFrom):
+                target = _resolve(mod, is_pkg, n.level, n.module) if n.level else (n.module or "")
+                if not target.startswith("sglang_cpp"):
+                    continue
+                path = _module_file(target)
+                if path is None:
+                    out.append(f"{f.relative_to(ROOT)}:{n.lineno}: no module {target}")
+                    continue
+                have = _top_names(path)
+                out += [f"{f.relative_to(ROOT)}:{n.lineno}: {target} has no {a.name}" for a in n.names
+                        if a.name != "*" and a.name not in have and _module_file(f"{target}.{a.name}") is None]
+            elif isinstance(n, ast.Import):
+                out += [f"{f.relative_to(ROOT)}:{n.lineno}: no module {a.name}" for a in n.names
+                        if a.name.startswith("sglang_cpp") and _module_file(a.name) is None]
     return out
 
 
@@ -180,7 +260,11 @@ def main() -> int:
     print(f"wing violations: {len(up)}")
     for v in up:
         print("  " + v)
-    return 1 if bad or cyc or up else 0
+    sub = plugin_violations(g)
+    print(f"plugin sub-wing violations: {len(sub)}")
+    for v in sub:
+        print("  " + v)
+    return 1 if bad or cyc or up or sub else 0
 
 
 if __name__ == "__main__":

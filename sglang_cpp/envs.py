@@ -159,13 +159,13 @@ FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
 PD_FAST_RING = EnvVar("SGLANG_CPP_PD_FAST_RING", _bool, False,
                       "PD prefill with PP > 1: free a request whose KV transfer is done on every stage at one loop "
                       "index on every stage, decided by PP0 from SGLang's consensus store, instead of after the "
-                      "two-pass release ring (P-1 iterations later; plugin/pd_ring.py). Off under the staging "
+                      "two-pass release ring (P-1 iterations later; plugin/pd/ring.py). Off under the staging "
                       "buffer or attention CP > 1.")
 
 PD_EARLY_KV = EnvVar("SGLANG_CPP_PD_EARLY_KV", _bool, False,
                      "PD prefill with PP > 1: hand the last chunk's KV to the transfer engine at the pass after its "
                      "forward, as upstream does for a middle chunk, keeping one page and the first-token metadata "
-                     "for the final send at result time (plugin/pd_kv.py). Off under the staging buffer, overlap "
+                     "for the final send at result time (plugin/pd/kv.py). Off under the staging buffer, overlap "
                      "scheduling or attention CP > 1.")
 
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER, QUEUE_AWARE,

@@ -216,8 +216,8 @@ class Runner:
 def log_costs(paths) -> tuple[dict, dict]:
     """(steps, forwards) from a server's decision logs, read once. steps: per stage, its chunk steps' count
     and the medians of what a step cost beyond forward and waits (loop_ms), of the plugin's own hooks in it
-    (plugin_ms) and of the forward (plugin/steps.py). forwards: per stage, every single-request extend
-    forward as [rid, prefix, chunk, ms] (plugin/forwards.py), which the report prices on the served model."""
+    (plugin_ms) and of the forward (plugin/serving/steps.py). forwards: per stage, every single-request extend
+    forward as [rid, prefix, chunk, ms] (plugin/serving/forwards.py), which the report prices on the served model."""
     import numpy as np
 
     from ..files import read_events

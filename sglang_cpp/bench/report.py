@@ -347,7 +347,7 @@ def _forward_table(order: list, ents: dict, L: int, stages, P: int) -> list[str]
 def _step_table(order: list, ents: dict, P: int) -> list[str]:
     """What a chunk step costs each stage beyond its forward and its waits, and the plugin's hooks' share
     of it, per configuration (the median of each server start's median, from the decision logs' `step`
-    events, plugin/steps.py); empty when no server logged steps."""
+    events, plugin/serving/steps.py); empty when no server logged steps."""
     import numpy as np
 
     rows = []

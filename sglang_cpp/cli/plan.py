@@ -59,7 +59,7 @@ def build_plan(args):
 
 def served_cap(profile: str | None) -> int:
     """A served profile's `measured_chunk` (the largest chunk the server measured, which its plans never
-    exceed; plugin/coverage.py), else 0: `plan --profile <served>` cuts the server's chunks."""
+    exceed; plugin/startup/coverage.py), else 0: `plan --profile <served>` cuts the server's chunks."""
     if not profile:
         return 0
     from ..core.profile_io import load_profile

@@ -2,7 +2,7 @@
 
 Why a grid: the prefix L and the chunk x vary independently (log-spaced L up to the level's length, three chunk
 sizes per L from the planner's smallest chunk to a per-prefix top the plan so far wants), every side of each
-kernel switch sampled, so the 2-D model is fitted where the served plans run. plugin/calibrate.py runs these
+kernel switch sampled, so the 2-D model is fitted where the served plans run. plugin/startup/calibrate.py runs these
 shapes on the server; this module only designs them (numpy, no torch, no SGLang).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def calibration_grid(max_len: int, align: int = 64, max_chunk: int = 0, min_chun
     chunk size, so the prefix terms g L, d L^2 and e L x could not be told apart exactly where a plan for a
     long prompt needs them, and small chunks late in a prompt were extrapolated.
 
-    `switches`: prefixes where the attention kernel changes method (plugin/switches.py). Every regime
+    `switches`: prefixes where the attention kernel changes method (plugin/startup/switches.py). Every regime
     between two of them gets at least three prefixes of its own, its first and last aligned prefix
     included, so each regime's fit (core/regimes.py) is sampled on both sides of every switch.
 
@@ -159,7 +159,7 @@ def top_chunk(cost, length: int, plan_cfg, max_chunk: int) -> tuple:
     8192 tokens over prefixes up to 10K for a first chunk of 4608 (110 s of 135 on CPU, where attention
     grows with x^2). Where the model wants big chunks (a GPU), the tops stay at the cap. A chunk the served
     plan wants above a top (it is cut with the per-chunk overhead, measured after the calibration) is
-    measured before serving (plugin/coverage.py)."""
+    measured before serving (plugin/startup/coverage.py)."""
     from ..core.planner import plan
 
     a = max(1, int(plan_cfg.align))

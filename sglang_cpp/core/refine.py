@@ -155,7 +155,7 @@ class Refiner:
         return False
 
     def add_step(self, stage: int, ms: float) -> None:
-        """One serving step's cost beyond its forward and its waits (plugin/steps.py) on `stage`."""
+        """One serving step's cost beyond its forward and its waits (plugin/serving/steps.py) on `stage`."""
         if not (0 <= stage < len(self.stages)):
             return
         if not (math.isfinite(ms) and ms >= 0):

@@ -13,7 +13,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from . import hooks
-    from .steps import timed
+    from .serving.steps import timed
 
     for target, (fn, kind) in TARGETS.items():
         hook = getattr(hooks, fn)

@@ -4,8 +4,10 @@ hooks live by concern (startup.py, admission.py, forwards.py, steps.py, p2p.py, 
 and the request relay and PD observers here. sglang is imported lazily: this module loads in every process."""
 from __future__ import annotations
 
-from . import pd_ring, state, steps
-from .admission import (  # noqa: F401 (hooks)
+from .pd import ring as pd_ring
+from . import state
+from .serving import steps
+from .serving.admission import (  # noqa: F401 (hooks)
     PrefillAdder_add_chunked_req,
     PrefillAdder_add_one_req,
     PrefillAdder_init,
@@ -13,8 +15,8 @@ from .admission import (  # noqa: F401 (hooks)
     Scheduler_get_num_allocatable_reqs,
     first_chunk_limit,
 )
-from .attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: F401 (hook)
-from .cpu_compat import (  # noqa: F401 (hooks)
+from .compat.attention import TorchNativeAttnBackend__run_sdpa_forward_extend  # noqa: F401 (hook)
+from .compat.cpu import (  # noqa: F401 (hooks)
     L2TransferEngine_init_cpu,
     MHATokenToKVPoolHost_backup_from_device_all_layer,
     MHATokenToKVPoolHost_init_cpu,
@@ -22,21 +24,21 @@ from .cpu_compat import (  # noqa: F401 (hooks)
     TorchNativeAttnBackend_init_cpu,
     alloc_with_host_register_cpu,
 )
-from .forwards import (  # noqa: F401 (hooks)
+from .serving.forwards import (  # noqa: F401 (hooks)
     EPLBManager_rebalance,
     ModelRunner_forward,
     Scheduler_get_next_batch_to_run,
     Scheduler_on_idle,
     Scheduler_run_batch,
 )
-from .hicache_file import HiCacheFile_init  # noqa: F401 (hook)
-from .p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
-from .startup import (  # noqa: F401 (hooks)
+from .compat.hicache_file import HiCacheFile_init  # noqa: F401 (hook)
+from .serving.p2p import GroupCoordinator_recv_tensor_dict, Scheduler__pp_launch_batch  # noqa: F401 (hooks)
+from .startup.install import (  # noqa: F401 (hooks)
     DynamicChunkSizer_profile_and_fit,
     Scheduler_maybe_init_dynamic_chunk_sizer,
     get_pp_indices,
 )
-from .steps import CLOCK, Scheduler__pp_commit_comm_work, Scheduler__pp_recv_typed_dict  # noqa: F401 (hooks)
+from .serving.steps import CLOCK, Scheduler__pp_commit_comm_work, Scheduler__pp_recv_typed_dict  # noqa: F401 (hooks)
 
 
 def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):
@@ -64,7 +66,7 @@ def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):
 def Scheduler_process_input_requests(original, self, recv_reqs, *args, **kwargs):
     """AROUND: a refined cost model that came with these requests is applied before they are processed,
     on every rank alike; SGLang never sees it. The list itself, which later stages receive, keeps it."""
-    from .online import ModelUpdate, apply
+    from .serving.online import ModelUpdate, apply
 
     if recv_reqs and any(isinstance(r, ModelUpdate) for r in recv_reqs):
         for r in recv_reqs:
@@ -84,7 +86,7 @@ def MooncakeKVSender_send(result, self, kv_indices, *args, **kwargs):
 
 
 def Scheduler__pp_pd_get_prefill_transferred_ids(original, self):
-    """PD prefill, PP > 1: the release ring's forward pass, once per loop index (plugin/pd_ring.py: the
+    """PD prefill, PP > 1: the release ring's forward pass, once per loop index (plugin/pd/ring.py: the
     index count and, with SGLANG_CPP_PD_FAST_RING, the fast release)."""
     return pd_ring.transferred_ids(original, self, state.LOG)
 

@@ -8,7 +8,7 @@ TARGETS = {
     f"{SCHED}.maybe_init_dynamic_chunk_sizer": ("Scheduler_maybe_init_dynamic_chunk_sizer", "AROUND"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.__init__": ("PrefillAdder_init", "AFTER"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": ("PrefillAdder_add_one_req", "AROUND"),
-    # SGLANG_CPP_BATCH_POLICY: each micro-batch's prefill budget (plugin/batch.py)
+    # SGLANG_CPP_BATCH_POLICY: each micro-batch's prefill budget (plugin/serving/batch.py)
     f"{SCHED}._get_new_batch_prefill_raw": ("Scheduler__get_new_batch_prefill_raw", "AROUND"),
     "sglang.srt.managers.schedule_policy.PrefillAdder.add_chunked_req": ("PrefillAdder_add_chunked_req", "AROUND"),
     # ... and its even decode split, as admission per micro-batch slot
@@ -29,23 +29,23 @@ TARGETS = {
     "sglang.srt.distributed.get_pp_indices": ("get_pp_indices", "AROUND"),
     "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit":
         ("DynamicChunkSizer_profile_and_fit", "AFTER"),
-    # SGLANG_CPP_ASYNC_RECV: batched PP receives; proxy waits deferred to the forward (plugin/p2p.py)
+    # SGLANG_CPP_ASYNC_RECV: batched PP receives; proxy waits deferred to the forward (plugin/serving/p2p.py)
     "sglang.srt.distributed.parallel_state.GroupCoordinator.recv_tensor_dict":
         ("GroupCoordinator_recv_tensor_dict", "AROUND"),
     f"{SCHED}._pp_launch_batch": ("Scheduler__pp_launch_batch", "AROUND"),
-    # the waits on a peer in SGLang's PP loop, so a serving step's overhead excludes them (plugin/steps.py)
+    # the waits on a peer in SGLang's PP loop, so a serving step's overhead excludes them (plugin/serving/steps.py)
     f"{SCHED}._pp_recv_typed_dict": ("Scheduler__pp_recv_typed_dict", "AROUND"),
     f"{SCHED}._pp_commit_comm_work": ("Scheduler__pp_commit_comm_work", "AROUND"),
-    # torch_native extend attention without the redundant (L+x)^2 query (plugin/attention.py)
+    # torch_native extend attention without the redundant (L+x)^2 query (plugin/compat/attention.py)
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend":
         ("TorchNativeAttnBackend__run_sdpa_forward_extend", "AROUND"),
     # CPU-only compatibility for PD disaggregation over Mooncake TCP (no-ops where CUDA exists;
-    # plugin/cpu_compat.py and docs/compatibility.md say why)
+    # plugin/compat/cpu.py and docs/compatibility.md say why)
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.__init__": ("MooncakeKVSender_init_cpu", "AFTER"),
     # observe only: a `kv_send` decision-log event per KV transfer of a PD prefill rank
     "sglang.srt.disaggregation.mooncake.conn.MooncakeKVSender.send": ("MooncakeKVSender_send", "AFTER"),
     # PD prefill with PP > 1: the release ring's forward pass (loop index; SGLANG_CPP_PD_FAST_RING frees there)
-    # and, observe only, releases, KV sends and transfer statuses per loop index (plugin/pd_ring.py)
+    # and, observe only, releases, KV sends and transfer statuses per loop index (plugin/pd/ring.py)
     f"{SCHED}._pp_pd_get_prefill_transferred_ids": ("Scheduler__pp_pd_get_prefill_transferred_ids", "AROUND"),
     f"{SCHED}.process_disagg_prefill_inflight_queue": ("Scheduler_process_disagg_prefill_inflight_queue", "AFTER"),
     # ... and an abort of the chunked request stops it at one loop index on every stage (SGLang's PD PP loop,
@@ -62,7 +62,7 @@ TARGETS = {
     f"{MHA_HOST}.__init__": ("MHATokenToKVPoolHost_init_cpu", "AFTER"),
     f"{MHA_HOST}.backup_from_device_all_layer": ("MHATokenToKVPoolHost_backup_from_device_all_layer", "AROUND"),
     "sglang.srt.mem_cache.l2_transfer.L2TransferEngine.__init__": ("L2TransferEngine_init_cpu", "AFTER"),
-    # HiCache L3 file backend: PP stages race to create its directory (plugin/hicache_file.py)
+    # HiCache L3 file backend: PP stages race to create its directory (plugin/compat/hicache_file.py)
     "sglang.srt.mem_cache.hicache_storage.HiCacheFile.__init__": ("HiCacheFile_init", "AROUND"),
 }
 
@@ -72,7 +72,7 @@ TARGETS = {
 INTERNALS = (
     "sglang",  # sglang.__version__: the calibration cache key and the unapplied-hooks error
     "sglang.srt.mem_cache.pool_host.mha",  # cpu_compat: the module whose host-pool methods call the KV copy ops
-    "sglang.srt.configs.model_config.AttentionArch",  # plugin/switches.py: MLA's kernel switches in L
+    "sglang.srt.configs.model_config.AttentionArch",  # plugin/startup/switches.py: MLA's kernel switches in L
     "sglang.srt.environ.envs",
     "sglang.srt.disaggregation.utils._all_reduce_polls",  # pd_ring: PP0's fast-release flags over its TP/CP ranks
     "sglang.srt.disaggregation.utils._is_fake_transfer",  # pd_ring: warm-up transfers never write the store
@@ -83,7 +83,6 @@ INTERNALS = (
     "sglang.srt.distributed.parallel_state.GroupCoordinator",
     "sglang.srt.distributed.parallel_state.TensorMetadata",
     "sglang.srt.distributed.parallel_state.get_pp_group",
-    "sglang.srt.distributed.parallel_state.get_world_group",  # overhead.time_transfers: a barrier of every rank
     "sglang.srt.layers.cp.utils.get_cp_strategy",  # switches._captured_everywhere: CP the prefill graph lacks
     "sglang.srt.layers.moe.utils.get_moe_a2a_backend",  # switches._dp_decode_peers_veto: a DP peer's graph vote
     "sglang.srt.mem_cache.kv_cache_builder.uses_ssm_state",  # ... the same vote (dp_attn.py:411-436)
@@ -163,12 +162,12 @@ STATE_READS = {
     "ScheduleBatch.hicache_consumer_index": "managers/scheduler.py:4349-4355 (set at a prefill batch's build from "
         "the cache controller's start_loading, -1 when no load is queued), 4652 (SGLang's own `load_pending = "
         "index >= 0`), tp_worker.py:637 (the forward waits on it); hooks marks such forwards host_loaded",
-    "Scheduler.attn_tp_group; GroupCoordinator.send_tensor_dict / recv_tensor_dict(all_gather_group), "
-    "barrier": "managers/scheduler.py:1247 (attn_tp_group), scheduler_pp_mixin.py:851-876 and 928-937 (the PP "
+    "Scheduler.attn_tp_group; GroupCoordinator.send_tensor_dict / recv_tensor_dict(all_gather_group)":
+        "managers/scheduler.py:1247 (attn_tp_group), scheduler_pp_mixin.py:851-876 and 928-937 (the PP "
         "loop sends the proxy tensors split over attention TP and receives them before the stage's forward), "
-        "distributed/parallel_state.py:1783-1900 (the split and the all-gather), 2053-2060 (barrier on the CPU "
-        "group, here the world group's); overhead.time_transfers times each hop's receive alone that way, at two "
-        "chunk sizes",
+        "distributed/parallel_state.py:1783-1900 (the split and the all-gather); overhead.time_transfers times "
+        "each hop's receive alone that way, at two chunk sizes, each after a status gather of every rank over "
+        "the world CPU group (consensus.all_gather: a barrier that also says who failed)",
     "ModelRunner.prefill_cuda_graph_runner: max_num_tokens, max_context_size, max_seq_len, prefill_backend_name, "
     "capture_num_tokens, enable_cp_bcg_capture":
         "model_executor/model_runner.py:1201, 1685 (set), 2036-2060 (a chunk replays it when can_run_graph), "
@@ -176,7 +175,7 @@ STATE_READS = {
         "context), models/deepseek_common/attention_backend_handler.py:109-112 (tc_piecewise / breakable replay "
         "pins absorbed MLA), 1423-1497 (the DP vote, idle DP ranks, the backend's own check), 158 and 1417-1420 "
         "(padding at most 2x), managers/scheduler_components/dp_attn.py:384-443, model_runner.py:287-294 (CP); "
-        "switches._captured_everywhere, gathered from every rank at startup (hooks); under DP attention "
+        "switches._captured_everywhere, gathered from every rank at startup (startup.install); under DP attention "
         "dp_attn.py:400 and 569-574, 402-403 (idle ranks vote for replay; the extending rank votes no on tc_piecewise), "
         "forward_batch_info.py:1795-1872 (the padded dummy extend), 292 (the vote is a minimum over DP ranks) and "
         "411-436 (a decoding peer votes yes only as a convertible 1-token extend: no speculative decoding, MoE "
@@ -192,7 +191,7 @@ STATE_READS = {
 }
 
 
-# The hooks on the scheduler's per-step path: their own time is the plugin's cost per step (plugin/steps.py).
+# The hooks on the scheduler's per-step path: their own time is the plugin's cost per step (plugin/serving/steps.py).
 # Not timed: start-up, compute that replaces SGLang's (attention, KV copies) and the waits themselves.
 STEP_PATH = frozenset({
     "PrefillAdder_init", "PrefillAdder_add_one_req", "Scheduler__get_new_batch_prefill_raw",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_cpp.plugin.attention import TorchNativeAttnBackend__run_sdpa_forward_extend, prefix_extend_attention
+from sglang_cpp.plugin.compat.attention import TorchNativeAttnBackend__run_sdpa_forward_extend, prefix_extend_attention
 
 # a plain import: SGLang is part of the test environment, and an import that fails here is a failure (issue 29),
 # not a reason to skip the comparison with SGLang's own extend

@@ -46,7 +46,7 @@ def test_proxies_are_views_of_one_buffer_set_refilled_before_every_forward():
     values each time (a model that wrote its proxies in place left the next forward garbage)."""
     import torch
 
-    from sglang_cpp.plugin.harness import proxy_views
+    from sglang_cpp.plugin.startup.harness import proxy_views
 
     made = []
 
@@ -104,7 +104,7 @@ def test_top_chunk_follows_the_plan_on_the_model_so_far_not_the_memory_cap():
 
 
 def test_calibration_target_is_the_context_clamped_to_every_bound():
-    from sglang_cpp.plugin.profiles import calibration_target
+    from sglang_cpp.plugin.startup.profiles import calibration_target
 
     assert calibration_target(0, 8192, 8196, 10**6) == (8128, "the context length - 1")
     assert calibration_target(0, 65536, 65540, 40000) == (38720, "the smallest stage's KV pool (40000 tokens) "
@@ -118,7 +118,7 @@ def test_calibration_target_is_the_context_clamped_to_every_bound():
 def test_random_prefix_fills_exactly_the_given_slots():
     import torch
 
-    from sglang_cpp.plugin.calibrate import fill_random
+    from sglang_cpp.plugin.startup.calibrate import fill_random
 
     pool = SimpleNamespace(k_buffer=[torch.zeros(20, 2, 4) for _ in range(2)],
                            v_buffer=[torch.zeros(20, 2, 4, dtype=torch.bfloat16) for _ in range(2)],
@@ -168,7 +168,7 @@ def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatc
     """A calibration cut by the budget is stored under the length it reached, and a later start with the
     same target and budget reuses it (recalibrating would stop at the same place); others do not."""
     from sglang_cpp.core.profile_io import save_profile
-    from sglang_cpp.plugin.profiles import cache_path, covered_len, find_cached
+    from sglang_cpp.plugin.startup.profiles import cache_path, covered_len, find_cached
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
     samples = [{"L": L, "x": x, "ms": 1.0 + L / 100 + x / 50, "stage": 0} for L in (0, 512, 1024, 1536)
@@ -190,7 +190,7 @@ def test_cache_cut_short_is_found_only_for_the_same_request(tmp_path, monkeypatc
 def test_proxies_are_random_and_the_same_on_every_rank():
     import torch
 
-    from sglang_cpp.plugin.harness import _random_proxies
+    from sglang_cpp.plugin.startup.harness import _random_proxies
 
     def make():
         return {"hidden_states": torch.zeros(8, 4), "residual": torch.zeros(8, 4),
@@ -207,7 +207,7 @@ def test_proxies_are_random_and_the_same_on_every_rank():
                                          ("moe_runner_backend", "triton"), ("sglang_version", "0.5.24"),
                                          ("torch_version", "2.14.0"), ("fast_extend", False)])
 def test_every_timing_relevant_setting_keys_the_cache(field, other):
-    from sglang_cpp.plugin.profiles import cache_path
+    from sglang_cpp.plugin.startup.profiles import cache_path
 
     base = {**_meta(), "page_size": 1, "kv_cache_dtype": "auto", "quantization": "None",
             "moe_runner_backend": "auto", "fast_extend": True, "sglang_version": "0.5.23", "torch_version": "2.13.0"}
@@ -220,7 +220,7 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from sglang_cpp.core.profile_io import save_profile
-    from sglang_cpp.plugin.profiles import cache_path, resolve_source
+    from sglang_cpp.plugin.startup.profiles import cache_path, resolve_source
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("SGLANG_CPP_PROFILE", raising=False)
@@ -229,7 +229,7 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     meta = {**_meta(), "num_layers": 4, "hidden_size": 256}
     src = resolve_source(meta, cfg)
     assert src["kind"] == "calibrate" and src["max_len"] == 4096
-    from sglang_cpp.plugin.profiles import _rank0_source  # a calibration: rank 0's grid switches go with it
+    from sglang_cpp.plugin.startup.profiles import _rank0_source  # a calibration: rank 0's grid switches go with it
     mla = {**meta, "kernel_switches": [8192], "chunk_switches": [], "regime_names": ["mha", "absorbed"]}
     assert _rank0_source(mla, cfg, 0, 0, {})["switches"] == {"kernel_switches": [8192], "chunk_switches": [],
                                                              "regime_names": ["mha", "absorbed"]}
@@ -242,7 +242,7 @@ def test_rank0_source_profile_cache_or_calibrate(tmp_path, monkeypatch):
     # issue 26: rank 0 fits and sends coefficients; the samples never leave it, and no other rank refits
     from sglang_cpp.core.costmodel import model_from_dict
     from sglang_cpp.core.profile_io import cost_from_profile
-    from sglang_cpp.plugin.profiles import _rank0_source
+    from sglang_cpp.plugin.startup.profiles import _rank0_source
 
     kept: dict = {}
     sent = _rank0_source(meta, cfg, 0, 0, kept)
@@ -260,7 +260,7 @@ def test_per_device_file_name_is_one_rule():
     """`tune chunk`'s profile and the calibration cache share the naming (files.device_file_name): the cache
     adds its layers/key/maxlen fields after the same five."""
     from sglang_cpp.files import device_file_name
-    from sglang_cpp.plugin.profiles import cache_path
+    from sglang_cpp.plugin.startup.profiles import cache_path
 
     assert device_file_name("/models/Qwen3-8B/", 4, 2, "NVIDIA H20", "bfloat16") == \
         "model=Qwen3-8B,pp=4,tp=2,device_name=NVIDIA_H20,dtype=bfloat16.json"
@@ -274,7 +274,7 @@ def test_cpu_calibration_file_names_the_isa():
     """Hosts of one CPU model differ (AVX2 only, or AVX-512 with bf16, ~45x apart on bf16 GEMMs): a
     calibration measured on one must not load on the other, so the device name carries the ISA."""
     from sglang_cpp.machine import cpu_isa
-    from sglang_cpp.plugin.profiles import device_name
+    from sglang_cpp.plugin.startup.profiles import device_name
 
     isa = cpu_isa().replace(" ", "_").replace("(", "").replace(")", "")
     assert isa and isa.split("_")[0] in device_name("cpu")
@@ -282,7 +282,7 @@ def test_cpu_calibration_file_names_the_isa():
 
 # -- issue 25: the per-chunk overhead of the pipelined startup probe -------------------------------------
 def test_overhead_is_the_median_of_what_a_step_costs_beyond_its_forward_and_its_waits():
-    from sglang_cpp.plugin.overhead import decide_overheads, stage_overhead
+    from sglang_cpp.plugin.startup.overhead import decide_overheads, stage_overhead
 
     steps = [(40.0, 30.0, 6.0), (41.0, 30.5, 8.0), (39.0, 30.0, 5.5)]  # step, forward, blocked (ms)
     assert stage_overhead(steps) == pytest.approx(3.5)  # medians of 4.0, 2.5, 3.5
@@ -296,7 +296,7 @@ def test_the_received_hidden_states_give_the_receiving_stage_a_term_in_x():
     receiving stage's ms at x = 0 (added to its step median) and ms per token; the slowest TP rank's of each;
     PP0 receives nothing. A pair that falls with x (noise) gives no term in x, never a negative one."""
     from sglang_cpp.core.costmodel import ChunkOverhead, CostModel, PipelineCost
-    from sglang_cpp.plugin.overhead import (decide_overheads, transfer_line, transfer_medians, transfer_sizes,
+    from sglang_cpp.plugin.startup.overhead import (decide_overheads, transfer_line, transfer_medians, transfer_sizes,
                                             with_overheads)
 
     assert transfer_line({128: [1.0, 0.9, 5.0], 2048: [2.9, 3.0, 3.1]}) == (pytest.approx(1 - 128 / 960),
@@ -324,7 +324,7 @@ def test_the_received_hidden_states_give_the_receiving_stage_a_term_in_x():
 
 @pytest.mark.parametrize("steps", [[(10.0, 12.0, 0.0)], []])
 def test_a_negative_or_missing_overhead_fails_naming_the_stage(steps):
-    from sglang_cpp.plugin.overhead import decide_overheads
+    from sglang_cpp.plugin.startup.overhead import decide_overheads
 
     with pytest.raises(RuntimeError, match=r"measured on PP1 is .*SGLANG_CPP_OVERHEAD_PROBE=0"):
         decide_overheads([{"stage": 0, "steps": [(5.0, 4.0, 0.0)]}, {"stage": 1, "steps": steps}])

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_cpp import envs
-from sglang_cpp.plugin import consensus
+from sglang_cpp.plugin.startup import consensus
 from sglang_cpp.plugin.hooks import first_chunk_limit
 from sglang_cpp.plugin.decision_log import DecisionLog
-from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
+from sglang_cpp.plugin.serving.sizer import CppChunkSizer, SizerConfig
 from sglang_cpp.plugin.timing import DeviceTimer, LazyTimes
 
 
@@ -159,7 +159,7 @@ def test_a_rank_that_fails_logs_its_error_and_a_stuck_gather_names_it_when_the_d
     """A rank failing inside the overhead probe can meet peers still inside a collective: its gather then waits
     until the startup deadline, whose message must carry this rank's own error, not only the phase."""
     import threading
-    from sglang_cpp.plugin import deadline
+    from sglang_cpp.plugin.startup import deadline
 
     expired, stuck = [], threading.Event()
 
@@ -237,7 +237,7 @@ def test_plan_aligns_to_sglangs_whole_grid():
     from sglang_cpp.core.costmodel import CostModel
 
     c = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=4096, max_prefill_tokens=16384, page_size=16,
-                    context_len=1 << 20, align=192)  # e.g. hooks._align with a mamba grid of 192
+                    context_len=1 << 20, align=192)  # e.g. startup.install._align with a mamba grid of 192
     assert c.plan_config().align == 192
     s = CppChunkSizer(c, cost=CostModel.fa(a=1e-6, b=0.05, c0=20))
     plan = s.plan_for("r", 100003, 0)
@@ -332,7 +332,7 @@ def test_a_pass_that_plans_no_batch_flushes_the_decision_log(tmp_path, monkeypat
 def test_report_plans_says_when_a_prompt_ran_its_last_chunk(tmp_path):
     """Scheduler_run_batch flushes the decision log when this is true: a request's lines are on disk
     before its first token reaches the client."""
-    from sglang_cpp.plugin import forwards
+    from sglang_cpp.plugin.serving import forwards
 
     log = DecisionLog(0, "", buffer_lines=256)
     req = SimpleNamespace(rid="plans-r", origin_input_ids=[0] * 10, customized_info=None)
@@ -406,7 +406,7 @@ def test_plan_starts_after_the_device_prefix_and_the_host_hit(monkeypatch):
 
 
 def test_alignment_is_the_lcm_of_sglangs_grids():
-    from sglang_cpp.plugin.startup import _align
+    from sglang_cpp.plugin.startup.install import _align
 
     assert _align(SimpleNamespace(page_size=1, truncation_align_size=None)) == 64
     assert _align(SimpleNamespace(page_size=16, truncation_align_size=None)) == 64
@@ -417,7 +417,7 @@ def test_alignment_is_the_lcm_of_sglangs_grids():
 def test_online_refinement_fits_single_chunks_but_not_one_that_loaded_host_kv_back():
     """Issue 45 item 10: a chunk whose forward waited for HiCache's load back (SGLang's per-layer wait_until,
     inside the timed window) is no sample of what a chunk costs; nor is a batch of several requests."""
-    from sglang_cpp.plugin.forwards import online_sample
+    from sglang_cpp.plugin.serving.forwards import online_sample
 
     one = {"event": "forward", "rids": ["a"], "prefix": [4096], "chunk": [1024], "ms": 12.5}
     assert online_sample(one) == (4096, 1024, 12.5)
@@ -470,7 +470,7 @@ def test_online_refits_reach_every_dp_group_under_local_control_broadcast(monkey
     World ranks here: PP0 = 0..3 (two DP groups of attention TP 2: leaders 0 and 2), PP1 = 4..7."""
     from sglang_cpp.core.costmodel import CostModel, PipelineCost
     from sglang_cpp.plugin import hooks, state
-    from sglang_cpp.plugin.online import ModelUpdate, Online
+    from sglang_cpp.plugin.serving.online import ModelUpdate, Online
 
     cost = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20.0),) * 2)
     log = DecisionLog(0, "")
@@ -510,7 +510,7 @@ def test_online_refits_reach_every_dp_group_under_local_control_broadcast(monkey
 def test_which_ranks_relay_refits_to_their_dp_group(par, joiner, relays, monkeypatch):
     import sglang.srt.runtime_context as rc
 
-    from sglang_cpp.plugin.startup import _relays_updates
+    from sglang_cpp.plugin.startup.install import _relays_updates
 
     monkeypatch.setattr(rc, "get_exec", lambda: SimpleNamespace(moe=SimpleNamespace(is_ep_scale_joiner=joiner)))
     assert _relays_updates(SimpleNamespace(**par)) is relays
@@ -523,7 +523,7 @@ def test_calibration_samples_the_alignment_sglang_settles_after_the_sizer(monkey
     stand-in, give the served grid."""
     import sglang.srt.managers.scheduler as sm
 
-    from sglang_cpp.plugin.startup import _align, _settled_align
+    from sglang_cpp.plugin.startup.install import _align, _settled_align
 
     hf = SimpleNamespace(architectures=["LlamaForCausalLM"], model_type="llama")
     sched = SimpleNamespace(page_size=1, truncation_align_size=None, model_config=SimpleNamespace(hf_config=hf))

@@ -35,7 +35,7 @@ def test_cpu_fallbacks_switch_on_for_a_cpu_server_only(monkeypatch, device, cpu)
     shims must key off the server's --device, not off CUDA's absence."""
     import sglang.srt.runtime_context as rc
 
-    from sglang_cpp.plugin import cpu_compat
+    from sglang_cpp.plugin.compat import cpu as cpu_compat
 
     monkeypatch.setattr(rc, "get_server_args", lambda: SimpleNamespace(device=device))
     assert cpu_compat.cpu_server() is cpu
@@ -82,8 +82,8 @@ def test_an_alignment_sglang_sets_after_the_sizer_is_built_is_planned_on():
     after maybe_init_dynamic_chunk_sizer; a fake scheduler that sets it late, as SGLang does, gets every
     non-final chunk on the 4096 grid from the first plan on."""
     from sglang_cpp.core.costmodel import CostModel
-    from sglang_cpp.plugin.startup import _align
-    from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
+    from sglang_cpp.plugin.startup.install import _align
+    from sglang_cpp.plugin.serving.sizer import CppChunkSizer, SizerConfig
 
     sched = SimpleNamespace(page_size=1)  # no truncation_align_size yet
     cfg = SizerConfig(policy="plan", pp_size=2, pp_rank=0, chunk_size=4096, max_prefill_tokens=16384, page_size=1,
@@ -146,14 +146,14 @@ def _defaults():
 def test_the_cache_key_places_every_sglang_namespace_and_names_only_real_fields():
     """Item 3: SGLang's own grouping decides; a namespace it adds fails here until placed, and every field
     named as an exception exists in that namespace (the lists stay in step with SGLang's)."""
-    from sglang_cpp.plugin.cache_key import KEYED, UNKEYED, keyed_fields
+    from sglang_cpp.plugin.startup.cache_key import KEYED, UNKEYED, keyed_fields
 
     _, ns = _defaults()
     assert set(ns.values()) <= set(KEYED) | set(UNKEYED)
     for table in (KEYED, UNKEYED):
         for space, names in table.items():
             assert set(names) <= {f for f, s in ns.items() if s == space}, space
-    with pytest.raises(ValueError, match="'exec.future'.*not placed in plugin/cache_key.py"):
+    with pytest.raises(ValueError, match="'exec.future'.*not placed in plugin/startup/cache_key.py"):
         keyed_fields({**ns, "new_field": "exec.future"})
 
 
@@ -163,7 +163,7 @@ def test_the_cache_key_places_every_sglang_namespace_and_names_only_real_fields(
     ("disable_prefill_cuda_graph", True), ("nnodes", 2), ("disable_chunked_prefix_cache", True),
 ])
 def test_settings_the_old_hand_list_missed_now_key_the_cache(field, value):
-    from sglang_cpp.plugin.cache_key import timing_args
+    from sglang_cpp.plugin.startup.cache_key import timing_args
 
     sa, ns = _defaults()
     base = timing_args(sa, ns)
@@ -174,14 +174,14 @@ def test_settings_the_old_hand_list_missed_now_key_the_cache(field, value):
                                          ("dist_init_addr", "10.0.0.1:5000"), ("node_rank", 1),
                                          ("chunked_prefill_size", 4096), ("mem_fraction_static", 0.5)])
 def test_settings_that_cannot_change_a_forward_leave_the_cache_alone(field, value):
-    from sglang_cpp.plugin.cache_key import timing_args
+    from sglang_cpp.plugin.startup.cache_key import timing_args
 
     sa, ns = _defaults()
     assert timing_args(SimpleNamespace(**{**vars(sa), field: value}), ns) == timing_args(sa, ns)
 
 
 def test_the_mla_threshold_and_kernel_libraries_key_the_cache(monkeypatch):
-    from sglang_cpp.plugin.cache_key import timing_args
+    from sglang_cpp.plugin.startup.cache_key import timing_args
 
     sa, ns = _defaults()
     base = timing_args(sa, ns)
@@ -195,7 +195,7 @@ def test_a_rank_without_progress_ends_the_server_naming_what_it_was_doing_and_it
     the step it was in and the error it had seen."""
     import threading
 
-    from sglang_cpp.plugin.deadline import note_error, startup_deadline, tick
+    from sglang_cpp.plugin.startup.deadline import note_error, startup_deadline, tick
 
     fired, msgs = threading.Event(), []
 
@@ -217,7 +217,7 @@ def test_progress_keeps_the_deadline_from_expiring():
     deadline alive for 4 s; 1.6 s without one expires it, and the watchdog then ends the server once."""
     import threading
 
-    from sglang_cpp.plugin.deadline import Deadline, startup_deadline, tick
+    from sglang_cpp.plugin.startup.deadline import Deadline, startup_deadline, tick
 
     now, msgs, fired = [0.0], [], threading.Event()
     d = Deadline(1.5, "rank", expire=lambda m: (msgs.append(m), fired.set()), clock=lambda: now[0])
@@ -241,7 +241,7 @@ def test_the_fault_hook_lands_on_the_stages_last_own_layer():
     """SGLANG_CPP_CALIB_FAULT_IN=forward raises before the last layer this stage holds, not a placeholder."""
     import torch
 
-    from sglang_cpp.plugin.calibrate import last_layer
+    from sglang_cpp.plugin.startup.calibrate import last_layer
 
     class PPMissingLayer(torch.nn.Module):
         pass
@@ -258,7 +258,7 @@ def test_the_fault_hook_lands_on_the_stages_last_own_layer():
 
 def test_speculative_decoding_with_pp_warns_that_the_draft_extend_is_not_calibrated():
     """Item 10: the last stage's chunks also run the draft extend; calibration does not time it."""
-    from sglang_cpp.plugin.calibrate import speculative_warning
+    from sglang_cpp.plugin.startup.calibrate import speculative_warning
 
     assert speculative_warning("NONE", 4, True) == ""
     assert speculative_warning("EAGLE", 1, True) == ""
@@ -307,7 +307,7 @@ def test_calibration_forwards_leave_the_expert_distribution_recorder_alone():
     back afterwards, also when the forward raised."""
     from sglang.srt.eplb import expert_distribution as ed
 
-    from sglang_cpp.plugin.harness import no_expert_recording
+    from sglang_cpp.plugin.startup.harness import no_expert_recording
 
     mine = object()
     prev = ed.get_global_expert_distribution_recorder()
@@ -333,7 +333,7 @@ def test_startup_forwards_do_not_advance_the_eplb_rebalance_counter():
 
     from sglang.srt.eplb.eplb_manager import EPLBManager
 
-    from sglang_cpp.plugin.harness import no_expert_recording
+    from sglang_cpp.plugin.startup.harness import no_expert_recording
 
     fired = []
     mgr = object.__new__(EPLBManager)

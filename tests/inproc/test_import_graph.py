@@ -79,7 +79,7 @@ def test_every_sglang_internal_the_plugin_uses_is_listed_in_one_place():
     from sglang_cpp.plugin import INTERNALS, TARGETS
 
     used = set()
-    for f in (ROOT / "sglang_cpp" / "plugin").glob("*.py"):
+    for f in (ROOT / "sglang_cpp" / "plugin").rglob("*.py"):
         used |= sglang_uses(f.read_text())
     assert used == set(INTERNALS)
     assert all(t.startswith("sglang.srt.") for t in TARGETS)
@@ -137,7 +137,7 @@ def test_every_listed_internal_exists_in_the_pinned_sglang():
 
 
 def test_no_module_loads_a_name_it_neither_defines_nor_imports():
-    """A function moved to another module leaves its callers' name behind (plugin/calibrate.py used `cap_at`
+    """A function moved to another module leaves its callers' name behind (plugin/startup/calibrate.py used `cap_at`
     after it moved to core/calib_grid.py, a NameError on the server's calibration path only): every module of the
     package, the benchmarks, the examples and the tests is checked statically (pyflakes' undefined-name rule;
     it found a `psutil` only an exception path of a deployment test loaded)."""
@@ -181,3 +181,35 @@ def test_the_unit_tests_import_neither_torch_nor_sglang():
     code_bad = code.replace("import conftest\n", "import conftest\nimport torch\n")
     bad = subprocess.run([sys.executable, "-c", code_bad], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.stdout.strip().splitlines()[-1].startswith("['torch']")  # the check sees an import when there is one
+
+
+def test_the_plugin_sub_wings_import_only_the_ones_below():
+    """plugin/ is grouped by when its code runs: startup/ (once, at the sizer's install) over serving/ (every
+    step) over pd/ and compat/, with the shared modules (state, timing, decision_log, targets) at the bottom and
+    `hooks` on top; an import against that direction, or a plugin module in no sub-wing, is reported."""
+    ig = _graph_module()
+    assert ig.plugin_violations(ig.graph()) == []
+    g = {"sglang_cpp.plugin.serving.sizer": {"sglang_cpp.plugin.startup.profiles"},
+         "sglang_cpp.plugin.compat.cpu": {"sglang_cpp.plugin.pd.ring"},
+         "sglang_cpp.plugin.startup.install": {"sglang_cpp.plugin.serving.sizer", "sglang_cpp.plugin.state"},
+         "sglang_cpp.plugin.stray": set()}
+    bad = ig.plugin_violations(g)
+    assert bad == ["sglang_cpp.plugin.compat.cpu -> sglang_cpp.plugin.pd.ring: compat imports pd",
+                   "sglang_cpp.plugin.serving.sizer -> sglang_cpp.plugin.startup.profiles: serving imports startup",
+                   "sglang_cpp.plugin.stray: in no plugin sub-wing (place it in scripts/import_graph.py)"]
+
+
+def test_every_import_of_sglang_cpp_resolves_lazy_ones_included(tmp_path):
+    """An import inside a function runs only when the function does (on a server, or on a GPU): every import of
+    sglang-cpp, relative or absolute, names a module and a name that exist. Checked on a file that imports a
+    module and a name that are not there."""
+    ig = _graph_module()
+    assert ig.unresolved() == []
+    bad = ig.ROOT / "tests" / "_tmp_unresolved.py"
+    bad.write_text("def f():\n    from sglang_cpp.plugin.startup import nothere\n    from sglang_cpp.plugin.nowhere import x\n")
+    try:
+        got = ig.unresolved()
+    finally:
+        bad.unlink()
+    assert got == ["tests/_tmp_unresolved.py:2: sglang_cpp.plugin.startup has no nothere",
+                   "tests/_tmp_unresolved.py:3: no module sglang_cpp.plugin.nowhere"]

@@ -1,11 +1,11 @@
-"""The pure-torch kvcacheio ops (plugin/kvcacheio_cpu.py) against a token-by-token reference copy, on
+"""The pure-torch kvcacheio ops (plugin/compat/kvcacheio_cpu.py) against a token-by-token reference copy, on
 random device and host pools of every layout the MHA host pool uses, with negative (skipped) indices."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sglang_cpp.plugin import kvcacheio_cpu as io
+from sglang_cpp.plugin.compat import kvcacheio_cpu as io
 
 LAYERS, DEV, HOST, HEADS, DIM, PAGE = 3, 40, 48, 2, 8, 4
 

@@ -35,7 +35,7 @@ def _plugin_chunks() -> list[int]:
     from sglang.srt.arg_groups.overrides import max_prefill_buffer_tokens
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
+    from sglang_cpp.plugin.serving.sizer import CppChunkSizer, SizerConfig
 
     ceiling = max_prefill_buffer_tokens(ServerArgs(model_path="m", chunked_prefill_size=C, max_prefill_tokens=MPT,
                                                    pp_size=PP, enable_dynamic_chunking=True))
@@ -82,7 +82,7 @@ def test_every_path_gives_the_plugins_chunks(tmp_path, capsys):
 def test_the_overrides_reach_every_path(capsys):
     """SGLANG_CPP_MIN_CHUNK / MAX_CHUNK are the planner's only bounds besides memory: --min-chunk and
     --max-chunk on `plan` give the plugin's chunks under the same overrides."""
-    from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
+    from sglang_cpp.plugin.serving.sizer import CppChunkSizer, SizerConfig
 
     cfg = SizerConfig(policy="plan", pp_size=PP, pp_rank=0, chunk_size=C, max_prefill_tokens=MPT, page_size=1,
                       context_len=1 << 20, min_chunk=1024, max_chunk=4096)

@@ -1,4 +1,4 @@
-"""Batched PP receive (sglang_cpp/plugin/p2p.py) over 2 gloo processes: SGLang's own
+"""Batched PP receive (sglang_cpp/plugin/serving/p2p.py) over 2 gloo processes: SGLang's own
 GroupCoordinator.send_tensor_dict sends, and the receiver checks upstream's recv_tensor_dict (the
 baseline), the batched core, deferred proxy waits (interleaved with later messages on the same
 channel), the send-allgather slicing, and the GroupCoordinator hook. Every received dict must equal
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from sglang_cpp.plugin import p2p  # noqa: E402
+from sglang_cpp.plugin.serving import p2p  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The fast PD release (plugin/pd_ring.py) without servers: its gates, PP0's decision from every stage's
+"""The fast PD release (plugin/pd/ring.py) without servers: its gates, PP0's decision from every stage's
 store column, a later stage applying exactly what it received, and the loud check. The real PD servers
 (tests/server/test_pd_disagg.py) run it end to end with outputs, batches and releases compared across stages."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_cpp.plugin import pd_ring
+from sglang_cpp.plugin.pd import ring as pd_ring
 
 SUCCESS, FAILED, TRANSFERRING = 4, 0, 3
 
@@ -132,8 +132,8 @@ def test_upstreams_ring_runs_where_the_fast_path_is_off(local_polls, monkeypatch
     assert calls == [1] and sched.freed == []
 
 
-# -- the early last-chunk KV send (plugin/pd_kv.py) ------------------------------------------------------
-from sglang_cpp.plugin import pd_kv  # noqa: E402
+# -- the early last-chunk KV send (plugin/pd/kv.py) ------------------------------------------------------
+from sglang_cpp.plugin.pd import kv as pd_kv  # noqa: E402
 
 
 @pytest.mark.parametrize("start,total,page,want", [
@@ -214,7 +214,7 @@ def test_early_kv_on_a_backend_that_drops_the_forward_event_fails_at_startup(mon
     switch and the backend; Mooncake, Mori, a decode server or the switch off are not."""
     from types import SimpleNamespace as NS
 
-    from sglang_cpp.plugin import pd_kv
+    from sglang_cpp.plugin.pd import kv as pd_kv
 
     monkeypatch.setenv("SGLANG_CPP_PD_EARLY_KV", "1")
     err = pd_kv.startup_error(NS(disaggregation_mode="prefill", disaggregation_transfer_backend="nixl"))

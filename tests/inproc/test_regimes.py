@@ -1,5 +1,5 @@
 """A cost model piecewise in the prefix L (core/regimes.py), and the kernel switches it is cut at
-(plugin/switches.py): the fit, the planner, the simulator, online refinement and the calibration grid."""
+(plugin/startup/switches.py): the fit, the planner, the simulator, online refinement and the calibration grid."""
 from __future__ import annotations
 
 import numpy as np
@@ -309,7 +309,7 @@ def test_the_plugin_reads_the_mla_dispatch_predicates_where_sglang_does(monkeypa
     import sglang.srt.layers.cp.utils as cpu
     import sglang.srt.runtime_context as rc
 
-    from sglang_cpp.plugin.switches import _dispatch_predicates
+    from sglang_cpp.plugin.startup.switches import _dispatch_predicates
 
     def read(det=False, ragged_off=False, rope=64, cp=False, sm100=False):
         monkeypatch.setattr(rc, "get_exec", lambda: SimpleNamespace(
@@ -344,7 +344,7 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_cpp.core.regimes import captured_everywhere, mla_switches
-    from sglang_cpp.plugin import switches
+    from sglang_cpp.plugin.startup import switches
 
     class PrefillCudaGraphRunner(SimpleNamespace):
         pass

@@ -326,7 +326,7 @@ def test_plan_cli_missing_setting_is_one_error_naming_the_flag(argv, msg, capsys
 
 def test_plan_cli_cuts_under_a_served_profiles_measured_chunk(tmp_path, capsys):
     """A served profile keeps the cap its server planned under (the largest chunk calibration and coverage
-    measured, plugin/coverage.py): `plan --profile` cuts under it as the server did; --max-chunk overrides."""
+    measured, plugin/startup/coverage.py): `plan --profile` cuts under it as the server did; --max-chunk overrides."""
     from sglang_cpp.core.profile_io import save_profile
 
     cost = CostModel.fa(a=1e-6, b=0.05, c0=20.0)

@@ -9,7 +9,7 @@ from sglang_cpp.core.costmodel import CostModel, PipelineCost
 from sglang_cpp.core.planner import plan_equal_time
 from sglang_cpp.core.upstream import UpstreamPredictor
 from sglang_cpp.plugin.decision_log import DecisionLog
-from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
+from sglang_cpp.plugin.serving.sizer import CppChunkSizer, SizerConfig
 
 from conftest import walk
 
@@ -174,7 +174,7 @@ def test_dynamic_chunking_without_a_chunk_size():
     ({"num_layers": 24}, "measured with num_layers=24 but this server's model has num_layers=30"),
 ])
 def test_a_profile_from_another_model_tp_or_dtype_is_refused(pmeta, needle):
-    from sglang_cpp.plugin.profiles import check_matches
+    from sglang_cpp.plugin.startup.profiles import check_matches
 
     meta = {"model": "smollm2-135m", "tp": 1, "dtype": "float32", "num_layers": 30, "hidden_size": 576}
     with pytest.raises(ValueError, match=needle):
@@ -184,7 +184,7 @@ def test_a_profile_from_another_model_tp_or_dtype_is_refused(pmeta, needle):
 
 
 def test_an_unwritable_cache_dir_fails_before_calibrating(tmp_path, monkeypatch):
-    from sglang_cpp.plugin.profiles import check_writable
+    from sglang_cpp.plugin.startup.profiles import check_writable
 
     blocker = tmp_path / "file"
     blocker.write_text("")  # a folder cannot be created below a file (root can write anywhere else)
@@ -224,9 +224,9 @@ def test_a_bad_layer_partition_is_named_with_a_value_that_works(monkeypatch):
         assert calls == [(layers, 0, pp)]
 
 
-# -- SGLANG_CPP_BATCH_POLICY (plugin/batch.py) ---------------------------------------------------------
+# -- SGLANG_CPP_BATCH_POLICY (plugin/serving/batch.py) ---------------------------------------------------------
 def test_batch_config_names_the_bad_setting_and_its_fix():
-    from sglang_cpp.plugin.batch import BatchConfig
+    from sglang_cpp.plugin.serving.batch import BatchConfig
 
     with pytest.raises(ValueError, match=r"SGLANG_CPP_BATCH_POLICY='fastest' is not one of sglang, gllm, time"):
         BatchConfig("fastest", mixed_chunk=True)
@@ -244,7 +244,7 @@ def test_batch_config_names_the_bad_setting_and_its_fix():
 def test_gllm_budget_is_eq3_on_the_servers_state():
     """#P = max(min(#WP/#T, #MaxP (KV_free - thresh) / (1 - thresh)), #MinP) with #T=8, #MaxP=2048,
     thresh=0.05: by hand, 10,000 waiting tokens with half the KV free give min(1250, 970.1) = 970."""
-    from sglang_cpp.plugin.batch import BatchConfig, BatchPolicy
+    from sglang_cpp.plugin.serving.batch import BatchConfig, BatchPolicy
 
     pol = BatchPolicy(BatchConfig("gllm", mixed_chunk=True), kv_capacity=100_000, depth=2)
     assert pol.start_batch(10_000, 50_000, pending=False, page=1) == 970
@@ -261,7 +261,7 @@ def test_time_budget_gives_a_chunk_over_a_long_prefix_fewer_tokens(tmp_path):
     """t(L, x) = 5 + 0.1 x + 1e-5 L x: the budget of 1250 tokens at prefix 0 is 125 ms beyond the fixed
     5 ms. At prefix 0 a request gets 1250 tokens (1216 on a 64-token page); at prefix 20,000 each
     token costs 0.3 ms, so 416 (384 on the page). Every rank logs the same micro-batch decisions."""
-    from sglang_cpp.plugin.batch import BatchConfig, BatchPolicy
+    from sglang_cpp.plugin.serving.batch import BatchConfig, BatchPolicy
 
     cost = CostModel(c0=5.0, b=0.1, e=1e-5)
     logs = [DecisionLog(r, str(tmp_path / f"dec_{r}.jsonl")) for r in (0, 1)]

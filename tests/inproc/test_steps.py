@@ -1,10 +1,11 @@
 """The serving step's cost beyond its forward and waits, and the plugin's own cost per step
-(sglang_cpp/plugin/steps.py), on a fake clock: no SGLang, no timing."""
+(sglang_cpp/plugin/serving/steps.py), on a fake clock: no SGLang, no timing."""
 from __future__ import annotations
 
 import pytest
 
-from sglang_cpp.plugin import STEP_PATH, TARGETS, steps
+from sglang_cpp.plugin import STEP_PATH, TARGETS
+from sglang_cpp.plugin.serving import steps
 
 
 class FakeClock:
@@ -79,7 +80,8 @@ def test_a_served_forward_is_timed_over_model_runner_forward_alone(fake, monkeyp
     import time
     from types import SimpleNamespace
 
-    from sglang_cpp.plugin import forwards, hooks, state
+    from sglang_cpp.plugin.serving import forwards
+    from sglang_cpp.plugin import hooks, state
     from sglang_cpp.plugin.decision_log import DecisionLog
 
     monkeypatch.setattr(time, "perf_counter", fake)
@@ -116,7 +118,8 @@ def test_without_a_log_path_or_online_refinement_a_forward_is_not_timed(fake, mo
     window armed, no record."""
     from types import SimpleNamespace
 
-    from sglang_cpp.plugin import forwards, state
+    from sglang_cpp.plugin.serving import forwards
+    from sglang_cpp.plugin import state
     from sglang_cpp.plugin.decision_log import DecisionLog
     from sglang_cpp.plugin.timing import FORWARD
 
@@ -143,7 +146,7 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
     import sglang.srt.distributed.parallel_state as ps
     import sglang.srt.mem_cache.common as mc
 
-    from sglang_cpp.plugin import harness, overhead
+    from sglang_cpp.plugin.startup import harness, overhead
 
     order = []
 
@@ -179,17 +182,18 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
                      "recv", "sync", "commit 1", "sync", "forward", "send", "commit 2"]
 
 
-def test_a_rank_failing_in_the_probe_tells_its_peers_before_the_transfer_barriers(monkeypatch):
-    """Review finding: the transfer timing's world barriers follow the pipelined steps; a rank that failed in a
-    step must not meet its peers' barriers with the caller's gather. Every rank gathers once first: the failing
-    rank sends its error, a healthy rank that hears of one raises before any barrier, and with no failure the
-    barriers run."""
+def test_a_rank_failing_in_the_probe_tells_its_peers_before_the_transfer_timing(monkeypatch, caplog):
+    """Review finding: the transfer timing's gathers follow the pipelined steps; a rank that failed in a step
+    must not meet its peers' gathers with the caller's. Every rank gathers once first: the failing rank logs its
+    error and sends it, a healthy rank that hears of one raises before any transfer, and with no failure the
+    transfer timing runs, one status gather before each transfer and one at its end."""
     from types import SimpleNamespace
 
     import sglang.srt.distributed.parallel_state as ps
     import sglang.srt.mem_cache.common as mc
 
-    from sglang_cpp.plugin import harness, overhead, timing
+    from sglang_cpp.plugin import timing
+    from sglang_cpp.plugin.startup import harness, overhead
 
     class Req:
         prefix_len, extend_end = 0, 0
@@ -197,10 +201,9 @@ def test_a_rank_failing_in_the_probe_tells_its_peers_before_the_transfer_barrier
         def init_next_round_input(self):
             self.prefix_len = self.extend_end
 
-    said, barriers, released = [], [], []
+    said, released = [], []
     pp = SimpleNamespace(recv_tensor_dict=lambda **k: {}, send_tensor_dict=lambda t, **k: [])
     monkeypatch.setattr(ps, "get_pp_group", lambda: pp)
-    monkeypatch.setattr(ps, "get_world_group", lambda: SimpleNamespace(barrier=lambda: barriers.append(1)))
     monkeypatch.setattr(mc, "checkpoint_kv_cache", lambda req, tree: None)
     monkeypatch.setattr(mc, "release_kv_cache", lambda req, tree, checkpoint=False: released.append(req))
     monkeypatch.setattr(harness, "synthetic_req", lambda sched, rng, n, rid: Req())
@@ -214,27 +217,29 @@ def test_a_rank_failing_in_the_probe_tells_its_peers_before_the_transfer_barrier
     sched = SimpleNamespace(tree_cache=None)
     probe = lambda agree: overhead.probe_stage(sched, 1, 2, 2, 128, sizes=(128,), agree=agree)  # noqa: E731
     monkeypatch.setattr(harness, "forward", oom)
-    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+    with caplog.at_level("ERROR", logger="sglang_cpp"), pytest.raises(RuntimeError, match="CUDA out of memory"):
         probe(lambda e: said.append(e) or [e, ""])
-    assert said == ["world rank 3: RuntimeError: CUDA out of memory"] and barriers == [] and len(released) == 1
+    assert said == ["world rank 3: RuntimeError: CUDA out of memory (in the pipelined overhead probe)"]
+    assert len(released) == 1 and "CUDA out of memory" in caplog.text  # logged on the rank that failed
     monkeypatch.setattr(harness, "forward", ok)
     with pytest.raises(RuntimeError, match="another rank failed in the pipelined overhead probe: world rank 0: Runtime"):
         probe(lambda e: said.append(e) or ["world rank 0: RuntimeError: CUDA out of memory", e])
-    assert said[1:] == [""] and barriers == []  # it said it got there, heard of a failure, ran no barrier
+    assert said[1:] == [""]  # it said it got there, heard of a failure, timed no transfer
     got = probe(lambda e: said.append(e) or [e, e])
-    assert said[2:] == [""] and len(barriers) == 4 and sorted(got["transfer"]) == [128]  # 1 warm-up + 3 timed
+    assert said[2:] == [""] * 6 and sorted(got["transfer"]) == [128]  # agreement, 1 warm-up + 3 timed, the end
 
 
-def test_each_hop_is_timed_alone_at_two_sizes_after_a_barrier_of_every_rank(monkeypatch):
+def test_each_hop_is_timed_alone_at_two_sizes_after_a_gather_of_every_rank(monkeypatch):
     """Issue 45 item 6: the middle stage of three receives hop 0 -> 1 and sends hop 1 -> 2, each at both sizes,
-    one warm-up and three timed repeats, each after a world barrier; it sends its forward's proxy tensors with x
-    rows, split over attention TP as the scheduler's send does (all_gather_group), and keeps the timed receives."""
+    one warm-up and three timed repeats, each after a status gather of every rank (a barrier that says who
+    failed); it sends its forward's proxy tensors with x rows, split over attention TP as the scheduler's send
+    does (all_gather_group), and keeps the timed receives. A receive that fails is said at the next gather and
+    every rank raises there."""
     from types import SimpleNamespace
 
-    import sglang.srt.distributed.parallel_state as ps
     import torch
 
-    from sglang_cpp.plugin import overhead
+    from sglang_cpp.plugin.startup import overhead
 
     order, shapes = [], []
     ag = object()
@@ -242,15 +247,25 @@ def test_each_hop_is_timed_alone_at_two_sizes_after_a_barrier_of_every_rank(monk
         recv_tensor_dict=lambda all_gather_group=None: order.append(("recv", all_gather_group is ag)) or {},
         send_tensor_dict=lambda t, all_gather_group=None: shapes.append({k: tuple(v.shape) for k, v in t.items()})
         or order.append(("send", all_gather_group is ag)))
-    monkeypatch.setattr(ps, "get_world_group", lambda: SimpleNamespace(barrier=lambda: order.append("barrier")))
     monkeypatch.setattr(overhead, "tick", lambda what: None)
+    monkeypatch.setattr(overhead, "_rank", lambda: 1)
     template = {"hidden_states": torch.zeros(128, 8), "residual": torch.zeros(128, 8)}
-    got = overhead.time_transfers(pp, 1, 3, template, (128, 2048), SimpleNamespace(sync=lambda: None), ag)
+    barrier = lambda e: order.append("barrier") or [e]  # noqa: E731
+    got = overhead.time_transfers(pp, 1, 3, template, (128, 2048), SimpleNamespace(sync=lambda: None), ag, agree=barrier)
     assert sorted(got) == [128, 2048] and all(len(v) == 3 and min(v) >= 0 for v in got.values())
     one_size = ["barrier", ("recv", True)] * 4 + ["barrier", ("send", True)] * 4
-    assert order == one_size * 2
+    assert order == one_size * 2 + ["barrier"]  # and one at the end: a rank that failed the last transfer says so
     assert shapes == [{"hidden_states": (x, 8), "residual": (x, 8)} for x in (128, 2048) for _ in range(4)]
     assert overhead.time_transfers(pp, 0, 1, template, (128, 2048), None) == {}  # one stage: nothing to time
+
+    def lost(all_gather_group=None):
+        raise RuntimeError("recv timed out")
+    pp.recv_tensor_dict, said = lost, []
+    with pytest.raises(RuntimeError, match="transfer timing failed: world rank 1: RuntimeError: recv timed out"):
+        overhead.time_transfers(pp, 1, 3, template, (128,), SimpleNamespace(sync=lambda: None), ag,
+                                agree=lambda e: said.append(e) or [e])
+    assert said[0] == "" and said[1].startswith("world rank 1: RuntimeError: recv timed out (in the transfer PP0")
+    assert len(said) == 2  # raised at the gather after the failed receive, on every rank alike
 
 
 def test_a_startup_forward_waits_for_its_stream_not_the_device(monkeypatch):
@@ -307,7 +322,8 @@ def test_an_eplb_rebalance_step_inside_a_served_forward_marks_it_and_keeps_it_ou
 
     from sglang.srt.eplb.eplb_manager import EPLBManager
 
-    from sglang_cpp.plugin import forwards, hooks
+    from sglang_cpp.plugin.serving import forwards
+    from sglang_cpp.plugin import hooks
     from sglang_cpp.plugin.timing import FORWARD
 
     ran = []

@@ -1,6 +1,6 @@
 """HiCache (--enable-hierarchical-cache, L2 host pool) on the real PP=2 server with the sglang-cpp plugin.
 
-On CPU the host pool's KV copies come from plugin/kvcacheio_cpu.py (SGLang 0.5.23 binds them only on
+On CPU the host pool's KV copies come from plugin/compat/kvcacheio_cpu.py (SGLang 0.5.23 binds them only on
 CUDA/HIP/XPU). A device KV pool of 8192 tokens holds one ~6K-token document, so a second document
 evicts the first from the device; the first's KV then lives only on the host tier. The document plus
 a new question must come back as a host hit, computed only past the cached length, with the same

@@ -8,7 +8,7 @@ sent again after a filler, is a host-tier hit there, planned from the cached len
 
 On CPU two SGLang 0.5.23 paths need help (docs/compatibility.md):
 * prefill: `_send_kv_chunk` (disaggregation/prefill.py:1753) allocates a pinned tensor + torch.cuda.Event
-  for Mooncake -> sglang_cpp.plugin.cpu_compat hooks MooncakeKVSender.__init__ to use the host path;
+  for Mooncake -> sglang_cpp.plugin.compat.cpu hooks MooncakeKVSender.__init__ to use the host path;
 * decode: the default retraction backup is a HiCache host pool that calls cudaHostRegister
   (pool_host/common.py:147) -> we pass `--disaggregation-decode-retraction-backup cpu_tensor`.
 If the main plugin does not register cpu_compat yet, a throw-away entry point registers it.

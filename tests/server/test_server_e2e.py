@@ -520,7 +520,7 @@ def test_dp_planner_on_the_server_plans_what_plan_method_dp_plans(tiny, tmp_path
     TP size, device and dtype, with no SGLANG_CPP_PROFILE."""
     from sglang_cpp.bench.client import random_ids
     from sglang_cpp.files import device_file_name
-    from sglang_cpp.plugin.profiles import device_name
+    from sglang_cpp.plugin.startup.profiles import device_name
 
     prof = tmp_path / "cache" / "tuned" / device_file_name(Path(str(tiny)).name, 2, 1, device_name("cpu"), "float32")
     prof.parent.mkdir(parents=True)

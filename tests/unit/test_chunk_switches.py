@@ -1,5 +1,5 @@
 """A cost model piecewise in the chunk size x (core/regimes.py, axis "x"): the CPU flash kernel's query-block
-switches (plugin/switches.py), fitted with one prefix-attention coefficient per regime, planned around,
+switches (plugin/startup/switches.py), fitted with one prefix-attention coefficient per regime, planned around,
 calibrated on both sides and refitted online with the same switches."""
 from __future__ import annotations
 

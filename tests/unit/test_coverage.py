@@ -1,10 +1,10 @@
-"""Plan coverage (plugin/coverage.py): which planned chunks lie outside the calibrated (L, x) range."""
+"""Plan coverage (plugin/startup/coverage.py): which planned chunks lie outside the calibrated (L, x) range."""
 from __future__ import annotations
 
 import numpy as np
 
 from sglang_cpp.core.calib_grid import calibration_grid
-from sglang_cpp.plugin.coverage import inside, listed, plan_shapes, regime_of, uncovered
+from sglang_cpp.plugin.startup.coverage import inside, listed, plan_shapes, regime_of, uncovered
 
 
 def _samples(points, stages=(0, 1)):

@@ -13,7 +13,7 @@ from sglang_cpp.core.planner import PlanConfig, plan_equal_time
 from sglang_cpp.core.refine import Refiner
 from sglang_cpp.core.regimes import PiecewiseCost
 from sglang_cpp.plugin.decision_log import DecisionLog
-from sglang_cpp.plugin.sizer import CppChunkSizer, SizerConfig
+from sglang_cpp.plugin.serving.sizer import CppChunkSizer, SizerConfig
 
 from conftest import walk
 

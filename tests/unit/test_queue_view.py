@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace as NS
 
-from sglang_cpp.plugin.admission import _inflight, _queue_view
+from sglang_cpp.plugin.serving.admission import _inflight, _queue_view
 
 
 class Mode:

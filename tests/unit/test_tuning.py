@@ -111,7 +111,7 @@ def test_chunk_writes_a_plugin_loadable_profile_with_recommendations(tmp_path, c
     cost = load_cost(path)  # what the plugin does with SGLANG_CPP_PROFILE
     assert cost.time(4096, 1024) == pytest.approx(STAGE0.time(4096, 1024), rel=0.01)
     doc = load_profile(path)
-    from sglang_cpp.plugin.profiles import check_matches
+    from sglang_cpp.plugin.startup.profiles import check_matches
     from sglang_cpp.core.upstream import UpstreamPredictor
 
     check_matches(doc, {"hidden_size": 1, "num_layers": 1}, "SGLANG_CPP_PROFILE", 2)
@@ -280,7 +280,7 @@ def test_chunk_on_a_whole_pipeline_server_profile_charges_each_stage_half(tmp_pa
 def test_chunk_writes_where_the_plugin_looks_by_default(tmp_path, capsys, monkeypatch):
     """Issue 47 item 6: without --out-dir, `tune chunk` writes its per-device file into SGLANG_CPP_CACHE_DIR/tuned,
     under the name the plugin builds from a server's model, PP and TP size, device and dtype."""
-    from sglang_cpp.plugin.profiles import tuned_path
+    from sglang_cpp.plugin.startup.profiles import tuned_path
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -302,7 +302,7 @@ def test_the_plugin_calibrates_past_a_tuned_file_that_does_not_fit_and_names_nea
     from sglang_cpp.core.costmodel import CostModel
     from sglang_cpp.core.profile_io import save_profile
     from sglang_cpp.files import device_file_name
-    from sglang_cpp.plugin.profiles import resolve_source, tuned_path
+    from sglang_cpp.plugin.startup.profiles import resolve_source, tuned_path
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("SGLANG_CPP_PROFILE", raising=False)
@@ -366,7 +366,7 @@ def test_tune_chunk_names_and_labels_the_file_for_the_server_it_is_given(tmp_pat
     """--device-name and --dtype name the file for a server whose profile came with other names (a remote
     server's 'cuda' and 'auto') and label its meta the same, so the plugin's check accepts what its name matched."""
     from sglang_cpp.core.profile_io import check_profile, load_profile
-    from sglang_cpp.plugin.profiles import tuned_path
+    from sglang_cpp.plugin.startup.profiles import tuned_path
 
     monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path / "cache"))
     prof = write_profile(tmp_path / "p.json")

@@ -26,8 +26,8 @@ import logging
 import threading
 import time
 
-from .. import envs
-from . import pd_kv
+from ... import envs
+from . import kv as pd_kv
 
 logger = logging.getLogger("sglang_cpp")
 

@@ -8,19 +8,21 @@ import logging
 import math
 from dataclasses import asdict, replace
 
-from .. import envs
-from ..core.costmodel import ChunkOverhead
-from ..machine import cpu_dtype_warning
-from . import pd_kv, state, switches
-from .admission import _queue_view
-from .batch import BatchConfig, BatchPolicy
+from ... import envs
+from ...core.costmodel import ChunkOverhead
+from ...machine import cpu_dtype_warning
+from ..pd import kv as pd_kv
+from .. import state
+from . import switches
+from ..serving.admission import _queue_view
+from ..serving.batch import BatchConfig, BatchPolicy
 from .calibrate import speculative_warning
 from .coverage import cover_plan
 from .deadline import startup_deadline
-from .decision_log import DecisionLog
+from ..decision_log import DecisionLog
 from .overhead import measure_overhead
 from .profiles import resolve_cost, resolve_upstream, save_served
-from .sizer import CppChunkSizer, SizerConfig
+from ..serving.sizer import CppChunkSizer, SizerConfig
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -77,7 +79,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
 
     from .consensus import check_agreement, env_snapshot, on_every_rank, planner_inputs, world_rank
 
-    from .targets import unapplied
+    from ..targets import unapplied
 
     par, sch = get_parallel(), get_schedule()
     state.PP_RANK = int(par.pp_rank)
@@ -144,7 +146,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
             probe = envs.OVERHEAD_PROBE.get()
             if probe:  # every rank: a pipelined run through the real P2P path
                 cost, over = measure_overhead(self, cfg, cost, probe, log=state.LOG)
-            # the chunks the served plans run, measured where the calibration did not reach (plugin/coverage.py)
+            # the chunks the served plans run, measured where the calibration did not reach (plugin/startup/coverage.py)
             cost, samples, measured_chunk = cover_plan(self, cfg, cost, over, samples, calibrated_len,
                                                        refit and refit["meta"], log=state.LOG, save=refit and refit["save"])
             cfg = replace(cfg, measured_chunk=measured_chunk)  # no plan cuts a chunk bigger than was measured
@@ -172,9 +174,9 @@ def _start_online(cost, samples: list, overheads: list, gathered: list, pp_rank:
     """Every rank: the side group (a collective, so all call it here), then each its part of online.Online."""
     import torch.distributed as dist
 
-    from ..core.costmodel import PipelineCost
+    from ...core.costmodel import PipelineCost
     from .consensus import world_rank
-    from .online import Online, side_group
+    from ..serving.online import Online, side_group
 
     P = len(overheads)
     if not isinstance(cost, PipelineCost) or len(cost.stages) != P:  # one model for every stage: refined per stage
@@ -206,7 +208,7 @@ def get_pp_indices(original, num_hidden_layers, pp_rank, pp_size, *args, **kwarg
     (SGLang's own error names neither the variable nor the fix)."""
     import os
 
-    from ..core.partition import parse_partition
+    from ...core.partition import parse_partition
 
     raw = os.environ.get("SGLANG_PP_LAYER_PARTITION")
     if raw is not None and pp_size > 1:

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..core.costmodel import model_from_dict
+from ...core.costmodel import model_from_dict
 
 logger = logging.getLogger("sglang_cpp")
 TAG = 26026  # the sample messages' tag on the side group
@@ -71,7 +71,7 @@ class Online:
         self._lock = threading.Lock()
         self._due = False  # a prompt finished since the last fit started: the next may start
         if rank == 0:
-            from ..core.refine import Refiner
+            from ...core.refine import Refiner
 
             self.refiner = Refiner(cost, calibration, overheads, refine_cfg)
             self.covered = max((d["L"] + d["x"] for d in calibration), default=0)

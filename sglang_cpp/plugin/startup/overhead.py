@@ -21,7 +21,7 @@ _pp_recv_proxy_tensors; on NCCL a rendezvous, so the transfer cannot start befor
 wait is the receiving stage's, per chunk, but it is "blocked" time above. So after the pipelined run every
 hop is timed alone, at two chunk sizes (`transfer_sizes`): the sender sends the proxy tensors of x tokens
 (the shapes its forward produced, split over attention TP as the scheduler's `send_tensor_dict` does)
-right after a barrier of every rank and a wait of SEND_DELAY_S (the receive is posted first, so no small send
+right after a gather of every rank's status (a barrier that also says who failed) and a wait of SEND_DELAY_S (the receive is posted first, so no small send
 lands in NCCL's eager buffer early), the receiver times its receive less that wait. A line through the medians
 at the two sizes gives the receiving stage a term in x.
 
@@ -37,8 +37,8 @@ import time
 
 import numpy as np
 
-from ..core.costmodel import ChunkOverhead
-from .deadline import tick
+from ...core.costmodel import ChunkOverhead
+from .deadline import note_error, tick
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -100,55 +100,78 @@ def transfer_sizes(align: int, largest: int) -> tuple[int, ...]:
     return (small, big) if big >= 4 * small else (small,)
 
 
-SEND_DELAY_S = 0.002  # the sender's wait after the barrier, taken off each timed receive
+SEND_DELAY_S = 0.002  # the sender's wait after the status gather, taken off each timed receive
 
 
-def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=None, repeats: int = 3) -> dict:
+def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=None, repeats: int = 3,
+                   agree=None) -> dict:
     """{x: [ms]} of this stage's receives from the previous stage at each size (empty on PP0): hop by hop,
-    one warm-up and `repeats` timed sends of `template`'s tensors at x rows, each after a barrier of every rank
-    (the world group's CPU group) and the sender's SEND_DELAY_S, so the receive waits for the transfer alone,
-    not for a forward. `ag`: the attention-TP group the
-    scheduler splits its sends over (send_tensor_dict's all_gather_group)."""
+    one warm-up and `repeats` timed sends of `template`'s tensors at x rows, each after a gather of every rank's
+    status over the world group's CPU group (`agree`; a barrier that also says who failed) and the sender's
+    SEND_DELAY_S, so the receive waits for the transfer alone, not for a forward. A rank that fails a step
+    says so at the next gather and every rank raises there: no rank is left in a gather its peers skipped.
+    `ag`: the attention-TP group the scheduler splits its sends over (send_tensor_dict's all_gather_group)."""
     import torch
 
     got: dict = {}
     if not sizes or pp_size < 2:
         return got
-    from sglang.srt.distributed.parallel_state import get_world_group
+    agree = agree or _all_gather
+    error = ""
 
-    world = get_world_group()
+    def step(what: str) -> None:
+        tick(f"waiting for every rank before {what} (a gather over the world group)")
+        failed = [e for e in agree(error) if e]
+        if failed:
+            raise RuntimeError(f"the hidden-state transfer timing failed: {'; '.join(failed)}")
+
+    payloads: dict = {}
+    try:  # every size's tensors up front: an allocation that fails is said at the first gather
+        payloads = {x: ({k: (v.new_zeros((x,) + tuple(v.shape[1:])) if torch.is_tensor(v) else v)
+                         for k, v in template.items()} if template is not None else None) for x in sizes}
+    except Exception as exc:
+        error = _failed_here("allocating the transfer timing's tensors", exc)
     for x in sizes:
-        payload = ({k: (v.new_zeros((x,) + tuple(v.shape[1:])) if torch.is_tensor(v) else v)
-                    for k, v in template.items()} if template is not None else None)
         for hop in range(pp_size - 1):
             for r in range(repeats + 1):
-                tick(f"in the hidden-state transfer timing (PP{hop} -> PP{hop + 1}, {x} tokens)")
-                world.barrier()  # every rank: the receiver's all-gather over attention TP waits for no column
-                if pp_rank == hop:
-                    time.sleep(SEND_DELAY_S)  # the receive is posted first: no small send lands early (NCCL eager)
-                    pp.send_tensor_dict(payload, all_gather_group=ag)
-                    timer.sync()
-                elif pp_rank == hop + 1:
-                    t0 = time.perf_counter()
-                    pp.recv_tensor_dict(all_gather_group=ag)
-                    timer.sync()  # NCCL: the receive is queued on the stream
-                    if r:
-                        got.setdefault(x, []).append(max((time.perf_counter() - t0 - SEND_DELAY_S) * 1e3, 0.0))
-        del payload
+                step(f"the transfer PP{hop} -> PP{hop + 1} of {x} tokens")
+                try:
+                    if pp_rank == hop:
+                        time.sleep(SEND_DELAY_S)  # the receive is posted first: no small send lands early (NCCL eager)
+                        pp.send_tensor_dict(payloads[x], all_gather_group=ag)
+                        timer.sync()
+                    elif pp_rank == hop + 1:
+                        t0 = time.perf_counter()
+                        pp.recv_tensor_dict(all_gather_group=ag)
+                        timer.sync()  # NCCL: the receive is queued on the stream
+                        if r:
+                            got.setdefault(x, []).append(max((time.perf_counter() - t0 - SEND_DELAY_S) * 1e3, 0.0))
+                except Exception as exc:
+                    error = _failed_here(f"the transfer PP{hop} -> PP{hop + 1} of {x} tokens", exc)
+    step("the end of the transfer timing")
+    payloads.clear()
     return got
+
+
+def _failed_here(what: str, exc: Exception) -> str:
+    """This rank's error, logged and kept for the startup deadline's message, as the next gather sends it."""
+    msg = f"world rank {_rank()}: {type(exc).__name__}: {exc} (in {what})"
+    logger.exception("[sglang-cpp] %s", msg)
+    note_error(msg)
+    return msg
 
 
 def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, seed: int = 0,
                 sizes: tuple = (), agree=None) -> dict:
     """This stage's {"steps": (step, forward, blocked) ms for each of `n_chunks` pipelined chunks (after one
     warm one), "transfer": {x: [ms]} of its receives timed alone at `sizes` (time_transfers)}. Before the
-    transfers' world barriers every rank says whether its pipelined steps ran (`agree`, a gather over the world
-    group): a rank that failed there would otherwise meet its peers' barriers with the caller's gather."""
+    transfer timing every rank says whether its pipelined steps ran (`agree`, a gather over the world group): a
+    rank that failed there would otherwise meet its peers' transfer gathers with the caller's."""
     from sglang.srt.distributed.parallel_state import get_pp_group
     from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
 
     from .harness import forward, synthetic_req
-    from .timing import DeviceTimer
+    from ..timing import DeviceTimer
 
     pp = get_pp_group()
     timer = DeviceTimer(str(getattr(sched, "device", "cpu")))  # its sync only: the stream's queued work
@@ -184,13 +207,17 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
         _commit(pending)
         if must_agree:
             must_agree = False
+            tick("waiting for every rank to finish the pipelined overhead probe (a gather over the world group)")
             failed = [e for e in (agree or _all_gather)("") if e]
             if failed:
                 raise RuntimeError(f"another rank failed in the pipelined overhead probe: {'; '.join(failed)}")
-        transfer = time_transfers(pp, pp_rank, pp_size, template, sizes, timer, getattr(sched, "attn_tp_group", None))
+        transfer = time_transfers(pp, pp_rank, pp_size, template, sizes, timer, getattr(sched, "attn_tp_group", None),
+                                  agree=agree)
     except Exception as exc:
-        if must_agree:  # failed before the agreement: the peers learn it there and skip the barriers
-            (agree or _all_gather)(f"world rank {_rank()}: {type(exc).__name__}: {exc}")
+        if must_agree:  # failed before the agreement: the peers learn it there and skip the transfer timing
+            msg = _failed_here("the pipelined overhead probe", exc)
+            tick("telling every rank this one failed in the pipelined overhead probe (a gather over the world group)")
+            (agree or _all_gather)(msg)
         raise
     finally:
         if req is not None:
@@ -247,7 +274,7 @@ def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
 def with_overheads(cost, over: list):
     """`cost` with each stage's overhead (ChunkOverhead, or ms per chunk) folded in (one model for every
     stage: the largest)."""
-    from ..core.costmodel import PipelineCost, add_constant
+    from ...core.costmodel import PipelineCost, add_constant
 
     over = [ChunkOverhead.of(o) for o in over]
     if isinstance(cost, PipelineCost) and len(cost.stages) == len(over):

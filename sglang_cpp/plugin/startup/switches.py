@@ -18,7 +18,7 @@ per batch in `deepseek_common/attention_backend_handler.py`:
 A chunk is priced by the prefix it starts at; the capacity switch really depends on L + x, which this
 places at L (a chunk that crosses it is priced one regime early).
 
-In x: on CPU the plugin's extend attention (plugin/attention.py) runs PyTorch's CPU flash kernel with the
+In x: on CPU the plugin's extend attention (plugin/compat/attention.py) runs PyTorch's CPU flash kernel with the
 chunk's x queries, and that kernel widens its query block at 192 and 768 queries
 (`aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`), each block streaming every prefix key: a short
 chunk pays 1.25-1.7x per query over a long prefix (`results/flash_split.md`). GPU paths have no switch here.
@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 import math
 
-from .. import envs
-from ..core.regimes import CPU_FLASH_SWITCHES, captured_everywhere, mla_switches
+from ... import envs
+from ...core.regimes import CPU_FLASH_SWITCHES, captured_everywhere, mla_switches
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -79,7 +79,7 @@ def captured_prefill(runner) -> tuple | None:
             str(getattr(graphs, "prefill_backend_name", "")))
 
 
-CAPTURED: list | None = None  # every rank's captured_prefill, gathered at startup (hooks); None: this rank's alone
+CAPTURED: list | None = None  # every rank's captured_prefill, gathered at startup (startup.install); None: this rank's alone
 
 
 def _captured_everywhere(sched, runner) -> bool:
@@ -88,7 +88,7 @@ def _captured_everywhere(sched, runner) -> bool:
     inside whose replay the dispatch reads its context (a full graph: one WARNING, priced eager). SGLang 0.5.23's
     config parser refuses tc_piecewise (cuda_graph_config.py:183-186, 238-242): its branches here are for a
     runner that still reports it. Not for tc_piecewise graphs under DP attention (the extending rank votes
-    against replay, dp_attn.py:567-573); breakable graphs replay there as without DP, idle ranks padding a
+    against replay, dp_attn.py:569-574); breakable graphs replay there as without DP, idle ranks padding a
     dummy extend, unless a server setting makes every decoding peer vote no (_dp_decode_peers_veto; a peer
     decoding fewer requests than half the smallest bucket votes no too: one WARNING says so), or LoRA. Nor under
     context parallelism the graph did not capture (model_runner.py:287-294), nor when the stages' graphs differ.
@@ -121,6 +121,8 @@ def _captured_everywhere(sched, runner) -> bool:
         # (dp_attn.py:400, forward_batch_info.py:1795-1872), so the chunk's own rank replays it too
         return False
     dp = bool(getattr(get_parallel(), "attn_dp_enabled", False))
+    # (0.5.23 already gives DP attention with LoRA the eager runner, cuda_graph_setup.py:541-549: the `dp` half
+    # holds for a runner that would not)
     if bool(getattr(graphs, "enable_lora", False)) and (dp or not getattr(graphs, "_capture_lora", False)):
         # LoRA replays need static LoRA metadata: under DP attention every rank with a batch votes no
         # (dp_attn.py:469), and without a LoRA-captured graph the replay check refuses (prefill_cuda_graph_runner.py:
@@ -176,6 +178,10 @@ def _dp_decode_peers_veto(sched) -> str:
         return "two-batch overlap"
     if bool(getattr(get_memory(), "enable_hisparse", False)):
         return "HiSparse"
+    from sglang.srt.layers.cp.utils import get_cp_strategy
+
+    if get_cp_strategy() is not None:
+        return "context parallelism"
     if uses_ssm_state(sched.model_config):
         return "a model with recurrent state"
     return ""
@@ -206,7 +212,7 @@ def _dispatch_predicates(sched) -> dict:
 def server_chunk_switches(sched) -> tuple:
     """The chunk sizes where this server's extend attention switches kernel blocking: the CPU flash kernel's
     (CPU_FLASH_SWITCHES) when the plugin's prefix-aware extend attention runs it; () everywhere else."""
-    from .attention import _FLASH_CPU
+    from ..compat.attention import _FLASH_CPU
 
     backend = str(getattr(getattr(sched, "server_args", None), "attention_backend", None) or "")
     if str(sched.device) != "cpu" or backend != "torch_native" or not envs.FAST_EXTEND.get() or _FLASH_CPU is None:

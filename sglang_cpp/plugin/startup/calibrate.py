@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from .. import envs
-from ..core.calib_grid import _eta_s, calibrated_switches, calibration_levels, cap_at, level_grids, new_points, top_chunk
+from ... import envs
+from ...core.calib_grid import _eta_s, calibrated_switches, calibration_levels, cap_at, level_grids, new_points, top_chunk
 from .deadline import note_error, tick
 from .harness import _empty_cache, _forward_timed, synthetic_req
 
@@ -216,7 +216,7 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
     level all ranks all-gather their samples and times, and stop together once the next level would
     overrun `budget_s` (0: no budget). No forward is longer than max_chunk. With plan_cfg, each level after
     the first samples chunks up to `top_chunk` of the model fitted so far (world rank 0's, sent to all).
-    `switches`, `chunk_switches`: kernel switches in L and in x (plugin/switches.py), sampled on both sides.
+    `switches`, `chunk_switches`: kernel switches in L and in x (plugin/startup/switches.py), sampled on both sides.
     repeats 0: default_repeats. Returns the stage-tagged samples and the length actually reached."""
     from .consensus import from_rank0
 
@@ -263,7 +263,7 @@ def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tupl
               chunk_switches: tuple = ()):
     """World rank 0: top_chunk on the samples so far (fitted per regime of `bounds` and `chunk_switches`);
     a fit that fails keeps the cap (and says so)."""
-    from ..core.profile_io import cost_from_profile
+    from ...core.profile_io import cost_from_profile
 
     try:
         cost = cost_from_profile({"samples": samples, "meta": {"regime_bounds": list(bounds),

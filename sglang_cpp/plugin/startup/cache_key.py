@@ -59,7 +59,7 @@ def keyed_fields(ns_by_field: dict) -> list[str]:
     unknown = sorted({ns for ns in ns_by_field.values() if ns not in KEYED and ns not in UNKEYED})
     if unknown:
         raise ValueError(f"sglang-cpp: SGLang's server-argument namespaces {unknown} are not placed in "
-                         "plugin/cache_key.py (KEYED or UNKEYED): place them, so that the calibration cache key "
+                         "plugin/startup/cache_key.py (KEYED or UNKEYED): place them, so that the calibration cache key "
                          "stays complete")
     return sorted(f for f, ns in ns_by_field.items()
                   if (ns in KEYED and f not in KEYED[ns]) or (ns in UNKEYED and f in UNKEYED[ns]))

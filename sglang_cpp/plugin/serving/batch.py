@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import envs
-from ..core.batch_policy import GLLMThrottle, View, even_share, time_budget, time_chunk
+from ... import envs
+from ...core.batch_policy import GLLMThrottle, View, even_share, time_budget, time_chunk
 
 BATCH_POLICIES = envs.BATCH_POLICY.choices
 

@@ -3,10 +3,11 @@ logged, and handed to online refinement when it may fit it; the plan that ran re
 decision log flushed when a pass runs nothing."""
 from __future__ import annotations
 
-from . import pd_kv, pd_ring, state
-from .decision_log import DecisionLog
+from ..pd import kv as pd_kv, ring as pd_ring
+from .. import state
+from ..decision_log import DecisionLog
 from .steps import CLOCK
-from .timing import FORWARD, DeviceTimer
+from ..timing import FORWARD, DeviceTimer
 
 
 def Scheduler_get_next_batch_to_run(original, self, *args, **kwargs):

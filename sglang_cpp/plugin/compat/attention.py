@@ -18,7 +18,7 @@ import logging
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from .. import envs
+from ... import envs
 
 logger = logging.getLogger("sglang_cpp")
 _ANNOUNCED = False

@@ -230,7 +230,7 @@ def _announce() -> None:
 
 def GroupCoordinator_recv_tensor_dict(original, self, *args, **kwargs):
     """AROUND GroupCoordinator.recv_tensor_dict(src=None, all_gather_group=None)."""
-    from .. import envs
+    from ... import envs
 
     if not envs.ASYNC_RECV.get():
         return original(self, *args, **kwargs)

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from .. import envs
+from ... import envs
 from .deadline import note_error, tick
 
 logger = logging.getLogger("sglang_cpp")
@@ -35,9 +35,9 @@ def planner_inputs() -> dict:
     import platform
     from pathlib import Path
 
-    from ..machine import versions
+    from ...machine import versions
 
-    pkg = Path(__file__).resolve().parent.parent  # the planner's and the sizer's code, installed or a checkout
+    pkg = Path(__file__).resolve().parents[2]  # sglang_cpp/: the planner's and the sizer's code, installed or a checkout
     h = hashlib.sha256()
     for f in sorted(pkg.rglob("*.py")):
         h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
@@ -106,18 +106,19 @@ def world_rank() -> int:
 
 def from_rank0(fn: Callable[[], Any], *, rank: int | None = None, gather: Callable = all_gather) -> Any:
     """Rank 0's fn() on every rank. An exception on rank 0 is re-raised on every rank (same type when
-    it is a ValueError, so a bad profile reads the same everywhere; any other type as a RuntimeError naming it)."""
+    it is a ValueError, so a bad profile reads the same everywhere; any other type as a RuntimeError naming its
+    type)."""
     rank = world_rank() if rank is None else rank
     payload = None
     if rank == 0:
         try:
             payload = {"ok": True, "value": fn()}
         except Exception as exc:  # any type: rank 0 never raises alone while its peers wait in the gather
-            if not isinstance(exc, (ValueError, RuntimeError, OSError)):
+            if not isinstance(exc, ValueError):
                 logger.exception("[sglang-cpp] failed on world rank 0; sending the error to every rank")
             payload = {"ok": False, "type": type(exc).__name__,
-                       "error": str(exc) if isinstance(exc, (ValueError, RuntimeError, OSError))
-                       else f"{type(exc).__name__}: {exc}"}
+                       "error": str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"}
+    tick("waiting for world rank 0's result (a gather over the world group)")
     got = gather(payload)[0]
     if not got["ok"]:
         raise (ValueError if got["type"] == "ValueError" else RuntimeError)(got["error"])

@@ -10,14 +10,14 @@ import logging
 import os
 from pathlib import Path
 
-from .. import envs
+from ... import envs
 from .cache_key import timing_args
-from ..machine import device_name
-from ..core.costmodel import ChunkOverhead, PipelineCost, model_from_dict
-from ..core.profile_io import check_profile, cost_from_profile, load_profile, save_profile
+from ...machine import device_name
+from ...core.costmodel import ChunkOverhead, PipelineCost, model_from_dict
+from ...core.profile_io import check_profile, cost_from_profile, load_profile, save_profile
 from .switches import server_chunk_switches, server_switches
-from ..files import device_file_name, tuned_path
-from ..core.upstream import UpstreamPredictor
+from ...files import device_file_name, tuned_path
+from ...core.upstream import UpstreamPredictor
 
 logger = logging.getLogger("sglang_cpp")
 
@@ -32,7 +32,7 @@ def _attention_backend(sched) -> str:
 
 def server_meta(sched, cfg) -> dict:
     """Everything that changes a stage's forward time: all of it keys the calibration cache (the server
-    arguments by SGLang's own namespaces, plugin/cache_key.py)."""
+    arguments by SGLang's own namespaces, plugin/startup/cache_key.py)."""
     import sglang
     import torch
 
@@ -56,7 +56,7 @@ GRID_SWITCHES = ("kernel_switches", "regime_names", "chunk_switches")  # _switch
 
 
 def _switch_meta(sched) -> dict:
-    """The kernel switches in L and in x (plugin/switches.py), only where there are some (MLA; the CPU flash
+    """The kernel switches in L and in x (plugin/startup/switches.py), only where there are some (MLA; the CPU flash
     kernel): key fields that a model without switches leaves out, so its calibration cache key is what it was."""
     bounds, names = server_switches(sched)
     xs = server_chunk_switches(sched)
@@ -196,17 +196,17 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
 def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: int = 0) -> tuple:
     """(cost model, calibrated length, samples, refit) for this server; the samples (what online refinement
     starts from) and `refit` are world rank 0's only, [] and None elsewhere. `refit` is what the plan
-    coverage (plugin/coverage.py) needs to refit a calibration with more samples and keep it: {"meta": the
+    coverage (plugin/startup/coverage.py) needs to refit a calibration with more samples and keep it: {"meta": the
     fit's meta, "save": save(samples, cost)}; None for a profile the user gave (never refitted). World rank
     0 resolves the source (its own profile file or cache), fits it, and every rank receives the
     coefficients: no rank fits alone, so
     BLAS or scipy differences between nodes cannot give two stages different plans. A calibration runs
     on all ranks together, rank 0 fits the gathered samples and saves them."""
-    from ..core.calib_grid import calibrated_switches
+    from ...core.calib_grid import calibrated_switches
     from .calibrate import calibrate_all_stages
     from .consensus import from_rank0, world_rank
 
-    meta = server_meta(sched, cfg)
+    meta = server_meta(sched, cfg) if world_rank() == 0 else {}  # the others take what they need from rank 0
     kept: dict = {}  # world rank 0's own: the samples of a profile or cache, which it does not send
     src = from_rank0(lambda: _rank0_source(meta, cfg, max_context, kv_tokens, kept))
     if src["kind"] == "profile":

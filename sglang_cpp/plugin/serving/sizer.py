@@ -12,14 +12,14 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional
 
-from .. import envs
-from ..core.hysteresis import Incumbents
-from ..core.plan import ChunkPlan
-from ..core.planner import DP_MAX_UNITS, PlanConfig, prefill_buffer_tokens
-from ..core.planner import plan as plan_single
-from ..core.queue_plan import QueueView, plan_in_queue
-from ..core.upstream import UpstreamPredictor, check_sigma
-from .decision_log import DecisionLog
+from ... import envs
+from ...core.hysteresis import Incumbents
+from ...core.plan import ChunkPlan
+from ...core.planner import DP_MAX_UNITS, PlanConfig, prefill_buffer_tokens
+from ...core.planner import plan as plan_single
+from ...core.queue_plan import QueueView, plan_in_queue
+from ...core.upstream import UpstreamPredictor, check_sigma
+from ..decision_log import DecisionLog
 
 logger = logging.getLogger("sglang_cpp")
 POLICIES = ("plan", "quadratic", "off")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 
-from .. import envs
+from ... import envs
 
 logger = logging.getLogger("sglang_cpp")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from . import state
+from .. import state
 from .batch import slot_loads
 
 logger = logging.getLogger("sglang_cpp")
@@ -72,7 +72,7 @@ def _queue_view(sched, rid: str, pp_size: int):
     (longer than the context) is left out with one WARNING naming it."""
     from itertools import islice
 
-    from ..core.queue_plan import MAX_WAITING, QueueView
+    from ...core.queue_plan import MAX_WAITING, QueueView
 
     queue = getattr(sched, "waiting_queue", None) or []
     chunked = getattr(sched, "chunked_req", None)

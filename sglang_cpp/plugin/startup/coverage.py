@@ -73,7 +73,7 @@ def listed(shapes: list, most: int = 12) -> str:
 
 def plan_shapes(cost, plan_cfg, lengths) -> list[tuple]:
     """Every (prefix, chunk) that the plans for prompts of `lengths` run on `cost`, as the sizer cuts them."""
-    from ..core.planner import plan
+    from ...core.planner import plan
 
     out = []
     for n in lengths:
@@ -93,13 +93,13 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
     world rank 0 keeps the refit (the calibration cache). measured_chunk: the largest chunk in the samples
     (world rank 0's, on every rank; 0 for a profile the user gave), the served plans' cap. Collective: every
     rank calls it."""
-    from ..core.costmodel import model_from_dict
-    from ..core.profile_io import cost_from_profile
-    from ..core.calib_grid import calibration_levels
+    from ...core.costmodel import model_from_dict
+    from ...core.profile_io import cost_from_profile
+    from ...core.calib_grid import calibration_levels
     from .calibrate import default_repeats, measure_gathered
     from .consensus import from_rank0, world_rank
     from .overhead import with_overheads
-    from .. import envs
+    from ... import envs
 
     pc = cfg.plan_config()
     lengths = calibration_levels(calibrated_len) if calibrated_len else []

@@ -117,7 +117,7 @@ def forward(sched, req, proxy_cache: dict, proxies: dict | None = None) -> tuple
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
     from sglang.srt.model_executor.runner_utils.buffers import allocate_pp_proxy_tensors
 
-    from .timing import DeviceTimer
+    from ..timing import DeviceTimer
 
     runner = sched.tp_worker.model_runner
     cfg = runner.model_config
