@@ -195,14 +195,12 @@ def wing_violations(g: dict) -> list[str]:
     return out
 
 
-def _module_file(dotted: str) -> Path | None:
-    p = ROOT.joinpath(*dotted.split("."))
-    return p / "__init__.py" if (p / "__init__.py").exists() else p.with_suffix(".py") if p.with_suffix(".py").exists() else None
-
-
 def _top_names(path: Path) -> set[str]:
+    """The names a module binds at module level (inside if/try/with blocks too, never inside a function)."""
     names: set[str] = set()
-    for n in ast.walk(ast.parse(path.read_text())):
+    todo = list(ast.parse(path.read_text()).body)
+    while todo:
+        n = todo.pop()
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(n.name)
         elif isinstance(n, (ast.Assign, ast.AnnAssign)):
@@ -210,33 +208,48 @@ def _top_names(path: Path) -> set[str]:
                 names |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, (ast.If, ast.Try, ast.With)):
+            todo += [c for f in ("body", "orelse", "finalbody") for c in getattr(n, f, [])]
+            todo += [c for h in getattr(n, "handlers", []) for c in h.body]
     return names
 
 
-def unresolved(folders=("sglang_cpp", "tests", "benchmarks", "examples", "scripts")) -> list[str]:
+def unresolved(folders=("sglang_cpp", "tests", "benchmarks", "examples", "scripts"), root: Path = ROOT) -> list[str]:
     """Every import of sglang-cpp, relative or absolute, lazy ones inside functions included, that names a module
-    or a name that does not exist: after a module moves, the import that would fail only when its function
-    runs (on a server, or on a GPU) is found here."""
+    or a name that does not exist, or climbs above the package: after a module moves, the import that would
+    fail only when its function runs (on a server, or on a GPU) is found here. `root`: the tree to read."""
+    def module_file(dotted: str) -> Path | None:
+        p = root.joinpath(*dotted.split("."))
+        return p / "__init__.py" if (p / "__init__.py").exists() else p.with_suffix(".py") if p.with_suffix(".py").exists() else None
+
     out = []
-    for f in sorted(p for d in folders for p in (ROOT / d).rglob("*.py")):
-        parts = list(f.relative_to(ROOT).with_suffix("").parts)
+    for f in sorted(p for d in folders for p in (root / d).rglob("*.py")):
+        where = f.relative_to(root)
+        parts = list(where.with_suffix("").parts)
         is_pkg = parts[-1] == "__init__"
         mod = ".".join(parts[:-1] if is_pkg else parts)
         for n in ast.walk(ast.parse(f.read_text())):
             if isinstance(n, ast.ImportFrom):
-                target = _resolve(mod, is_pkg, n.level, n.module) if n.level else (n.module or "")
+                if n.level:
+                    depth = len(mod.split(".")) - (0 if is_pkg else 1)
+                    if n.level - 1 >= depth:
+                        out.append(f"{where}:{n.lineno}: relative import beyond the top-level package")
+                        continue
+                    target = _resolve(mod, is_pkg, n.level, n.module)
+                else:
+                    target = n.module or ""
                 if not target.startswith("sglang_cpp"):
                     continue
-                path = _module_file(target)
+                path = module_file(target)
                 if path is None:
-                    out.append(f"{f.relative_to(ROOT)}:{n.lineno}: no module {target}")
+                    out.append(f"{where}:{n.lineno}: no module {target}")
                     continue
                 have = _top_names(path)
-                out += [f"{f.relative_to(ROOT)}:{n.lineno}: {target} has no {a.name}" for a in n.names
-                        if a.name != "*" and a.name not in have and _module_file(f"{target}.{a.name}") is None]
+                out += [f"{where}:{n.lineno}: {target} has no {a.name}" for a in n.names
+                        if a.name != "*" and a.name not in have and module_file(f"{target}.{a.name}") is None]
             elif isinstance(n, ast.Import):
-                out += [f"{f.relative_to(ROOT)}:{n.lineno}: no module {a.name}" for a in n.names
-                        if a.name.startswith("sglang_cpp") and _module_file(a.name) is None]
+                out += [f"{where}:{n.lineno}: no module {a.name}" for a in n.names
+                        if a.name.startswith("sglang_cpp") and module_file(a.name) is None]
     return out
 
 

@@ -1,6 +1,6 @@
 """SGLang hooks, each named after the SGLang symbol it wraps (`Class_method`), so that an SGLang upgrade
 touches the plugin folder only. This module is the namespace `register()` reads TARGETS' names from: the
-hooks live by concern (startup.py, admission.py, forwards.py, steps.py, p2p.py, the CPU and PD modules)
+hooks live in the sub-wings by when they run (startup/, serving/, pd/, compat/)
 and the request relay and PD observers here. sglang is imported lazily: this module loads in every process."""
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from .serving.steps import CLOCK, Scheduler__pp_commit_comm_work, Scheduler__pp_
 def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):
     """AROUND the request pull, every scheduler step on every rank: online refinement moves its samples to
     world rank 0, which puts an accepted model into the requests it pulls from the tokenizer (online.py).
-    On a later stage the pull is a blocking receive from the previous stage: a wait on a peer (steps.py)."""
+    On a later stage the pull is a blocking receive from the previous stage: a wait on a peer (serving/steps.py)."""
     if state.PP_RANK:
         t0 = steps.clock()
         try:
@@ -105,18 +105,18 @@ def Scheduler_abort_request(result, self, recv_req=None, *args, **kwargs):
 
 
 def Scheduler_process_disagg_prefill_inflight_queue(result, self, *args, **kwargs):
-    """Observe only: a `release` event, the requests this stage freed (pd_ring.py)."""
+    """Observe only: a `release` event, the requests this stage freed (pd/ring.py)."""
     pd_ring.released(result, state.LOG)
     return None
 
 
 def Scheduler_send_kv_chunk(result, self, req, last_chunk: bool = False, *args, **kwargs):
-    """Observe only: a `kv_chunk` event per KV send handed to the transfer engine (pd_ring.py)."""
+    """Observe only: a `kv_chunk` event per KV send handed to the transfer engine (pd/ring.py)."""
     pd_ring.kv_chunk(req, last_chunk, state.LOG)
     return None
 
 
 def CommonKVManager_update_status(result, self, bootstrap_room, status, *args, **kwargs):
-    """Observe only: a `kv_status` event per transfer status change (pd_ring.py)."""
+    """Observe only: a `kv_status` event per transfer status change (pd/ring.py)."""
     pd_ring.kv_status(bootstrap_room, status, state.LOG)
     return None

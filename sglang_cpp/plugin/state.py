@@ -1,4 +1,4 @@
-"""The plugin's per-process state: set once by the startup hook (startup.py), read by every other hook. One
+"""The plugin's per-process state: set once by the startup hook (startup/install.py), read by every other hook. One
 scheduler per process, so module attributes are the whole store (tests set them with monkeypatch)."""
 from __future__ import annotations
 

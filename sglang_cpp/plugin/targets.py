@@ -71,7 +71,7 @@ TARGETS = {
 # plugin's imports): with TARGETS, the whole surface an SGLang upgrade can break, all in this folder.
 INTERNALS = (
     "sglang",  # sglang.__version__: the calibration cache key and the unapplied-hooks error
-    "sglang.srt.mem_cache.pool_host.mha",  # cpu_compat: the module whose host-pool methods call the KV copy ops
+    "sglang.srt.mem_cache.pool_host.mha",  # compat.cpu: the module whose host-pool methods call the KV copy ops
     "sglang.srt.configs.model_config.AttentionArch",  # plugin/startup/switches.py: MLA's kernel switches in L
     "sglang.srt.environ.envs",
     "sglang.srt.disaggregation.utils._all_reduce_polls",  # pd_ring: PP0's fast-release flags over its TP/CP ranks

@@ -67,6 +67,16 @@ def test_a_node_with_another_numpy_or_cpu_type_fails_naming_what_differs():
     assert {"numpy", "scipy", "sglang-cpp code", "python", "libc", "arch", "numpy SIMD"} <= set(mine)
     assert mine["numpy SIMD"] != "unknown"
     assert mine == consensus.planner_inputs()  # stable within a process
+    import hashlib  # the code hashed is the whole package: the planner (core) and the sizer (plugin) alike
+    from pathlib import Path
+
+    import sglang_cpp
+    pkg = Path(sglang_cpp.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+    assert mine["sglang-cpp code"] == h.hexdigest()[:12]
+    assert (pkg / "core" / "planner.py").is_file() and (pkg / "plugin" / "serving" / "sizer.py").is_file()
     other = mine["numpy SIMD"] + ",EXTRA"
     ranks = [{"env": snap(), "planner": mine, "config": {}, "error": ""},
              {"env": snap(), "planner": {**mine, "numpy SIMD": other}, "config": {}, "error": ""}]

@@ -10,7 +10,7 @@ source or destination index is skipped.
 
 The all-layer kernels take device pointer tables, which plain torch cannot dereference; here they
 take the tensor lists instead, and the pool method that calls them is wrapped one level up
-(`cpu_compat.MHATokenToKVPoolHost_backup_from_device_all_layer`). Keyword names follow sgl_kernel's.
+(`compat.cpu.MHATokenToKVPoolHost_backup_from_device_all_layer`). Keyword names follow sgl_kernel's.
 """
 from __future__ import annotations
 

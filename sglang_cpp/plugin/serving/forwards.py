@@ -63,7 +63,7 @@ def EPLBManager_rebalance(original, self):
 
 def Scheduler_run_batch(original, self, batch, *args, **kwargs):
     """The forward, timed and logged (`_run_batch`); on a PD prefill stage with SGLANG_CPP_PD_EARLY_KV, the
-    requests whose last chunk it ran are remembered for the early KV send at the next pass (pd_kv.py)."""
+    requests whose last chunk it ran are remembered for the early KV send at the next pass (pd/kv.py)."""
     out = _run_batch(original, self, batch, *args, **kwargs)
     if pd_kv.STATE.on:
         pd_kv.ran(self, batch)

@@ -60,7 +60,7 @@ class Deadline:
         return self._clock() - self._last > self.seconds
 
     def note_error(self, error: str) -> None:
-        self.error = error
+        self.error = self.error or error  # the first, closest to the cause (later ones re-raise it, less precise)
 
     def close(self) -> None:
         self._done.set()

@@ -109,7 +109,9 @@ def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=No
     one warm-up and `repeats` timed sends of `template`'s tensors at x rows, each after a gather of every rank's
     status over the world group's CPU group (`agree`; a barrier that also says who failed) and the sender's
     SEND_DELAY_S, so the receive waits for the transfer alone, not for a forward. A rank that fails a step
-    says so at the next gather and every rank raises there: no rank is left in a gather its peers skipped.
+    says so at the next gather and every rank raises there: no rank is left in a gather its peers skipped. A
+    failure that strands its hop peer (a receive never posted, a send that never comes) is ended only by the
+    startup deadline or NCCL's watchdog, as before.
     `ag`: the attention-TP group the scheduler splits its sends over (send_tensor_dict's all_gather_group)."""
     import torch
 
@@ -121,9 +123,10 @@ def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=No
 
     def step(what: str) -> None:
         tick(f"waiting for every rank before {what} (a gather over the world group)")
-        failed = [e for e in agree(error) if e]
+        failed = [str(e) for e in agree(error) if e]
         if failed:
             raise RuntimeError(f"the hidden-state transfer timing failed: {'; '.join(failed)}")
+        tick(f"in {what}")
 
     payloads: dict = {}
     try:  # every size's tensors up front: an allocation that fails is said at the first gather
@@ -167,18 +170,18 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
     warm one), "transfer": {x: [ms]} of its receives timed alone at `sizes` (time_transfers)}. Before the
     transfer timing every rank says whether its pipelined steps ran (`agree`, a gather over the world group): a
     rank that failed there would otherwise meet its peers' transfer gathers with the caller's."""
-    from sglang.srt.distributed.parallel_state import get_pp_group
-    from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+    steps, pending, cache, template, req, release = [], [], {}, None, None, None
+    must_agree = bool(sizes) and pp_size > 1  # the transfer timing follows: every rank says first it got there
+    try:  # the set-up too: a rank failing anywhere before the agreement still reaches it
+        from sglang.srt.distributed.parallel_state import get_pp_group
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache as release
 
-    from .harness import forward, synthetic_req
-    from ..timing import DeviceTimer
+        from ..timing import DeviceTimer
+        from .harness import forward, synthetic_req
 
-    pp = get_pp_group()
-    timer = DeviceTimer(str(getattr(sched, "device", "cpu")))  # its sync only: the stream's queued work
-    rng = np.random.default_rng(seed + 7919)  # same ids on every stage
-    steps, pending, cache, template, req = [], [], {}, None, None
-    must_agree = bool(sizes) and pp_size > 1  # the transfers' barriers follow: every rank says first it got there
-    try:
+        pp = get_pp_group()
+        timer = DeviceTimer(str(getattr(sched, "device", "cpu")))  # its sync only: the stream's queued work
+        rng = np.random.default_rng(seed + 7919)  # same ids on every stage
         req = synthetic_req(sched, rng, (n_chunks + 1) * chunk, "sglang-cpp-overhead-probe")
         for k in range(n_chunks + 1):
             tick(f"in step {k} of the pipelined overhead probe (a receive from the previous stage, a forward)")
@@ -208,7 +211,7 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
         if must_agree:
             must_agree = False
             tick("waiting for every rank to finish the pipelined overhead probe (a gather over the world group)")
-            failed = [e for e in (agree or _all_gather)("") if e]
+            failed = [str(e) for e in (agree or _all_gather)("") if e]
             if failed:
                 raise RuntimeError(f"another rank failed in the pipelined overhead probe: {'; '.join(failed)}")
         transfer = time_transfers(pp, pp_rank, pp_size, template, sizes, timer, getattr(sched, "attn_tp_group", None),
@@ -220,8 +223,8 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
             (agree or _all_gather)(msg)
         raise
     finally:
-        if req is not None:
-            release_kv_cache(req, sched.tree_cache, checkpoint=False)
+        if req is not None and release is not None:
+            release(req, sched.tree_cache, checkpoint=False)
     return {"steps": steps, "transfer": transfer}
 
 
