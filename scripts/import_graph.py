@@ -162,36 +162,35 @@ def plugin_wing(mod: str) -> str | None:
     return next((w for p, w in PLUGIN_SUB_OF.items() if mod == p or mod.startswith(p + ".")), None)
 
 
-def plugin_violations(g: dict) -> list[str]:
-    """Every import inside the plugin against its sub-wings' direction, and every plugin module in none."""
+def _against(g: dict, mods, place, below: dict, where: str) -> list[str]:
+    """The one direction check: each module of `mods` placed by `place` (None: nowhere), each import of one
+    placed elsewhere than the module's own place or the places `below` it lists, reported."""
     out = []
-    for m in sorted(x for x in g if x == "sglang_cpp.plugin" or x.startswith("sglang_cpp.plugin.")):
-        w = plugin_wing(m)
+    for m in sorted(mods):
+        w = place(m)
         if w is None:
-            out.append(f"{m}: in no plugin sub-wing (place it in scripts/import_graph.py)")
+            out.append(f"{m}: in no {where} (place it in scripts/import_graph.py)")
             continue
         for n in sorted(g[m]):
-            v = plugin_wing(n) if n.startswith("sglang_cpp.plugin") else None
-            if v is not None and v != w and v not in PLUGIN_BELOW[w]:
+            v = place(n) if n.startswith("sglang_cpp") else None
+            if v is not None and v != w and v not in below[w]:
                 out.append(f"{m} -> {n}: {w} imports {v}")
     return out
+
+
+def plugin_violations(g: dict) -> list[str]:
+    """Every import inside the plugin against its sub-wings' direction, and every plugin module in none."""
+    mods = [x for x in g if x == "sglang_cpp.plugin" or x.startswith("sglang_cpp.plugin.")]
+    return _against(g, mods, plugin_wing, PLUGIN_BELOW, "plugin sub-wing")
 
 
 def wing_violations(g: dict) -> list[str]:
     """Every import that points up or sideways between wings, every module in no wing, and every torch or
     sglang a pure wing (core, whatif) reaches; [] when the layout holds."""
-    out = []
+    out = _against(g, g, wing, BELOW, "wing")
     for m in sorted(g):
-        w = wing(m)
-        if w is None:
-            out.append(f"{m}: in no wing (place it in scripts/import_graph.py)")
-            continue
-        for n in sorted(g[m]):
-            v = wing(n) if n.startswith("sglang_cpp") else None
-            if v is not None and v != w and v not in BELOW[w]:
-                out.append(f"{m} -> {n}: {w} imports {v}")
-        if w in PURE:
-            out += [f"{m} reaches {x}: {w} is pure" for x in sorted(reach(g, m) & {"torch", "sglang"})]
+        if wing(m) in PURE:
+            out += [f"{m} reaches {x}: {wing(m)} is pure" for x in sorted(reach(g, m) & {"torch", "sglang"})]
     return out
 
 
