@@ -54,14 +54,11 @@ class CostSource:
 
     def _cost(self, pp_size: int):
         from ..core.costmodel import PipelineCost
-        from ..core.profile_io import check_profile, cost_from_profile, load_profile, parse_coeffs
+        from ..core.profile_io import load_cost, parse_coeffs
 
         if self.kind == "profile":
-            where = f"profile {self.profile}"
-            doc = load_profile(self.profile)
-            check_profile(doc, where, pp_size=pp_size, tp_size=self.tp_size,
-                          dtype=None if self.dtype == "auto" else self.dtype, runs="the command line gives")
-            return cost_from_profile(doc, where), 0
+            return load_cost(self.profile, pp_size=pp_size, tp_size=self.tp_size,
+                             dtype=None if self.dtype == "auto" else self.dtype, runs="the command line gives"), 0
         if self.kind == "coeffs":
             return parse_coeffs(self.coeffs), 0
         if self.kind is None:

@@ -10,7 +10,7 @@ f(l) = a l^2 + b l + c is the special case c0=c, b=b, f=a, e=2a, d=g=0.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Sequence
 
 import numpy as np
@@ -185,10 +185,16 @@ class ChunkOverhead:
     received_ms: float = 0.0  # the hidden-state receive's part at x = 0 (a wait on a peer, apart from `ms`)
 
     def __post_init__(self):
-        for name in ("ms", "per_token_ms", "received_ms"):
-            v = getattr(self, name)
+        for f in fields(self):
+            v = getattr(self, f.name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"per-chunk overhead {name}={v!r} must be a finite number >= 0")
+                raise ValueError(f"per-chunk overhead {f.name}={v!r} must be a finite number >= 0")
+
+    @classmethod
+    def largest(cls, overheads) -> "ChunkOverhead":
+        """Field by field, the largest of several (a stage's TP ranks; one model charged for every stage)."""
+        overheads = [cls.of(o) for o in overheads]
+        return cls(*(max(getattr(o, f.name) for o in overheads) for f in fields(cls)))
 
     @classmethod
     def of(cls, v) -> "ChunkOverhead":

@@ -149,10 +149,12 @@ def check_profile(doc: dict, where: str, *, pp_size: int | None = None, tp_size:
         raise ValueError(f"{where} was measured with pp={pm['pp']} but --pp-size is {pp_size}{tail}")
 
 
-def load_cost(path: str | Path, form: str = "full", pp_size: int | None = None, tp_size: int | None = None):
-    """The cost model of a profile, checked (`check_profile`) against the command's --pp-size and --tp-size."""
+def load_cost(path: str | Path, form: str = "full", pp_size: int | None = None, tp_size: int | None = None,
+              dtype: str | None = None, runs: str = "this server runs"):
+    """The cost model of a profile, checked (`check_profile`) against the command's --pp-size, --tp-size and
+    --dtype (`runs`: who gave them, for the error)."""
     doc = load_profile(path)
-    check_profile(doc, f"profile {path}", pp_size=pp_size, tp_size=tp_size)
+    check_profile(doc, f"profile {path}", pp_size=pp_size, tp_size=tp_size, dtype=dtype, runs=runs)
     return cost_from_profile(doc, f"profile {path}", form)
 
 

@@ -43,8 +43,10 @@ class LayoutConfig:
     plot: str | None = None
 
     def __post_init__(self):
-        if self.analytic and not self.device:
-            raise ValueError(f"--model-path needs --gpu: one of {', '.join(sorted(DEVICES))} (any case)")
+        if self.analytic:  # the GPU preset is required: none is assumed (specs.device_of, every command's check)
+            from ..whatif.specs import device_of
+
+            device_of(self.device)
         if self.context_length is not None and max(self.input_lens) > self.context_length:
             raise ValueError(f"--input-len {max(self.input_lens)} is above --context-length {self.context_length}: "
                              "drop the length or raise the context length")

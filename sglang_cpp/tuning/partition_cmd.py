@@ -39,10 +39,10 @@ class PartitionConfig:
         if bool(self.profile) == bool(self.analytic):
             raise ValueError("give exactly one cost source: --profile PROFILE (with a per-layer breakdown) "
                              "or --analytic MODEL --gpu GPU --tp-size N")
-        if self.analytic and not self.device:
-            from ..whatif.specs import DEVICES
+        if self.analytic:  # the GPU preset is required: none is assumed (specs.device_of, every command's check)
+            from ..whatif.specs import device_of
 
-            raise ValueError(f"--model-path needs --gpu: one of {', '.join(sorted(DEVICES))} (any case)")
+            device_of(self.device)
         for name in ("pp_size", "tp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

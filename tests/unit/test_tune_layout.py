@@ -107,7 +107,7 @@ def test_the_gpu_is_required_where_the_answer_depends_on_it(cmd, argv, capsys):
     left out; now one line, exit 2, listing the presets. A profile (partition) needs no --gpu."""
     assert cli_main(["tune", cmd, *argv]) == 2
     err = capsys.readouterr().err
-    assert f"sglang-cpp tune {cmd}: error: --model-path needs --gpu: one of " in err
+    assert f"sglang-cpp tune {cmd}: error: an analytic model needs --gpu: one of " in err  # every command's line
     assert "B200" in err and "H20" in err and "MI300X" in err and len(err.strip().splitlines()) == 1
 
 

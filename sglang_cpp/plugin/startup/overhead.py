@@ -76,8 +76,7 @@ def decide_overheads(gathered: list[dict]) -> list[ChunkOverhead]:
                                "Set SGLANG_CPP_OVERHEAD_PROBE=0 and give SGLANG_CPP_CHUNK_OVERHEAD_MS instead")
         lat, per_token = transfer_line({int(x): v for x, v in (g.get("transfer") or {}).items()})
         per_stage.setdefault(g["stage"], []).append(ChunkOverhead(o, per_token, lat))
-    return [ChunkOverhead(*(max(getattr(o, f) for o in per_stage[s]) for f in ("ms", "per_token_ms", "received_ms")))
-            for s in sorted(per_stage)]
+    return [ChunkOverhead.largest(per_stage[s]) for s in sorted(per_stage)]
 
 
 def transfer_medians(gathered: list[dict]) -> list[list]:
@@ -118,14 +117,10 @@ def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=No
     got: dict = {}
     if not sizes or pp_size < 2:
         return got
-    agree = agree or _all_gather
     error = ""
 
     def step(what: str) -> None:
-        tick(f"waiting for every rank before {what} (a gather over the world group)")
-        failed = [str(e) for e in agree(error) if e]
-        if failed:
-            raise RuntimeError(f"the hidden-state transfer timing failed: {'; '.join(failed)}")
+        _agree(agree, error, f"before {what}", "the hidden-state transfer timing failed")
         tick(f"in {what}")
 
     payloads: dict = {}
@@ -210,10 +205,7 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
         _commit(pending)
         if must_agree:
             must_agree = False
-            tick("waiting for every rank to finish the pipelined overhead probe (a gather over the world group)")
-            failed = [str(e) for e in (agree or _all_gather)("") if e]
-            if failed:
-                raise RuntimeError(f"another rank failed in the pipelined overhead probe: {'; '.join(failed)}")
+            _agree(agree, "", "to finish the pipelined overhead probe", "another rank failed in the pipelined overhead probe")
         transfer = time_transfers(pp, pp_rank, pp_size, template, sizes, timer, getattr(sched, "attn_tp_group", None),
                                   agree=agree)
     except Exception as exc:
@@ -226,6 +218,15 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
         if req is not None and release is not None:
             release(req, sched.tree_cache, checkpoint=False)
     return {"steps": steps, "transfer": transfer}
+
+
+def _agree(agree, error: str, waiting: str, failed: str) -> None:
+    """One status gather over the world group (`agree`, else consensus.all_gather): this rank's `error` ('' when
+    none) to every rank; any rank's error raises on every rank, `failed` naming the step."""
+    tick(f"waiting for every rank {waiting} (a gather over the world group)")
+    errors = [str(e) for e in (agree or _all_gather)(error) if e]
+    if errors:
+        raise RuntimeError(f"{failed}: {'; '.join(errors)}")
 
 
 def _all_gather(payload):
@@ -282,5 +283,4 @@ def with_overheads(cost, over: list):
     over = [ChunkOverhead.of(o) for o in over]
     if isinstance(cost, PipelineCost) and len(cost.stages) == len(over):
         return PipelineCost(tuple(add_constant(m, o) for m, o in zip(cost.stages, over)))
-    return add_constant(cost, ChunkOverhead(*(max(getattr(o, f) for o in over)
-                                              for f in ("ms", "per_token_ms", "received_ms"))))
+    return add_constant(cost, ChunkOverhead.largest(over))

@@ -206,7 +206,8 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     from .calibrate import calibrate_all_stages
     from .consensus import from_rank0, world_rank
 
-    meta = server_meta(sched, cfg) if world_rank() == 0 else {}  # the others take what they need from rank 0
+    rank0 = world_rank() == 0
+    meta = server_meta(sched, cfg) if rank0 else {}  # the others take what they need from rank 0
     kept: dict = {}  # world rank 0's own: the samples of a profile or cache, which it does not send
     src = from_rank0(lambda: _rank0_source(meta, cfg, max_context, kv_tokens, kept))
     if src["kind"] == "profile":
@@ -244,7 +245,7 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     if not isinstance(cost, PipelineCost) and cfg.pp_size > 1:
         logger.warning("[sglang-cpp] calibration returned one stage for pp=%d", cfg.pp_size)
     refit = None
-    if world_rank() == 0:
+    if rank0:
         meta["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         out = cache_path(meta, reached)  # named by what was measured, not what was asked for
         meta = {**meta, "backend": "sglang-startup", "max_len": reached, "requested_max_len": max_len,

@@ -115,12 +115,12 @@ def _captured_everywhere(sched, runner) -> bool:
     from sglang.srt.runtime_context import get_parallel, max_prefill_buffer_tokens
 
     graphs = getattr(runner, "prefill_cuda_graph_runner", None)
-    if bool(getattr(get_parallel(), "attn_dp_enabled", False)) and cap[3] == "tc_piecewise":
+    dp = bool(getattr(get_parallel(), "attn_dp_enabled", False))
+    if dp and cap[3] == "tc_piecewise":
         # under DP attention the extending rank votes against tc_piecewise replay (dp_attn.py:569-574, 402-403); breakable
         # graphs replay as without DP: idle ranks vote for them and run a padded dummy extend
         # (dp_attn.py:400, forward_batch_info.py:1795-1872), so the chunk's own rank replays it too
         return False
-    dp = bool(getattr(get_parallel(), "attn_dp_enabled", False))
     # (0.5.23 already gives DP attention with LoRA the eager runner, cuda_graph_setup.py:541-549: the `dp` half
     # holds for a runner that would not)
     if bool(getattr(graphs, "enable_lora", False)) and (dp or not getattr(graphs, "_capture_lora", False)):
