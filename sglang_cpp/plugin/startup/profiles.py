@@ -207,9 +207,13 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     from .consensus import from_rank0, world_rank
 
     rank0 = world_rank() == 0
-    meta = server_meta(sched, cfg) if rank0 else {}  # the others take what they need from rank 0
-    kept: dict = {}  # world rank 0's own: the samples of a profile or cache, which it does not send
-    src = from_rank0(lambda: _rank0_source(meta, cfg, max_context, kv_tokens, kept))
+    meta: dict = {}  # world rank 0's, filled inside from_rank0 (an error there reaches every rank); the others
+    kept: dict = {}  # take what they need from rank 0. Also rank 0's own: a profile's or cache's samples
+
+    def rank0_source() -> dict:
+        meta.update(server_meta(sched, cfg))
+        return _rank0_source(meta, cfg, max_context, kv_tokens, kept)
+    src = from_rank0(rank0_source)
     if src["kind"] == "profile":
         cost = model_from_dict(src["model"], f"SGLANG_CPP_PROFILE={src['where']}")
         logger.info("[sglang-cpp] cost model from %s (world rank 0's fit): %s", src["where"], cost)
