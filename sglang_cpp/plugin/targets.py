@@ -84,8 +84,9 @@ INTERNALS = (
     "sglang.srt.distributed.parallel_state.TensorMetadata",
     "sglang.srt.distributed.parallel_state.get_pp_group",
     "sglang.srt.layers.cp.utils.get_cp_strategy",  # switches._captured_everywhere: CP the prefill graph lacks
-    "sglang.srt.model_executor.forward_batch_info.prefill_graph_tolerates_sum_len",  # switches.dp_lone_prompt_eager
-    "sglang.srt.runtime_context.get_flags",  # ... the same test as _has_inactive_dp_rank (its rank barrier)
+    "sglang.srt.layers.moe.utils.get_moe_a2a_backend",  # switches._dp_decode_peers_veto: a DP peer's graph vote
+    "sglang.srt.mem_cache.kv_cache_builder.uses_ssm_state",  # ... the same vote (dp_attn.py:411-436)
+    "sglang.srt.runtime_context.get_memory",  # ... the same vote: HiSparse
     "sglang.srt.eplb.expert_distribution._ExpertDistributionRecorderNoop",
     "sglang.srt.eplb.expert_distribution.get_global_expert_distribution_recorder",
     "sglang.srt.eplb.expert_distribution.set_global_expert_distribution_recorder",
@@ -175,12 +176,15 @@ STATE_READS = {
         "pins absorbed MLA), 1423-1497 (the DP vote, idle DP ranks, the backend's own check), 158 and 1417-1420 "
         "(padding at most 2x), managers/scheduler_components/dp_attn.py:384-443, model_runner.py:287-294 (CP); "
         "switches._captured_everywhere, gathered from every rank at startup (startup.install); under DP attention "
-        "978-994 and 1423-1435 (`_has_inactive_dp_rank`: a batch with an idle DP rank runs eager, read before any "
-        "DP padding; MegaMoE with per-rank buckets excepted, forward_batch_info.py:400-415): switches."
-        "dp_lone_prompt_eager, and harness.prepare_mlp_sync measures eager there too",
-    "PrefillCudaGraphRunner.enable_lora, _capture_lora": "model_executor/runner/prefill_cuda_graph_runner.py:"
-        "341, 510, 538 (set), 1370-1374 and 1460-1466 (LoRA batches replay only a LoRA-captured graph); the LoRA "
-        "check in switches._captured_everywhere",
+        "dp_attn.py:400 and 569-574, 402-403 (idle ranks vote for replay; the extending rank votes no on tc_piecewise), "
+        "forward_batch_info.py:1795-1872 (the padded dummy extend), 292 (the vote is a minimum over DP ranks) and "
+        "411-436 (a decoding peer votes yes only as a convertible 1-token extend: no speculative decoding, MoE "
+        "all-to-all backend none, no two-batch overlap, HiSparse or recurrent state; switches._dp_decode_peers_veto)",
+    "Scheduler.spec_algorithm; PrefillCudaGraphRunner.enable_lora, _capture_lora": "managers/scheduler.py:509-511 "
+        "(get_spec()'s algorithm, the one the model runner holds), model_executor/runner/prefill_cuda_graph_runner.py:"
+        "341, 510, 538 (set), 1370-1374 and 1460-1466 (LoRA batches replay only a LoRA-captured graph), "
+        "managers/scheduler_components/dp_attn.py:419, 469 (the DP graph vote); switches._dp_decode_peers_veto and "
+        "the LoRA check in switches._captured_everywhere",
     "ScheduleBatch.prefix_lens, extend_lens, forward_mode": "managers/schedule_batch.py:2756-2780, 2885 "
         "(prepare_for_extend; lists, untouched by filter_batch / merge_batch, 3834, 3922); mixed decode rows "
         "(3358-3359) and DP attention's 1-token extends (3367-3397) have prefix >= the prompt and are left out",

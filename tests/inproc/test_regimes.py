@@ -329,16 +329,19 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     """Issue 45 item 7: SGLang 0.5.23 replays chunks of up to max_num_tokens (over contexts up to the smaller of
     max_context_size and max_seq_len, padded to the next captured bucket by at most 2x) in the captured prefill
     graph, where its MLA dispatch pins absorbed MLA (attention_backend_handler.py:109-112) for the tc_piecewise and
-    breakable graphs; a full graph fixes the method at capture. Not under DP attention (a prompt alone leaves the
-    other DP ranks idle, and a batch with an idle DP rank runs eager), nor with LoRA on a graph captured without
-    it, nor under a CP strategy the graph did not capture, nor when the stages' graphs differ. The stand-ins carry the attributes
+    breakable graphs; a full graph fixes the method at capture. Not tc_piecewise under DP attention (the extending
+    rank votes no; breakable graphs replay there, idle ranks padding), nor under a CP strategy the graph did not
+    capture, nor when the stages' graphs differ. The stand-ins carry the attributes
     prefill_cuda_graph_runner.py:348-387 sets. Every planned chunk captured: one method at every prefix; some: the
     eager regimes and one WARNING naming both limits."""
     from types import SimpleNamespace
 
     import sglang.srt.layers.cp.utils as cpu
-    import sglang.srt.model_executor.forward_batch_info as fbi
+    import sglang.srt.layers.moe.utils as moe_utils
+    import sglang.srt.mem_cache.kv_cache_builder as kvb
     import sglang.srt.runtime_context as rc
+    from sglang.srt.layers.moe.utils import MoeA2ABackend
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_cpp.core.regimes import captured_everywhere, mla_switches
     from sglang_cpp.plugin.startup import switches
@@ -390,35 +393,40 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
     monkeypatch.setattr(switches, "CAPTURED", [switches.captured_prefill(runner(pcg)), None])
     assert switches._captured_everywhere(sched, runner(pcg)) is False  # PP1 runs eager
     monkeypatch.setattr(switches, "CAPTURED", None)
+    par.attn_dp_enabled = True
+    assert switches._captured_everywhere(sched, runner(pcg)) is False  # DP: the extending rank votes no (tc_piecewise)
     bcg_all = PrefillCudaGraphRunner(max_num_tokens=16384, max_context_size=None, max_seq_len=None,
                                      prefill_backend_name="breakable", capture_num_tokens=list(dense))
-    assert switches._captured_everywhere(sched, runner(bcg_all)) is True
-    # DP attention: a batch with an idle DP rank runs eager (_has_inactive_dp_rank, read before any DP padding), and
-    # a served prompt alone leaves the other DP ranks idle: priced eager, one WARNING; MegaMoE graphs with per-rank
-    # buckets and no rank barrier replay it (SGLang's own exception)
-    tolerant, barrier = [False], [False]
-    monkeypatch.setattr(fbi, "prefill_graph_tolerates_sum_len", lambda: tolerant[0])
-    monkeypatch.setattr(rc, "get_flags", lambda: SimpleNamespace(dp=SimpleNamespace(
-        prefill_graph_has_rank_barrier=barrier[0])))
-    par.attn_dp_enabled = True
+    monkeypatch.setattr(moe_utils, "get_moe_a2a_backend", lambda: a2a[0])
+    monkeypatch.setattr(rc, "get_exec", lambda: SimpleNamespace(overlap=SimpleNamespace(enable_two_batch_overlap=tbo[0])))
+    monkeypatch.setattr(rc, "get_memory", lambda: SimpleNamespace(enable_hisparse=False))
+    monkeypatch.setattr(kvb, "uses_ssm_state", lambda mc: False)
+    a2a, tbo = [MoeA2ABackend.NONE], [False]
+    assert switches._captured_everywhere(sched, runner(bcg_all)) is True  # breakable: idle DP ranks pad and replay
+    # a decoding DP peer votes no on every step under these server settings (dp_attn.py:411-436): priced eager
     switches._WARNED.clear()
     caplog.clear()
     with caplog.at_level("WARNING", logger="sglang_cpp"):
-        assert switches._captured_everywhere(sched, runner(pcg)) is False
+        a2a[0] = MoeA2ABackend.DEEPEP
         assert switches._captured_everywhere(sched, runner(bcg_all)) is False
-        assert switches.dp_lone_prompt_eager() is True
-        tolerant[0] = True
-        assert switches._captured_everywhere(sched, runner(bcg_all)) is True and not switches.dp_lone_prompt_eager()
-        barrier[0] = True
+        a2a[0], tbo[0] = MoeA2ABackend.NONE, True
         assert switches._captured_everywhere(sched, runner(bcg_all)) is False
-    warned = [r.getMessage() for r in caplog.records if "under DP attention" in r.getMessage()]
-    assert len(warned) == 1 and "a prompt alone runs eager" in warned[0]
-    par.attn_dp_enabled = False
-    assert switches.dp_lone_prompt_eager() is False
-    # LoRA: only a graph captured with LoRA replays LoRA batches
+        tbo[0] = False
+        sched.spec_algorithm = SpeculativeAlgorithm.EAGLE
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is False
+        sched.spec_algorithm = SpeculativeAlgorithm.NONE
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is True
+    warned = [r.getMessage() for r in caplog.records if "votes no here" in r.getMessage()]
+    assert len(warned) == 1 and "the MoE all-to-all backend deepep" in warned[0]  # once per server, the first reason
+    small = [r.getMessage() for r in caplog.records if "decodes at least" in r.getMessage()]
+    assert len(small) == 1 and "decodes at least 32 requests" in small[0] and "bucket (64 tokens)" in small[0]
+    # LoRA: under DP attention every rank with a batch votes no (dp_attn.py:469); without DP only a graph captured
+    # with LoRA replays LoRA batches
     caplog.clear()
     with caplog.at_level("WARNING", logger="sglang_cpp"):
         bcg_all.enable_lora, bcg_all._capture_lora = True, True
+        assert switches._captured_everywhere(sched, runner(bcg_all)) is False
+        par.attn_dp_enabled = False
         assert switches._captured_everywhere(sched, runner(bcg_all)) is True
         bcg_all._capture_lora = False
         assert switches._captured_everywhere(sched, runner(bcg_all)) is False
@@ -434,36 +442,3 @@ def test_a_captured_prefill_graph_that_holds_every_planned_chunk_prices_absorbed
         assert switches._captured_everywhere(sched, runner(bcg)) is False  # once per server
     warned = [r.getMessage() for r in caplog.records if "replay the captured prefill CUDA graph" in r.getMessage()]
     assert len(warned) == 1 and "4096 tokens over contexts of up to 32768" in warned[0] and "16384" in warned[0]
-
-
-def test_calibration_forwards_under_dp_attention_are_measured_eager_as_a_lone_prompt_runs(monkeypatch):
-    """Final review finding: every DP rank extends the calibration chunk, so SGLang's own vote would replay the
-    prefill graph there, while a served prompt alone leaves the other DP ranks idle and runs eager
-    (`_has_inactive_dp_rank`). The harness turns the vote off under DP attention (not where SGLang lets such a
-    batch replay), so the calibration measures what the pricing assumes."""
-    from types import SimpleNamespace
-
-    import sglang.srt.managers.scheduler_components.dp_attn as dpa
-    import sglang.srt.model_executor.cuda_graph_config as cgc
-    import sglang.srt.model_executor.forward_batch_info as fbi
-    import sglang.srt.runtime_context as rc
-    import sglang.srt.utils.common as common
-
-    from sglang_cpp.plugin.startup import harness
-
-    par = SimpleNamespace(attn_dp_enabled=True, dwdp_size=1)
-    monkeypatch.setattr(common, "require_mlp_sync", lambda: True)
-    monkeypatch.setattr(common, "require_mlp_tp_gather", lambda: False)
-    monkeypatch.setattr(cgc, "cuda_graph_fully_disabled", lambda: False)
-    monkeypatch.setattr(rc, "get_parallel", lambda: par)
-    monkeypatch.setattr(rc, "get_schedule", lambda: SimpleNamespace(disable_overlap_schedule=True))
-    monkeypatch.setattr(rc, "get_flags", lambda: SimpleNamespace(dp=SimpleNamespace(prefill_graph_has_rank_barrier=False)))
-    tolerant = [False]
-    monkeypatch.setattr(fbi, "prefill_graph_tolerates_sum_len", lambda: tolerant[0])
-    monkeypatch.setattr(dpa, "prepare_mlp_sync_batch_raw",  # SGLang's vote: every DP rank extends, so replay
-                        lambda batch, **kw: setattr(batch, "can_run_dp_prefill_cuda_graph", True))
-    for dp, tol, want in ((True, False, False), (True, True, True), (False, False, True)):
-        par.attn_dp_enabled, tolerant[0] = dp, tol
-        batch = SimpleNamespace()
-        assert harness.prepare_mlp_sync(batch, runner=None) is True
-        assert batch.can_run_dp_prefill_cuda_graph is want, (dp, tol)

@@ -40,10 +40,6 @@ def prepare_mlp_sync(batch, runner) -> bool:
                                require_mlp_tp_gather=require_mlp_tp_gather(),
                                disable_overlap_schedule=get_schedule().disable_overlap_schedule,
                                offload_tags=set(), dwdp=get_parallel().dwdp_size > 1)
-    from .switches import dp_lone_prompt_eager
-
-    if dp_lone_prompt_eager():  # a served prompt alone runs eager (its idle DP peers): measure eager too
-        batch.can_run_dp_prefill_cuda_graph = False
     return True
 
 
@@ -171,8 +167,7 @@ def _say_dp(batch) -> None:
 
     _said_dp = True
     logger.info("[sglang-cpp] calibration forwards under DP attention: SGLang's forward saw is_extend_in_batch=%s, "
-                "global_num_tokens=%s, can_run_dp_prefill_cuda_graph=%s", get_is_extend_in_batch(),
-                list(batch.global_num_tokens or []), getattr(batch, "can_run_dp_prefill_cuda_graph", None))
+                "global_num_tokens=%s", get_is_extend_in_batch(), list(batch.global_num_tokens or []))
 
 
 def synthetic_req(sched, rng, n_tokens: int, rid: str):

@@ -87,7 +87,11 @@ def _captured_everywhere(sched, runner) -> bool:
     takes absorbed MLA at every prefix (attention_backend_handler.py:109-112): tc_piecewise or breakable graphs,
     inside whose replay the dispatch reads its context (a full graph: one WARNING, priced eager). SGLang 0.5.23's
     config parser refuses tc_piecewise (cuda_graph_config.py:183-186, 238-242): its branches here are for a
-    runner that still reports it. Not under DP attention (dp_lone_prompt_eager), nor with LoRA, nor under
+    runner that still reports it. Not for tc_piecewise graphs under DP attention (the extending rank votes
+    against replay, dp_attn.py:569-574); breakable graphs replay there as without DP, idle ranks padding a
+    dummy extend (the DP padding runs before the graph check, model_runner.py:2013-2019 against 2040, and gives
+    every rank the common bucket, forward_batch_info.py:1794-1809, so `_has_inactive_dp_rank` sees no idle rank), unless a server setting makes every decoding peer vote no (_dp_decode_peers_veto; a peer
+    decoding fewer requests than half the smallest bucket votes no too: one WARNING says so), or LoRA. Nor under
     context parallelism the graph did not capture (model_runner.py:287-294), nor when the stages' graphs differ.
     Some chunks but not all: one WARNING naming both limits (the eager chunks follow the regimes in L; the
     captured ones are priced as if eager)."""
@@ -109,25 +113,42 @@ def _captured_everywhere(sched, runner) -> bool:
     if cap[3] not in ("tc_piecewise", "breakable"):  # cuda_graph_config.py:40-47
         return False
     from sglang.srt.layers.cp.utils import get_cp_strategy
-    from sglang.srt.runtime_context import max_prefill_buffer_tokens
+    from sglang.srt.runtime_context import get_parallel, max_prefill_buffer_tokens
 
     graphs = getattr(runner, "prefill_cuda_graph_runner", None)
-    if dp_lone_prompt_eager():
-        _warn_once("dp", "[sglang-cpp] MLA prefill under DP attention: a chunk replays the prefill graph only when "
-                   "every DP rank holds tokens and votes for it (prefill_cuda_graph_runner.py:978-994, 1423-1435; "
-                   "dp_attn.py:411-436), so a prompt alone runs eager: chunks are priced as eager, and calibrated so")
+    dp = bool(getattr(get_parallel(), "attn_dp_enabled", False))
+    if dp and cap[3] == "tc_piecewise":
+        # under DP attention the extending rank votes against tc_piecewise replay (dp_attn.py:569-574, 402-403); breakable
+        # graphs replay as without DP: idle ranks vote for them and run a padded dummy extend
+        # (dp_attn.py:400, forward_batch_info.py:1795-1872), so the chunk's own rank replays it too
         return False
-    # LoRA replays need static LoRA metadata: without a LoRA-captured graph the replay check refuses
-    # (prefill_cuda_graph_runner.py:1370-1374, 1460-1466)
-    if bool(getattr(graphs, "enable_lora", False)) and not getattr(graphs, "_capture_lora", False):
+    # (0.5.23 already gives DP attention with LoRA the eager runner, cuda_graph_setup.py:541-549: the `dp` half
+    # holds for a runner that would not)
+    if bool(getattr(graphs, "enable_lora", False)) and (dp or not getattr(graphs, "_capture_lora", False)):
+        # LoRA replays need static LoRA metadata: under DP attention every rank with a batch votes no
+        # (dp_attn.py:469), and without a LoRA-captured graph the replay check refuses (prefill_cuda_graph_runner.py:
+        # 1370-1374, 1460-1466)
         _warn_once("lora", "[sglang-cpp] MLA prefill with --enable-lora: the prefill graph does not replay LoRA "
                    "batches here, so chunks are priced as eager")
         return False
+    if dp:
+        veto = _dp_decode_peers_veto(sched)
+        if veto:
+            _warn_once("dp-veto", "[sglang-cpp] MLA prefill under DP attention: the breakable prefill graph replays "
+                       "only when every DP rank votes for it, and a rank decoding meanwhile votes no here (%s; "
+                       "managers/scheduler_components/dp_attn.py:411-436), so chunks are priced as eager", veto)
+            return False
     if get_cp_strategy() is not None and not bool(getattr(graphs, "enable_cp_bcg_capture", False)):
         return False
     largest, context = int(max_prefill_buffer_tokens()), int(getattr(sched.model_config, "context_len", 0) or 0)
     align = math.lcm(64, int(getattr(sched, "page_size", 1) or 1))  # the plan's smallest chunk at least
     if captured_everywhere(cap[0], cap[1], largest, context, cap[2], smallest_chunk=align):
+        if dp:
+            _warn_once("dp-small-decode", "[sglang-cpp] MLA prefill under DP attention: chunks are priced as replaying "
+                       "the breakable prefill graph, which holds while every other DP rank is idle or decodes at least "
+                       "%d requests; a smaller decode batch pads more than 2x to the smallest captured bucket (%d "
+                       "tokens) and votes no (dp_attn.py:437-481, prefill_cuda_graph_runner.py:1417-1420), and that "
+                       "step's chunk runs eager", -(-cap[2][0] // 2) if cap[2] else 1, cap[2][0] if cap[2] else 0)
         return True
     _warn_once(cap, "[sglang-cpp] MLA prefill: chunks of up to %d tokens%s replay the captured prefill CUDA graph "
                "(absorbed MLA at every prefix) where their padding allows, larger ones run eager (the attention "
@@ -139,20 +160,32 @@ def _captured_everywhere(sched, runner) -> bool:
     return False
 
 
-def dp_lone_prompt_eager() -> bool:
-    """Whether, under DP attention, a chunk runs eager while another DP rank is idle: SGLang's prefill graph
-    refuses a batch in which any DP rank holds no tokens (`_has_inactive_dp_rank`, prefill_cuda_graph_runner.py:
-    978-994, read at can_run_graph before any DP padding, 1423-1435), and a served prompt alone leaves the other
-    DP ranks idle. False without DP attention, and where SGLang lets such a batch replay (MegaMoE graphs with
-    per-rank buckets and no rank barrier, the same test as `_has_inactive_dp_rank`'s). The calibration
-    measures its forwards that way too (harness.prepare_mlp_sync), though every DP rank extends its chunk there,
-    which would replay."""
-    from sglang.srt.model_executor.forward_batch_info import prefill_graph_tolerates_sum_len
-    from sglang.srt.runtime_context import get_flags, get_parallel
+def _dp_decode_peers_veto(sched) -> str:
+    """Why a decoding DP peer would vote against the breakable prefill graph on this server, '' if it need not.
+    The vote is a minimum over DP ranks (dp_attn.py:292); a decode batch votes for replay only as its 1-token
+    extend view, which these server-wide settings rule out (dp_attn.py:411-436). Per-request reasons (logprobs,
+    grammar, beams on a peer) cannot be known at startup; those chunks run eager while priced captured."""
+    from sglang.srt.layers.moe.utils import get_moe_a2a_backend
+    from sglang.srt.mem_cache.kv_cache_builder import uses_ssm_state
+    from sglang.srt.runtime_context import get_exec, get_memory
 
-    if not bool(getattr(get_parallel(), "attn_dp_enabled", False)):
-        return False
-    return not (prefill_graph_tolerates_sum_len() and not get_flags().dp.prefill_graph_has_rank_barrier)
+    spec = getattr(sched, "spec_algorithm", None)
+    if spec is not None and not spec.is_none():
+        return f"speculative decoding ({getattr(spec, 'name', spec)})"
+    a2a = get_moe_a2a_backend()
+    if not a2a.is_none():
+        return f"the MoE all-to-all backend {getattr(a2a, 'value', a2a)}"
+    if bool(getattr(get_exec().overlap, "enable_two_batch_overlap", False)):
+        return "two-batch overlap"
+    if bool(getattr(get_memory(), "enable_hisparse", False)):
+        return "HiSparse"
+    from sglang.srt.layers.cp.utils import get_cp_strategy
+
+    if get_cp_strategy() is not None:
+        return "context parallelism"
+    if uses_ssm_state(sched.model_config):
+        return "a model with recurrent state"
+    return ""
 
 
 def _dispatch_predicates(sched) -> dict:
