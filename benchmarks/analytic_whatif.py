@@ -23,7 +23,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from sglang_cpp.core.costmodel import PipelineCost
+from sglang_cpp.core.costmodel import PipelineCost, with_overheads
 from sglang_cpp.core.planner import ttft
 from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.files import pyplot, save_figure
@@ -45,16 +45,16 @@ def main() -> int:
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     if args.overhead is None:
         args.overhead = h20.chunk_overhead_ms
-    f = fit(q, h20, 4, [BLOG_PP1], overhead_ms=args.overhead)
+    f = fit(q, h20, 4, [BLOG_PP1], chunk_overhead_ms=args.overhead)
     dev = f.on(h20)
     pred = {name: {S: predict_ms(q, dev, 4, Measured(8, S, 1.0, pol, C, sig), args.overhead) / 1e3 for S in TABLE1}
             for name, (pol, C, sig) in POLICIES.items()}
     stages = stage_models(q, dev, 4, 8)
-    cost = PipelineCost(tuple(stages))
+    cost = with_overheads(PipelineCost(tuple(stages)), args.overhead, 8)  # the per-chunk overhead on the cost
 
     def objective(pol: str, S: int) -> float:  # the planner's own sum + (P-1)*max over the slowest stage
-        ch = chunks_for(pol, S, cost, 8, 18432, sigma=0.8, max_prefill=18432, overhead_ms=args.overhead)
-        return ttft(ch, 0, cost, 8, args.overhead)
+        ch = chunks_for(pol, S, cost, 8, 18432, sigma=0.8, max_prefill=18432)
+        return ttft(ch, 0, cost, 8)
     cmd = "python benchmarks/analytic_whatif.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     dck, plan = pred["upstream DCK 18K, sigma 0.8"], pred["sglang-cpp plan (C=18K)"]
     out = ["# The analytic model, calibrated on one point, against the blog (Qwen3-235B-A22B-FP8, H20)", "",
@@ -88,7 +88,7 @@ def main() -> int:
             "- % of physical limit: the causal prefill FLOPs over 32 GPUs at dense peak (anchors.md 2.2) divided "
             "by the predicted TTFT.",
             f"- Roofline: DCK's chunks are >= 4.6K tokens (upstream's C/4 floor); the plan has no floor (issue 25) "
-            f"and its smallest chunk at 128K is {min(chunks_for('plan', 131072, cost, 8, 18432, overhead_ms=args.overhead))} "
+            f"and its smallest chunk at 128K is {min(chunks_for('plan', 131072, cost, 8, 18432))} "
             "tokens, still FLOP-bound: the byte terms bind for chunks below a few hundred tokens "
             "(tests/unit/test_analytic.py, the plan on the roofline)."]
     text = "\n".join(out) + "\n"

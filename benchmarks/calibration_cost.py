@@ -18,7 +18,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from sglang_cpp.core.costmodel import PipelineCost
+from sglang_cpp.core.costmodel import PipelineCost, with_overheads
 from sglang_cpp.core.partition import default_partition
 from sglang_cpp.core.objective import PlanConfig
 from sglang_cpp.machine import provenance_lines
@@ -59,9 +59,12 @@ def old_ms(stages, M: int, cap: int) -> float:
     return total
 
 
-def new_ms(stages, M: int, cap: int, fill_ms_per_token: float, plan_cfg: PlanConfig) -> tuple[float, int]:
-    """(ms, samples) of the grid calibration up to M, level by level as `calibrate_all_stages` runs it."""
-    cost = stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
+def new_ms(stages, M: int, cap: int, fill_ms_per_token: float, plan_cfg: PlanConfig,
+           chunk_overhead_ms: float = 0.0) -> tuple[float, int]:
+    """(ms, samples) of the grid calibration up to M, level by level as `calibrate_all_stages` runs it; the
+    plans it covers are cut with `chunk_overhead_ms` per chunk and stage (the device preset's)."""
+    cost = with_overheads(stages[0] if len(stages) == 1 else PipelineCost(tuple(stages)), chunk_overhead_ms,
+                          plan_cfg.pp_size)
     levels, seen, top, total, n = calibration_levels(M), set(), cap, 0.0, 0
     for i, level in enumerate(levels):
         pts = new_points(level, seen, 64, top, 0)
@@ -99,14 +102,13 @@ def main() -> int:
     got = {}
     for label, name, dev_name, tp, pp, targets, chunk in CASES:
         model, dev = MODELS[name], replace(DEVICES[dev_name], efficiency=eff, attn_efficiency=None)
-        plan_cfg = PlanConfig.from_server(pp_size=pp, chunk_size=chunk, max_prefill_tokens=16384,
-                                          overhead_ms=dev.chunk_overhead_ms)
+        plan_cfg = PlanConfig.from_server(pp_size=pp, chunk_size=chunk, max_prefill_tokens=16384)
         cap = plan_cfg.hi
         stages = stage_models(model, dev, tp, pp)
         layers = max(default_partition(model.num_layers, pp))
         fill = layers * kv_bytes_per_token(model, tp) / (dev.mem_bw_gbps * 1e9 * dev.mem_efficiency) * 1e3
         for M in targets:
-            g, n = new_ms(stages, M, cap, fill, plan_cfg)
+            g, n = new_ms(stages, M, cap, fill, plan_cfg, dev.chunk_overhead_ms)
             g, w = g / 1e3, old_ms(stages, M, cap) / 1e3
             got[(name, M)] = (g, w)
             out.append(f"| {label} | {M // 1024}K | {n} | {g:.1f} | {w:.1f} | {g / w:.3f} |")

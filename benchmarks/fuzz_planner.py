@@ -26,14 +26,14 @@ import time
 
 import numpy as np
 
-from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
 from sglang_cpp.core.planner import PlanConfig, plan_equal_time
 
 SHAPES = ("fa", "torch_native", "upstream", "near_zero", "huge", "per_stage")
 # (what is broken, the words the ValueError must contain)
 INVALID = {"prompt_len=0": "prompt_len", "prefix>=prompt": "prefix_len", "prefix<0": "prefix_len",
            "min>max": "--min-chunk", "align=0": "--align", "max<align": "--max-chunk",
-           "overhead<0": "--overhead-ms", "overhead=nan": "--overhead-ms", "context<prompt": "context length",
+           "overhead<0": "per-chunk overhead", "overhead=nan": "per-chunk overhead", "context<prompt": "context length",
            "coef<0": "coefficient", "b=e=f=0": "b = e = f = 0", "pp=0": "--pp-size"}
 
 
@@ -113,8 +113,9 @@ def gen_case(rng) -> dict:
 def plan_case(case: dict) -> list[int]:
     models = [CostModel(**s) for s in case["stages"]]
     cost = models[0] if len(models) == 1 else PipelineCost(tuple(models))
+    cost = with_overheads(cost, case["o"], max(1, case["P"]))  # the per-chunk overhead rides on the cost
     cfg = PlanConfig(pp_size=case["P"], align=case["align"], min_chunk=case["min"], max_chunk=case["max"],
-                     context_len=case["ctx"], overhead_ms=case["o"])
+                     context_len=case["ctx"])
     return list(plan_equal_time(case["N"], cost, cfg, case["prefix"]).chunks)
 
 

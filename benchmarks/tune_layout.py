@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from sglang_cpp.machine import provenance_lines
+from sglang_cpp.core.costmodel import with_overheads
 from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
 from sglang_cpp.whatif.analytic_fit import BLOG_PP1, fit, stage_models
@@ -36,8 +37,9 @@ def cp_tax(model, dev, tp: int, cps, backend: str | None) -> list[str]:
     o = dev.chunk_overhead_ms
     models = {cp: stage_models(model, dev, tp, 1, tp_comm=True, cp=cp, attention_backend=backend)[0]
               for cp in (1, *cps)}
-    ms = {cp: [simulate(chunks_for("fixed", S, m, 1, TAX_CHUNK, overhead_ms=o), [m], 1,
-                        SimConfig(cpu_overhead_ms=o)).ttft_ms for S in TAX_LENGTHS] for cp, m in models.items()}
+    models = {cp: with_overheads(m, o, 1) for cp, m in models.items()}  # o per chunk, on the cost
+    ms = {cp: [simulate(chunks_for("fixed", S, m, 1, TAX_CHUNK), m, 1, SimConfig()).ttft_ms for S in TAX_LENGTHS]
+          for cp, m in models.items()}
     rows = [f"| TP{tp} alone | " + " | ".join(f"{v / 1e3:.3f} s" for v in ms[1]) + " |"]
     for cp in cps:
         rows.append(f"| TP{tp} (CP{cp}) / TP{tp} | " + " | ".join(f"{a / b:.3f}" for a, b in zip(ms[cp], ms[1])) + " |")

@@ -43,7 +43,7 @@ OVERHEADS = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0)
 def predictions(overhead: float) -> tuple[float, dict]:
     """(fitted efficiency, {(policy, C, sigma): {S: TTFT s}}) at one per-chunk overhead."""
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
-    f = fit(q, h20, 4, [BLOG_PP1], overhead_ms=overhead)
+    f = fit(q, h20, 4, [BLOG_PP1], chunk_overhead_ms=overhead)
     dev = f.on(h20)
     runs = [("plan", C, 0.8) for C in PLAN_CS] + [("quadratic", C, s) for C in GRID_C for s in GRID_SIGMA]
     runs += [("quadratic", 18432, 0.8), ("fixed", 6144, 0.8)]

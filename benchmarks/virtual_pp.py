@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from sglang_cpp.core.costmodel import PipelineCost
+from sglang_cpp.core.costmodel import PipelineCost, with_overheads
 from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.machine import provenance_lines
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
@@ -33,15 +33,16 @@ P, TP = 8, 4
 
 def table(stages, cost, o: float) -> tuple[list[str], dict]:
     """Rows of predicted TTFT (s) per length, and {length: (winner, its TTFT)}."""
-    cfg = SimConfig(cpu_overhead_ms=o)
+    cfg = SimConfig()
+    cost = with_overheads(cost, o, P)  # o per visit (V > 1: simulate_virtual charges it per visit)
     cols = [("plan V=1", "plan", 18432, 1), ("plan chunks V=2", "plan", 18432, 2)]
     cols += [(f"fixed {C // 1024}K V={V}", "fixed", C, V) for C in FIXED for V in (1, 2, 4)]
     rows, winners = [], {}
     for S in LENGTHS:
         got = {}
         for name, pol, C, V in cols:
-            ch = chunks_for(pol, S, cost, P, C, max_prefill=max(C, 18432), overhead_ms=o)
-            got[name] = simulate_virtual(ch, stages, P, V, cfg).ttft_ms / 1e3
+            ch = chunks_for(pol, S, cost, P, C, max_prefill=max(C, 18432))
+            got[name] = simulate_virtual(ch, cost, P, V, cfg).ttft_ms / 1e3
         best_virtual = min((v, n) for n, v in got.items() if "fixed" in n and not n.endswith("V=1"))
         winners[S] = min((v, n) for n, v in got.items())[::-1]
         rows.append(f"| {S // 1024}K | " + " | ".join(f"{got[n]:.2f}" for n, *_ in cols) +
@@ -59,7 +60,7 @@ def main() -> int:
     args = ap.parse_args()
     q, h20 = MODELS["qwen3-235b-a22b-fp8"], DEVICES["H20"]
     o = h20.chunk_overhead_ms if args.o is None else args.o
-    f = fit(q, h20, TP, [BLOG_PP1], overhead_ms=o)
+    f = fit(q, h20, TP, [BLOG_PP1], chunk_overhead_ms=o)
     dev = f.on(h20)
     stages = stage_models(q, dev, TP, P)
     cost = PipelineCost(tuple(stages))

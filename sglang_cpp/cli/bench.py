@@ -39,16 +39,13 @@ def simulate_ttft(args) -> list[dict]:
     FIFO. Each prompt runs the chunks its policy gives it when it starts (whatif/stream.py): for `plan`, the
     plugin's queue-aware plan on the simulated chunks in flight and prompts waiting, replanned at the first
     chunk boundary after an arrival; the others are the same for every prompt."""
-    from ..core.costmodel import PipelineCost
     from ..core.policy import plan_for
     from ..whatif.simulator import SimConfig
     from ..whatif.stream import StreamPolicy, plan_stream
     P, src = args.pp_size, CostSource.from_args(args)
-    stages, hidden = src.stage_costs(P)
-    overhead_ms = src.overhead_ms()
-    cost = stages[0] if P == 1 else PipelineCost(tuple(stages))
+    cost, overhead_ms = src.cost(P), src.overhead_ms()  # the cost carries the overhead
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
-                    hidden_size=hidden, cpu_overhead_ms=overhead_ms)
+                    hidden_size=src.hidden_size(P))
     records, n, C = [], args.num_requests, args.max_concurrency
     for policy, pchunk in args.policy:
         chunk = pchunk or args.chunk_size or 8192
@@ -57,8 +54,7 @@ def simulate_ttft(args) -> list[dict]:
         meta = run_meta(label, True)
         hw = {"source": src.describe(), "pp_size": P, "tp": src.tp_size or 1, "chunk_size": chunk,
               "sim_policy": policy, "chunk_overhead_ms": overhead_ms}
-        kw = dict(sigma=args.sigma, max_prefill=args.max_prefill_tokens, overhead_ms=overhead_ms,
-                  coeffs=args.coeffs, profile=args.profile)
+        kw = dict(sigma=args.sigma, max_prefill=args.max_prefill_tokens, coeffs=args.coeffs, profile=args.profile)
         check_sigma(args.sigma)
         for L in args.input_lens:
             memo = {}  # the policies other than plan give a prompt the same chunks whatever the queue
@@ -70,7 +66,7 @@ def simulate_ttft(args) -> list[dict]:
                 return memo[key]
 
             run = plan_stream([L] * n, StreamPolicy(policy, chunks, queue_aware=policy == "plan"), cost, P,
-                              max_concurrency=C, overhead_ms=overhead_ms, config=cfg)
+                              max_concurrency=C, config=cfg)
             res = run.sim
             ttfts = [t / 1e3 for t in res.ttfts_ms]
             rec = summarize(ttfts, [""] * n, L, res.makespan_ms / 1e3, ttfts)

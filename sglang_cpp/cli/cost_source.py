@@ -40,17 +40,25 @@ class CostSource:
         return {"profile": f"profile {self.profile}", "coeffs": f"coeffs {self.coeffs}",
                 "analytic": f"analytic {self.analytic} on {self.gpu}"}.get(self.kind, "no cost source")
 
-    def stage_costs(self, pp_size: int) -> tuple[list, int]:
-        """(one cost model per stage, the model's hidden size or 0 when the source does not say)."""
+    def stage_costs(self, pp_size: int) -> list:
+        """One model per stage, each with its per-chunk overhead (for code that prices stages one by one)."""
+        from ..core.costmodel import PipelineCost
         from ..whatif.simulator import _stage_costs
 
-        cost, hidden = self._cost(pp_size)
-        return _stage_costs(cost, pp_size), hidden
+        models, over = _stage_costs(self.cost(pp_size), pp_size)
+        return [m if o is None else PipelineCost((m,), (o,)) for m, o in zip(models, over)]
 
     def cost(self, pp_size: int):
-        """The source's own model: one CostModel that serves every stage (a one-stage profile, coefficients) or a
-        PipelineCost (per-stage profiles, the analytic stages)."""
-        return self._cost(pp_size)[0]
+        """The source's model, carrying the per-chunk overhead (`overhead_ms`, on top of any a served profile
+        carries): one model that serves every stage (a one-stage profile, coefficients) or one per stage
+        (per-stage profiles, the analytic stages)."""
+        from ..core.costmodel import add_overhead
+
+        return add_overhead(self._cost(pp_size)[0], self.overhead_ms(), pp_size)
+
+    def hidden_size(self, pp_size: int) -> int:
+        """The model's hidden size (the analytic model's), 0 when the source does not say."""
+        return self._cost(pp_size)[1]
 
     def _cost(self, pp_size: int):
         from ..core.costmodel import PipelineCost

@@ -46,12 +46,12 @@ def build_plan(args):
         raise ValueError(f"--chunked-prefill-size {args.chunk_size} is not divisible by --page-size {args.page_size}: "
                          "SGLang refuses it at startup; give a multiple of the page size")
     src = CostSource.from_args(args)
-    cost, overhead_ms = src.cost(args.pp_size), src.overhead_ms()
+    cost = src.cost(args.pp_size)  # carrying the per-chunk overhead
     max_chunk = args.max_chunk or served_cap(args.profile)
     if args.policy == "fixed" and not args.chunk_size:
         raise ValueError("--policy fixed needs --chunked-prefill-size (the fixed chunk C)")
     return plan_for(args.policy, args.prompt_len, cost, args.pp_size, args.chunk_size or 0, sigma=args.sigma,
-                    ctx=args.context_len, max_prefill=args.max_prefill_tokens, overhead_ms=overhead_ms,
+                    ctx=args.context_len, max_prefill=args.max_prefill_tokens,
                     coeffs=args.coeffs, prefix_len=args.prefix_len, page_size=args.page_size or 1,
                     method=args.method, max_chunk=max_chunk, min_chunk=args.min_chunk or 0,
                     align=args.align or 64)

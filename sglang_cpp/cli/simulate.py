@@ -48,35 +48,31 @@ def run_simulate(args) -> int:
     """`sglang-cpp simulate`: plan (fixed, quadratic or planner) + simulate + report. Bad input raises
     ValueError (sglang_cpp.cli.main prints it and exits 2)."""
     src = CostSource.from_args(args)
-    costs, hidden = src.stage_costs(args.pp_size)
-    overhead_ms = src.overhead_ms()
-    P = len(costs)
+    P = args.pp_size
+    cost = src.cost(P)  # carrying the per-chunk overhead
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
-                    hidden_size=args.hidden_size if args.hidden_size is not None else hidden,
-                    send_mode=args.send_mode, recv_mode=args.recv_mode,
-                    cpu_overhead_ms=overhead_ms)
+                    hidden_size=args.hidden_size if args.hidden_size is not None else src.hidden_size(P),
+                    send_mode=args.send_mode, recv_mode=args.recv_mode)
     R = args.prompt_len - args.prefix_len
     if R < 1:
         raise ValueError(f"--input-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")
-    from ..core.costmodel import PipelineCost
     from ..core.policy import chunks_for
 
     C = args.chunk_size or 8192
     if C < 1:
         raise ValueError("--chunked-prefill-size must be >= 1")
-    cost = costs[0] if P == 1 else PipelineCost(tuple(costs))
     chunks = chunks_for(args.policy, args.prompt_len, cost, P, C, sigma=args.sigma, max_prefill=args.max_prefill_tokens,
-                        overhead_ms=overhead_ms, coeffs=args.coeffs, profile=args.profile,
+                        coeffs=args.coeffs, profile=args.profile,
                         prefix_len=args.prefix_len, method=args.method, max_chunk=args.max_chunk or 0)
     if args.virtual_stages > 1:
         from ..whatif.virtual_pp import simulate_virtual
 
-        res = simulate_virtual(chunks, costs, P, args.virtual_stages, cfg, visit_overhead_ms=args.visit_overhead_ms,
+        res = simulate_virtual(chunks, cost, P, args.virtual_stages, cfg, visit_overhead_ms=args.visit_overhead_ms,
                                prefix_len=args.prefix_len)
     elif args.virtual_stages < 1:
         raise ValueError(f"--virtual-stages={args.virtual_stages} must be >= 1")
     else:
-        res = simulate(chunks, costs, P, cfg, prefix_len=args.prefix_len)
+        res = simulate(chunks, cost, P, cfg, prefix_len=args.prefix_len)
     trace = str(res.save_trace(args.trace)) if args.trace else None
     if args.json:
         print(dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len,

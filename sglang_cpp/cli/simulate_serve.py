@@ -33,7 +33,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
       help="prefill token budget of sglang/sarathi/tdpipe; #MaxP of gllm/time")
     a("--kv-capacity", type=parse_len, default=parse_len("256k"), help="KV pool in tokens")
     a("--batch-overhead-ms", type=float, default=0.0, help="CPU prep per micro-batch and stage")
-    a("--p2p-latency-ms", dest="p2p_ms", metavar="MS", type=float, default=0.0,
+    a("--p2p-latency-ms", metavar="MS", type=float, default=0.0,
       help="P2P transfer time per micro-batch and hop (as simulate's --p2p-latency-ms per chunk)")
     a("--sample-ms", type=float, default=0.02,
       help="sampling per sequence on the last stage, which SiPipe's CPU sampling takes off it (an assumption: "
@@ -111,11 +111,11 @@ def run(args) -> int:
                            LengthMix.parse(args.output_lens, "--output-lens"), args.seed)
     if args.save_workload:
         save_trace(requests, args.save_workload)
-    prefill = CostSource.from_args(args).stage_costs(args.pp_size)[0]
+    prefill = CostSource.from_args(args).stage_costs(args.pp_size)
     results = run_policies(requests, prefill, [n.strip() for n in args.policies.split(",") if n.strip()],
                            chunk=args.chunk, decode=decode_costs(args.decode_log, len(prefill)),
                            kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,
-                           p2p_ms=args.p2p_ms, sample_ms=args.sample_ms,
+                           p2p_latency_ms=args.p2p_latency_ms, sample_ms=args.sample_ms,
                            progress=progress_bar("simulate-serve", "policy", args.disable_tqdm))
     if args.trace_dir:
         for name, r in results.items():

@@ -113,13 +113,24 @@ def _rows_at(coefs: np.ndarray, L, x) -> np.ndarray:
 class PipelineCost:
     """The slowest of several models for every (L, x): a pipeline runs at the pace of its slowest stage,
     and a roofline stage at the slower of its compute and memory bounds (`roofline.py`), so a stage may
-    itself be a PipelineCost. The planner sees the flat list of polynomial `rows`."""
+    itself be a PipelineCost. The planner sees the flat list of polynomial `rows`.
+
+    `overheads`: the per-chunk overhead of each stage (ChunkOverhead: launch, scheduling, the hidden-state
+    receive), the one carrier of that cost, kept apart from the fitted forward models in `stages` (empty:
+    none). Every time this object gives (`time`, `stage_times`, `rows`, `max_chunk_for`) includes it; the
+    refit and the simulator read the two apart (`kernel`, `overheads`)."""
 
     stages: tuple
+    overheads: tuple = ()
 
     def __post_init__(self):
         if not self.stages:
             raise ValueError("PipelineCost needs at least one stage model")
+        over = tuple(ChunkOverhead.of(o) for o in self.overheads)
+        if over and len(over) != len(self.stages):
+            raise ValueError(f"PipelineCost: {len(over)} chunk overheads for {len(self.stages)} stages; give one "
+                             "per stage")
+        object.__setattr__(self, "overheads", over if any(o != ChunkOverhead() for o in over) else ())
         # (rows, 6) coefficients: every row evaluated in one matrix product (64 stages are common); None
         # when a stage is piecewise in L (core/regimes.py), whose rows depend on the prefix
         poly = all(isinstance(m, (CostModel, PipelineCost)) and getattr(m, "_coefs", 0) is not None
@@ -128,20 +139,38 @@ class PipelineCost:
                            if poly else None)
 
     @property
+    def kernel(self) -> "PipelineCost":
+        """The fitted forward models alone, without the per-chunk overheads (what a logged forward measures)."""
+        return PipelineCost(self.stages) if self.overheads else self
+
+    @property
+    def charged(self) -> tuple:
+        """Every stage with its per-chunk overhead added (c0 and b): the same time as this object, stage by
+        stage, for code that prices stages one at a time (the simulator, the regime tables)."""
+        if not self.overheads:
+            return self.stages
+        return tuple(add_constant(m, o) for m, o in zip(self.stages, self.overheads))
+
+    def overhead_of(self, stage: int) -> ChunkOverhead:
+        return self.overheads[stage] if self.overheads else ChunkOverhead()
+
+    @property
     def rows(self) -> tuple:
-        """Every polynomial model inside, nested maxima flattened (the time is their maximum); a stage
-        piecewise in L has no fixed rows (`regimes.regime_rows` gives them per prefix interval)."""
+        """Every polynomial model inside, nested maxima flattened (the time is their maximum), each with its
+        stage's overhead; a stage piecewise in L has no fixed rows (`regimes.regime_rows` gives them per
+        prefix interval)."""
         if any(not isinstance(m, (CostModel, PipelineCost)) for m in self.stages):
             raise TypeError("a piecewise stage has no fixed polynomial rows; use regimes.regime_rows")
-        return tuple(r for m in self.stages for r in (m.rows if isinstance(m, PipelineCost) else (m,)))
+        return tuple(r for m in self.charged for r in (m.rows if isinstance(m, PipelineCost) else (m,)))
 
     def time(self, L, x):
         L, x = np.asarray(L, float), np.asarray(x, float)
         if self._coefs is None:
             return self.stage_times(L, x).max(axis=0)
-        if len(self.stages) <= 2 and all(isinstance(m, CostModel) for m in self.stages):
-            out = self.stages[0].time(L, x)
-            return out if len(self.stages) == 1 else np.maximum(out, self.stages[1].time(L, x))
+        stages = self.charged
+        if len(stages) <= 2 and all(isinstance(m, CostModel) for m in stages):
+            out = stages[0].time(L, x)
+            return out if len(stages) == 1 else np.maximum(out, stages[1].time(L, x))
         return _rows_at(self._coefs, L, x).max(axis=0)
 
     def stage_times(self, L, x) -> np.ndarray:
@@ -149,17 +178,78 @@ class PipelineCost:
         L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
         if self._coefs is not None and len(self._coefs) == len(self.stages):  # flat: one matrix product
             return _rows_at(self._coefs, L, x)
-        return np.stack([np.broadcast_to(np.asarray(m.time(L, x), float), L.shape) for m in self.stages])
+        return np.stack([np.broadcast_to(np.asarray(m.time(L, x), float), L.shape) for m in self.charged])
 
     def max_chunk_for(self, L: float, T: float) -> float:
-        return min(m.max_chunk_for(L, T) for m in self.stages)
+        return min(m.max_chunk_for(L, T) for m in self.charged)
 
     @property
     def meta(self) -> dict:
         return self.stages[0].meta
 
     def to_dict(self) -> dict:
-        return {"stages": [m.to_dict() for m in self.stages]}
+        return {"stages": [m.to_dict() for m in self.stages],
+                **({"chunk_overheads": [asdict(o) for o in self.overheads]} if self.overheads else {})}
+
+
+def with_overheads(cost, overheads, pp_size: int):
+    """`cost` carrying each stage's per-chunk overhead (ChunkOverhead, or ms per chunk; one value: every
+    stage alike). The one builder of the carrier: the plugin's measurement, --chunk-overhead-ms and
+    SGLANG_CPP_CHUNK_OVERHEAD_MS, a device preset's figure. A PipelineCost of `pp_size` stages carries one
+    per stage; one model for every stage (a CostModel, a piecewise or a roofline model) carries the largest,
+    as one stage the planner prices every stage by. A carrier already there is replaced."""
+    over = [ChunkOverhead.of(o) for o in (overheads if isinstance(overheads, (list, tuple)) else [overheads])]
+    if all(o == ChunkOverhead() for o in over):  # none: the model as it is, without a carrier
+        if isinstance(cost, PipelineCost) and cost.overheads:
+            return cost.stages[0] if len(cost.stages) == 1 else cost.kernel
+        return cost
+    if isinstance(cost, PipelineCost) and len(cost.stages) == pp_size:
+        stages = cost.stages
+    elif isinstance(cost, PipelineCost) and cost.overheads and len(cost.stages) == 1:
+        stages = cost.stages
+    else:
+        stages = (cost,)
+    if len(over) == 1:
+        over = over * len(stages)
+    elif len(over) != len(stages):
+        over = [ChunkOverhead.largest(over)] * len(stages)
+    return PipelineCost(tuple(stages), tuple(over))
+
+
+def add_overhead(cost, ms: float, pp_size: int):
+    """`cost` with `ms` more per chunk on every stage's overhead (--chunk-overhead-ms and
+    SGLANG_CPP_CHUNK_OVERHEAD_MS: on top of what a profile or the probe measured); 0: `cost` as it is."""
+    if not ms:
+        return cost
+    have = overheads_of(cost)
+    if not have:
+        return with_overheads(cost, ms, pp_size)
+    return with_overheads(cost, [ChunkOverhead(o.ms + ms, o.per_token_ms, o.received_ms) for o in have], pp_size)
+
+
+def split_uniform_overhead(cost) -> tuple:
+    """(cost, o): a cost whose every stage carries the same fixed per-chunk overhead (no per-token part) as its
+    forward models and that overhead in ms; any other cost as it is and 0. The equal-time search keeps its
+    targets and thresholds in forward time and adds `o` per chunk (`_times`), as it always has."""
+    over = overheads_of(cost)
+    if not over or any(o != over[0] for o in over) or over[0].per_token_ms:
+        return cost, 0.0
+    return (cost.stages[0] if len(cost.stages) == 1 else cost.kernel), over[0].per_chunk_ms
+
+
+def overheads_of(cost) -> tuple:
+    """The per-chunk overhead each stage carries (empty: none)."""
+    return cost.overheads if isinstance(cost, PipelineCost) else ()
+
+
+def _overheads_from(raw, where: str) -> tuple:
+    if raw is None:
+        return ()
+    try:
+        return tuple(ChunkOverhead(**o) for o in raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: chunk_overheads must be a list of {{ms, per_token_ms, received_ms}} per stage "
+                         f"({exc})") from None
 
 
 def model_from_dict(d: dict, where: str = "cost model"):
@@ -170,7 +260,10 @@ def model_from_dict(d: dict, where: str = "cost model"):
     if isinstance(d, dict) and "stages" in d and "coeffs" not in d:
         if not isinstance(d["stages"], list) or not d["stages"]:
             raise ValueError(f"{where}: 'stages' must be a non-empty list of cost models")
-        return PipelineCost(tuple(model_from_dict(s, f"{where} row {i}") for i, s in enumerate(d["stages"])))
+        over = _overheads_from(d.get("chunk_overheads"), where)
+        if over and len(over) != len(d["stages"]):
+            raise ValueError(f"{where}: {len(over)} chunk_overheads for {len(d['stages'])} stages; give one per stage")
+        return PipelineCost(tuple(model_from_dict(s, f"{where} row {i}") for i, s in enumerate(d["stages"])), over)
     return CostModel.from_dict(d, where)
 
 
@@ -216,7 +309,7 @@ def add_constant(cost, ms):
     ms folded into c0, its per-token ms into b)."""
     ov = ChunkOverhead.of(ms)
     if isinstance(cost, PipelineCost):
-        return PipelineCost(tuple(add_constant(m, ov) for m in cost.stages))
+        return PipelineCost(tuple(add_constant(m, ov) for m in cost.stages), cost.overheads)
     if isinstance(cost, PiecewiseCost):  # every regime
         return add_constant_piecewise(cost, ov, add_constant)
     return CostModel(**{**cost.coeffs, "c0": cost.c0 + ov.per_chunk_ms, "b": cost.b + ov.per_token_ms}, meta=cost.meta,
@@ -372,5 +465,5 @@ def fit_piecewise(L, x, ms, bounds=(), *, names=(), name: str = "profile", **kw)
 # the profile files (read, checked, fitted, written): core/profile_io.py
 
 
-__all__ = ["CostModel", "ChunkOverhead", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant",
+__all__ = ["CostModel", "ChunkOverhead", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant", "with_overheads", "add_overhead", "overheads_of", "split_uniform_overhead",
            "fit_cost_model", "COEFS", "META_KEYS", "asdict"]

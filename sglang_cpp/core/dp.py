@@ -17,7 +17,7 @@ DP_MAX_UNITS = 4096  # the exact DP's table is units x band: past this many alig
 def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_units: int = DP_MAX_UNITS) -> ChunkPlan:
     """Exact optimum over aligned boundaries: min over thresholds M of S(M) + (P-1)*M."""
     R = _check(prompt_len, prefix_len, cfg)
-    al, lo, hi, P, o = cfg.align, cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
+    al, lo, hi, P = cfg.align, cfg.lo, cfg.hi, cfg.pp_size
     n = -(-R // al)
     if n > max_units:
         raise ValueError(f"dp planner: {n} aligned units exceed {max_units}; raise --align or use equal-time")
@@ -30,7 +30,7 @@ def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_uni
         j = i + d + 1
         size = pos[j] - pos[i]
         ok = (size <= hi) & ((j == n) | (size >= lo))
-        W[i[ok], d] = _times(cost, prefix_len + pos[i[ok]], size[ok], o)
+        W[i[ok], d] = _times(cost, prefix_len + pos[i[ok]], size[ok])
 
     def min_sum(M: float):
         dp = np.full(n + 1, np.inf)
@@ -57,13 +57,13 @@ def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_uni
         raise ValueError(f"dp planner: no way to cut {R} tokens into aligned chunks within the bounds "
                          f"[--min-chunk {lo}, --max-chunk {hi}] (--align {al}); lower --min-chunk "
                          "(SGLANG_CPP_MIN_CHUNK) or raise --max-chunk, or use --method equal-time")
-    best = (ttft(path, prefix_len, cost, P, o), path)
+    best = (ttft(path, prefix_len, cost, P), path)
     for M in np.unique(W[np.isfinite(W)]):
         if s_inf + (P - 1) * M >= best[0]:
             break  # every larger threshold is worse even at the unconstrained minimum sum
         s, ch = min_sum(float(M))
         if ch is not None:
-            j = ttft(ch, prefix_len, cost, P, o)
+            j = ttft(ch, prefix_len, cost, P)
             if j < best[0]:
                 best = (j, ch)
     return make_plan(best[1], prompt_len, prefix_len, cost, cfg, "plan:dp")

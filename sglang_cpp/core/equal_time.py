@@ -15,7 +15,8 @@ from scipy.optimize import brentq  # imported with the module: never a first-pla
 from .costmodel import CostModel, PipelineCost
 from .equal_time_search import (_REGIMES, EqualCounts, _as_coefs, _boundary, _equal_count_chunks, _estimate,
                                 _n_cont, _pacing_rows, _targets, _threshold_walks, _x_of, search_rows, walks)
-from .objective import PlanConfig, _check, _times, fixed_candidates, fixed_split, make_plan, makespan, ttft
+from .costmodel import split_uniform_overhead
+from .objective import PlanConfig, _check, _times, _ttft, fixed_candidates, fixed_split, make_plan, makespan
 from .plan import ChunkPlan
 from .regimes import XRegimeRows, is_piecewise, regime_rows
 
@@ -63,8 +64,12 @@ def _equal_time_chunks(cost, coefs, L0: int, R: int, K: int, cfg: PlanConfig,
 
 def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0) -> ChunkPlan:
     R = _check(prompt_len, prefix_len, cfg)
-    P, o = cfg.pp_size, cfg.overhead_ms
-    staged = cost  # every stage: the final choice and the predicted times
+    P = cfg.pp_size
+    staged = cost  # every stage, each with its per-chunk overhead: the final choice and the predicted times
+    # the search: on the forward models, and apart the per-chunk overhead every stage pays alike (the targets,
+    # the thresholds and the continuous count are in forward time); an overhead that differs by stage or grows
+    # with the chunk stays in the rows
+    cost, o = split_uniform_overhead(cost)
     if R <= cfg.lo:  # no room for a second chunk: a non-final chunk needs >= lo tokens
         return make_plan([R], prompt_len, prefix_len, staged, cfg, "plan:equal-time")
     if cfg.hi > R:  # no chunk can exceed the prompt: a higher memory ceiling must not change the search
@@ -91,10 +96,10 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
                 ch = None
             else:
                 ch = _equal_time_chunks(cost, coefs, prefix_len, R, K, cfg, targets.get(K), guess=t_est * n_est / K)
-            seen[K] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
+            seen[K] = (math.inf if ch is None else _ttft(ch, prefix_len, cost, P, o), ch)
         return seen[K][0]
 
-    n_est, t_est, Lg, xg, binding, t_range, x_for = _estimate(cost, rows, prefix_len, R, cfg)
+    n_est, t_est, Lg, xg, binding, t_range, x_for = _estimate(cost, rows, prefix_len, R, cfg, o)
     coefs = rows if isinstance(rows, _REGIMES) else _as_coefs([rows[i] for i in binding])
     k0 = min(k_max, max(k_min, int(round(n_est))))
     targets = {} if k0 > 48 else _targets(coefs, prefix_len, R, cfg.lo, cfg.hi,
@@ -107,7 +112,7 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
             if k not in seen:
                 ch = _equal_count_chunks(Lg, xg if k == k0 else x_for(k), prefix_len, R, k, cfg) \
                     if k_min <= k <= k_max else None
-                seen[k] = (math.inf if ch is None else ttft(ch, prefix_len, cost, P, o), ch)
+                seen[k] = (math.inf if ch is None else _ttft(ch, prefix_len, cost, P, o), ch)
             return seen[k][0]
 
         best_k, step = k0, max(1, k0 // 4)
@@ -135,36 +140,36 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
     j0, ch0 = min(cands, key=lambda c: c[0], default=(math.inf, None))
     if j0 < math.inf and len(ch0) <= WALK_MAX_CHUNKS:  # thresholds under the best plan's slowest chunk
         t0 = _times(cost, prefix_len + np.concatenate([[0], np.cumsum(ch0)[:-1]]), ch0, 0.0)
-        cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2)
+        cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2, o=o)
         if isinstance(coefs, _REGIMES):  # a switch makes TTFT(K) bumpy: the best count may lie far off
             cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, float(t0.max()), 2 * len(ch0) + 2,
-                                      n=128, span=(0.5, 2.0))
+                                      n=128, span=(0.5, 2.0), o=o)
         if isinstance(coefs, XRegimeRows):  # a chunk-size switch can put the best plan on the far side of it
             t_hi = float(np.max(_times(cost, prefix_len + R - min(cfg.hi, R), min(cfg.hi, R), 0.0)))
-            cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, t_hi, 2 * len(ch0) + 2, n=128,
+            cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, t_hi, 2 * len(ch0) + 2, n=128, o=o,
                                       span=(float(t0.max()) / t_hi, 1.0))
     sizes = fixed_candidates(cfg, R)
-    fixed = sorted((ttft(fx, prefix_len, cost, P, o), fx) for fx in (fixed_split(R, c) for c in sizes))
+    fixed = sorted((_ttft(fx, prefix_len, cost, P, o), fx) for fx in (fixed_split(R, c) for c in sizes))
     cands += fixed  # a grid from the bounds alone: never predicted worse than fixed chunks of the grid
     for c in sizes:  # and the same chunks with the short one first, where its prefix is
         K = -(-R // c)                  # shortest (a prefix-squared cost re-pays every prefix)
         first = -(-(R - (K - 1) * c) // cfg.align) * cfg.align
         if K >= 2 and cfg.lo <= first < c:
             ch = [first] + [c] * (K - 2) + [R - first - (K - 2) * c]
-            cands.append((ttft(ch, prefix_len, cost, P, o), ch))
+            cands.append((_ttft(ch, prefix_len, cost, P, o), ch))
     # refine the few best starting points with the exact objective (short plans only)
     top = sorted({tuple(ch): j for j, ch in cands}.items(), key=lambda kv: kv[1])[:REFINE_STARTS]
     budget = REFINE_MAX_MOVES  # shared by the starting points, best first: bounded planning time
     for ch, j in top:
         if len(ch) <= REFINE_MAX_CHUNKS and budget > 0:
-            jr, chr_, used = _refine(list(ch), j, prefix_len, R, cost, cfg, budget)
+            jr, chr_, used = _refine(list(ch), j, prefix_len, R, cost, cfg, budget, o)
             cands.append((jr, chr_))
             budget -= used
     # the final choice on the exact makespan when the stages differ: the objective above charges every
     # stage the slowest one's time, which can rank a plan ahead of a fixed chunk it loses to
     top = sorted({tuple(ch): j for j, ch in cands}.items(), key=lambda kv: kv[1])[:FINAL_CANDIDATES]
     fixed = [tuple(fx) for j, fx in fixed[:FINAL_CANDIDATES - 1]]  # the best fixed ones, re-ranked likewise
-    best = min(dict(top + [(f, 0.0) for f in fixed]), key=lambda ch: makespan(ch, prefix_len, staged, P, o))
+    best = min(dict(top + [(f, 0.0) for f in fixed]), key=lambda ch: makespan(ch, prefix_len, staged, P))
     return make_plan(list(best), prompt_len, prefix_len, staged, cfg, "plan:equal-time")
 
 
@@ -185,7 +190,7 @@ REFINE_MIN_STEP = 64  # tokens: finer boundary moves (align < 64) gain nothing m
 
 
 def _refine(chunks: list[int], j: float, L0: int, R: int, cost, cfg: PlanConfig,
-            max_moves: int) -> tuple[float, list[int], int]:
+            max_moves: int, o: float = 0.0) -> tuple[float, list[int], int]:
     """Coordinate descent on the aligned boundaries, on the exact sum + (P-1)*max, step halving.
 
     Equal time is near optimal when a chunk's cost does not depend on how its prefix was cut (the FA
@@ -194,7 +199,7 @@ def _refine(chunks: list[int], j: float, L0: int, R: int, cost, cfg: PlanConfig,
     above the exact DP at 6K tokens). Takes the best move or drop of one boundary while TTFT falls.
     A move changes only the two chunks beside the boundary, so every candidate is scored at once from
     the current chunk times (prefix/suffix maxima): O(K) numpy per step, not O(K^2) Python."""
-    al, lo, hi, P, o = cfg.align, cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
+    al, lo, hi, P = cfg.align, cfg.lo, cfg.hi, cfg.pp_size
     edges = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
     best_j = j
     step = al * max(1, 2 ** int(math.log2(max(max(chunks) // (2 * al), 1))))
@@ -252,7 +257,7 @@ def _refine(chunks: list[int], j: float, L0: int, R: int, cost, cfg: PlanConfig,
             best_j = best_val
         step //= 2
     out = [int(x) for x in np.diff(edges)]
-    return ttft(out, L0, cost, P, o), out, moves
+    return _ttft(out, L0, cost, P, o), out, moves
 
 
 __all__ = ["plan_equal_time", "walks", "search_rows", "EqualCounts", "MAX_PLAN_CHUNKS", "MAX_SEARCH_CHUNKS"]

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .objective import PlanConfig, _times, ttft
+from .objective import PlanConfig, _times, _ttft
 from .regimes import RegimeRows, XRegimeRows, largest_x, is_piecewise, regime_rows
 
 _REGIMES = (RegimeRows, XRegimeRows)  # a piecewise model's rows: searched regime by regime
@@ -110,7 +110,7 @@ def _n_cont(coefs, L0: int, R: int, T: float, lo: int, hi: int, cap: int = 1 << 
     return float(k + 1)
 
 
-def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
+def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig, o: float = 0.0):
     """Continuous optimum (n, T) of sum(t) + (P-1) max(t) + n o over equal-time targets T, with the
     grid L, the chunk size x(L, T) at that T, and the stages (indices into `rows`) that bind anywhere
     on the grid: the exact per-chunk search needs only those.
@@ -118,7 +118,7 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig):
     n(T) = integral dL / x(L, T) and sum(t) = integral t(L, x) / x dL (x clamped to [lo, hi], so a
     clamped chunk is charged its real time). Vectorised over a grid of T and L: a few numpy calls
     whatever the prompt length."""
-    lo, hi, P, o = cfg.lo, cfg.hi, cfg.pp_size, cfg.overhead_ms
+    lo, hi, P = cfg.lo, cfg.hi, cfg.pp_size
     L = np.linspace(L0, L0 + R, 129)
     t_min = float(np.min(_times(cost, L0, lo, 0.0)))
     t_max = float(np.max(_times(cost, L0 + R, R, 0.0)))  # R, not hi: the same grid under every ceiling
@@ -232,13 +232,13 @@ def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: fl
 
 
 def _threshold_walks(cost, coefs, L0: int, R: int, cfg: PlanConfig, T_hi: float, k_cap: int,
-                     n: int = 64, span: tuple = (0.7, 1.0)) -> list[tuple[float, list[int]]]:
+                     n: int = 64, span: tuple = (0.7, 1.0), o: float = 0.0) -> list[tuple[float, list[int]]]:
     """The exact DP's own shape, for thresholds just under T_hi: for each of `n` targets M, the greedy
     walk of the largest aligned chunks whose time stays <= M (`walks`), scored on sum + (P-1) max.
     Equal-time boundaries rounded to the nearest aligned point can put one chunk a unit above the target,
     which the (P-1) max term then multiplies; rounding down under a threshold never does."""
     walked = walks(coefs, L0, R, cfg, T_hi * np.linspace(*span, n), k_cap)
-    return [(ttft(ch, L0, cost, cfg.pp_size, cfg.overhead_ms), ch) for ch in walked if ch is not None]
+    return [(_ttft(ch, L0, cost, cfg.pp_size, o), ch) for ch in walked if ch is not None]
 
 
 def walks(coefs, L0: int, R: int, cfg: PlanConfig, M, k_cap: int) -> list[list[int] | None]:

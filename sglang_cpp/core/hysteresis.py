@@ -71,8 +71,8 @@ class Incumbents:
         old = self._chunks.get(key)
         info = None
         if old is not None and old != plan.chunks:
-            t_old = makespan(old, plan.prefix_len, cost, cfg.pp_size, cfg.overhead_ms)
-            t_new = makespan(plan.chunks, plan.prefix_len, cost, cfg.pp_size, cfg.overhead_ms)
+            t_old = makespan(old, plan.prefix_len, cost, cfg.pp_size)
+            t_new = makespan(plan.chunks, plan.prefix_len, cost, cfg.pp_size)
             unmeasured = unmeasured_chunks(plan.chunks, cost, measured)
             keep = t_new >= t_old * (1.0 - margin) or bool(unmeasured)
             info = {"kept": keep, "kept_ms": round(t_old, 3), "new_ms": round(t_new, 3),

@@ -25,7 +25,6 @@ class PlanConfig:
     min_chunk: int = 0  # 0: one alignment unit
     max_chunk: int = 16384
     context_len: int | None = None
-    overhead_ms: float = 0.0
     method: str = "equal-time"
 
     def __post_init__(self):
@@ -37,8 +36,6 @@ class PlanConfig:
             raise ValueError(f"--min-chunk={self.min_chunk} must be in [0, --max-chunk={self.max_chunk}]")
         if self.max_chunk < self.align:
             raise ValueError(f"--max-chunk={self.max_chunk} is smaller than --align={self.align}")
-        if self.overhead_ms < 0 or not math.isfinite(self.overhead_ms):
-            raise ValueError(f"--overhead-ms={self.overhead_ms} must be a finite number >= 0")
         if self.method not in METHODS:
             raise ValueError(f"--method={self.method!r}: choose one of {METHODS}")
         if self.lo > self.hi:
@@ -48,7 +45,7 @@ class PlanConfig:
     @classmethod
     def from_server(cls, *, pp_size: int, chunk_size: int, max_prefill_tokens: int, page_size: int = 1,
                     context_len: int | None = None, min_chunk: int = 0, max_chunk: int = 0,
-                    overhead_ms: float = 0.0, method: str = "equal-time", align: int = 64,
+                    method: str = "equal-time", align: int = 64,
                     buffer_tokens: int = 0) -> "PlanConfig":
         """The planner settings an SGLang server with these arguments uses: the one mapping that the plugin,
         `plan`, `simulate`, `bench` and `tune` all call, so a simulated plan is the served plan. Chunks are
@@ -60,7 +57,7 @@ class PlanConfig:
         cap = min(max_chunk or ceiling, ceiling)
         align = math.lcm(max(1, align), max(1, page_size), 64)
         return cls(pp_size=pp_size, align=align, min_chunk=min(min_chunk, cap), max_chunk=max(cap, align),
-                   context_len=context_len, overhead_ms=overhead_ms, method=method)
+                   context_len=context_len, method=method)
 
     @property
     def lo(self) -> int:
@@ -99,23 +96,29 @@ def _check(prompt_len: int, prefix_len: int, cfg: PlanConfig) -> int:
     return prompt_len - prefix_len
 
 
-def _times(cost, L, x, o: float) -> np.ndarray:
+def _times(cost, L, x, o: float = 0.0) -> np.ndarray:
+    """Chunk times, each stage's per-chunk overhead included (the cost carries it: PipelineCost.overheads),
+    plus `o`: the equal-time search's uniform overhead, split off the cost (costmodel.split_uniform_overhead)."""
     return np.asarray(cost.time(np.asarray(L, float), np.asarray(x, float)), float) + o
 
 
 def make_plan(chunks, prompt_len: int, prefix_len: int, cost, cfg: PlanConfig, policy: str) -> ChunkPlan:
     chunks = [int(c) for c in chunks]
     starts = prefix_len + np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    pred = _times(cost, starts, chunks, 0.0)
+    pred = _times(cost, starts, chunks)
     return ChunkPlan(prompt_len=prompt_len, prefix_len=prefix_len, chunks=tuple(chunks),
-                     pred_ms=tuple(float(t) for t in pred), pp_size=cfg.pp_size, policy=policy,
-                     overhead_ms=cfg.overhead_ms)
+                     pred_ms=tuple(float(t) for t in pred), pp_size=cfg.pp_size, policy=policy)
 
 
-def ttft(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0.0) -> float:
-    """Predicted TTFT of a chunk list on equal stages: `makespan_equal` of its chunk times plus the overhead."""
+def ttft(chunks, prefix_len: int, cost, pp_size: int) -> float:
+    """Predicted TTFT of a chunk list on equal stages: `makespan_equal` of its chunk times."""
+    return _ttft(chunks, prefix_len, cost, pp_size)
+
+
+def _ttft(chunks, prefix_len: int, cost, pp_size: int, o: float = 0.0) -> float:
+    """`ttft` on a cost whose uniform per-chunk overhead `o` the search split off (split_uniform_overhead)."""
     starts = prefix_len + np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    t = _times(cost, starts, chunks, overhead_ms)
+    t = _times(cost, starts, chunks, o)
     return makespan_equal(t.tolist(), pp_size)
 
 
@@ -164,17 +167,17 @@ def stage_times(cost, L, x, pp_size: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(cost.time(L, x), float), (pp_size,) + L.shape)
 
 
-def makespan(chunks, prefix_len: int, cost, pp_size: int, overhead_ms: float = 0.0) -> float:
+def makespan(chunks, prefix_len: int, cost, pp_size: int) -> float:
     """Exact TTFT of a chunk list on P stages that may differ: the flow-shop recurrence (`flow_shop`, the
     simulator's with free P2P). For equal stages it is sum + (P-1) * max (`ttft`); stages that differ (the
     embedding on the first, the LM head on the last, uneven layer counts) make that formula an upper
     bound that can rank plans wrongly."""
-    stages = getattr(cost, "stages", None)
+    stages = getattr(cost, "charged", None)  # each stage with its own per-chunk overhead
     if not stages or len(stages) != pp_size or all(m == stages[0] for m in stages[1:]):
-        return ttft(chunks, prefix_len, cost, pp_size, overhead_ms)
+        return ttft(chunks, prefix_len, cost, pp_size)
     x = np.asarray(chunks, float)
     L = prefix_len + np.concatenate([[0.0], np.cumsum(x)[:-1]])
-    return float(flow_shop(stage_times(cost, L, x, pp_size) + overhead_ms)[-1])
+    return float(flow_shop(stage_times(cost, L, x, pp_size))[-1])
 
 
 def fixed_candidates(cfg: PlanConfig, n_tokens: int = 0) -> list[int]:

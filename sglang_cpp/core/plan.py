@@ -21,7 +21,6 @@ class ChunkPlan:
     pred_ms: tuple = ()
     pp_size: int = 1
     policy: str = "plan"
-    overhead_ms: float = 0.0
     meta: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -60,16 +59,17 @@ class ChunkPlan:
 
     @property
     def ttft_ms(self) -> float:
-        """Predicted TTFT: the makespan of its chunk times plus the per-chunk overhead (`makespan_equal`)."""
+        """Predicted TTFT: the makespan of its chunk times (`makespan_equal`; each a chunk's whole cost on a
+        stage, its per-chunk overhead included)."""
         if not self.pred_ms:
             return float("nan")
-        return makespan_equal([p + self.overhead_ms for p in self.pred_ms], self.pp_size)
+        return makespan_equal(self.pred_ms, self.pp_size)
 
     # -- serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"format": "sglang-cpp-plan", "prompt_len": self.prompt_len, "prefix_len": self.prefix_len,
                 "chunks": list(self.chunks), "pred_ms": list(self.pred_ms),
-                "pp_size": self.pp_size, "policy": self.policy, "overhead_ms": self.overhead_ms,
+                "pp_size": self.pp_size, "policy": self.policy,
                 "ttft_ms": None if not self.pred_ms else round(self.ttft_ms, 4), "meta": dict(self.meta)}
 
     def to_json(self, **kw) -> str:
@@ -79,11 +79,12 @@ class ChunkPlan:
     def from_dict(cls, d: dict) -> "ChunkPlan":
         if d.get("format", "sglang-cpp-plan") != "sglang-cpp-plan":
             raise ValueError(f"not a chunk plan: format={d.get('format')!r}")
-        try:
+        try:  # a plan written with a separate per-chunk overhead ("overhead_ms") reads with it in each chunk's time
+            o = float(d.get("overhead_ms", 0.0))
             return cls(prompt_len=int(d["prompt_len"]), prefix_len=int(d["prefix_len"]),
-                       chunks=tuple(d["chunks"]), pred_ms=tuple(d.get("pred_ms", ())),
+                       chunks=tuple(d["chunks"]), pred_ms=tuple(float(t) + o for t in d.get("pred_ms", ())),
                        pp_size=int(d.get("pp_size", 1)), policy=str(d.get("policy", "plan")),
-                       overhead_ms=float(d.get("overhead_ms", 0.0)), meta=dict(d.get("meta", {})))
+                       meta=dict(d.get("meta", {})))
         except KeyError as exc:
             raise ValueError(f"chunk plan JSON lacks {exc}") from None
 
@@ -95,7 +96,7 @@ class ChunkPlan:
     def timeline(self, width: int = 72) -> str:
         """ASCII per-stage timeline of the proportionate flow shop this plan predicts."""
         P, K = self.pp_size, len(self.chunks)
-        t = [p + self.overhead_ms for p in (self.pred_ms or [float(c) for c in self.chunks])]
+        t = list(self.pred_ms or [float(c) for c in self.chunks])
         finish = [[0.0] * K for _ in range(P)]
         for s in range(P):
             for k in range(K):

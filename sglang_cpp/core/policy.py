@@ -26,11 +26,12 @@ def upstream_coeffs(cost, coeffs: str | None, profile: str | None, chunk: int) -
 
 
 def plan_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0.75, ctx: int | None = None,
-             max_prefill: int = 16384, overhead_ms: float = 0.0, coeffs=None, profile=None, prefix_len: int = 0,
+             max_prefill: int = 16384, coeffs=None, profile=None, prefix_len: int = 0,
              page_size: int = 1, method: str = "equal-time", max_chunk: int = 0, min_chunk: int = 0,
              align: int = 64, view=None):
     """The ChunkPlan a server with this policy runs for an L-token prompt after `prefix_len` cached
-    tokens: fixed C, upstream's dynamic chunking (quadratic, its predicted times from `cost`), or the
+    tokens: fixed C, upstream's dynamic chunking (quadratic, its predicted times from `cost`, per-chunk
+    overheads included: PipelineCost.overheads), or the
     sglang-cpp plan on the server's planner settings (`PlanConfig.from_server`, the plugin's mapping):
     `plan` sees `view` (core/queue_plan.QueueView: the chunks in flight and the prompts waiting behind),
     `plan-alone` plans the prompt as if alone (the two agree when nothing is in view)."""
@@ -43,7 +44,7 @@ def plan_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}: choose one of {', '.join(POLICIES)}")
     pcfg = PlanConfig.from_server(pp_size=pp, chunk_size=chunk, max_prefill_tokens=max_prefill, page_size=page_size,
-                                  context_len=ctx or 1 << 62, overhead_ms=overhead_ms, method=method,
+                                  context_len=ctx or 1 << 62, method=method,
                                   max_chunk=max_chunk, min_chunk=min_chunk, align=align)
     if policy == "fixed":
         return plan_fixed(L, cost, pcfg, chunk, prefix_len)
@@ -54,7 +55,7 @@ def plan_for(policy: str, L: int, cost, pp: int, chunk: int, *, sigma: float = 0
     up = UpstreamPredictor(a=a, b=b, c=c, chunk_size=chunk, context_len=ctx or 1 << 62, sigma=sigma,
                            page_size=page_size, max_prefill_tokens=max_prefill)
     chunks = up.chunk_sequence(L, prefix_len)
-    qcfg = PlanConfig(pp_size=pp, align=pcfg.align, max_chunk=max(chunks + [pcfg.align]), overhead_ms=overhead_ms)
+    qcfg = PlanConfig(pp_size=pp, align=pcfg.align, max_chunk=max(chunks + [pcfg.align]))
     plan = make_plan(chunks, L, prefix_len, cost, qcfg, "quadratic")
     return ChunkPlan(**{**plan.__dict__, "meta": {"sigma": up.sigma, "target_ms": up.target_latency}})
 

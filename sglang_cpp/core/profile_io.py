@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .costmodel import COEFS, PROFILE_FORMAT, CostModel, PipelineCost, fit_piecewise, model_from_dict
+from .costmodel import (COEFS, PROFILE_FORMAT, CostModel, PipelineCost, fit_piecewise, model_from_dict,
+                        overheads_of)
 
 
 def _parse_samples(raw: Iterable, where: str) -> list[dict]:
@@ -68,6 +69,8 @@ def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
         return CostModel.from_dict(doc, where)
     if doc.get("stages"):
         models = [model_from_dict(s, f"{where} stage {i}") for i, s in enumerate(doc["stages"])]
+        if doc.get("chunk_overheads") is not None:  # each stage's per-chunk overhead beside its model
+            return model_from_dict({"stages": doc["stages"], "chunk_overheads": doc["chunk_overheads"]}, where)
         return models[0] if len(models) == 1 else PipelineCost(tuple(models))
     if not doc.get("samples"):
         raise ValueError(f"{where} holds only upstream's a, b, c: use it with SGLANG_CPP_POLICY=quadratic, or "
@@ -165,6 +168,8 @@ def save_profile(path: str | Path, *, samples: Sequence[dict] = (), meta: dict |
     if cost is not None:
         stages = cost.stages if isinstance(cost, PipelineCost) else (cost,)
         doc["stages"] = [m.to_dict() for m in stages]
+        if overheads_of(cost):  # each stage's per-chunk overhead, beside its forward model
+            doc["chunk_overheads"] = cost.to_dict()["chunk_overheads"]
     if extra:
         doc.update(extra)
     from ..files import save_json

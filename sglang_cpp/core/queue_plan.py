@@ -76,7 +76,7 @@ class QueueView:
         return cls(tuple(map(tuple, d.get("inflight", ()))), tuple(map(tuple, d.get("waiting", ()))))
 
 
-def _times_of(chunks: list[list], starts: list[int], cost, P: int, o: float) -> np.ndarray:
+def _times_of(chunks: list[list], starts: list[int], cost, P: int) -> np.ndarray:
     """Stage times (n, P, K) of n chunk lists, each after its own prefix, zero-padded to the longest (a
     zero-time job is transparent in the flow shop)."""
     K = max(len(ch) for ch in chunks)
@@ -87,7 +87,7 @@ def _times_of(chunks: list[list], starts: list[int], cost, P: int, o: float) -> 
         L[i, :len(ch)] = p + np.concatenate([[0], np.cumsum(ch)[:-1]])
     real = x > 0
     t = np.zeros((len(chunks), P, K))
-    t.transpose(1, 0, 2)[:, real] = stage_times(cost, L[real], x[real], P) + o  # priced once per real chunk
+    t.transpose(1, 0, 2)[:, real] = stage_times(cost, L[real], x[real], P)  # priced once per real chunk
     return t
 
 
@@ -100,28 +100,27 @@ def _by_length(lengths: list[int]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _transfer(chunks: list[list], start: int, cost, P: int, o: float) -> np.ndarray:
+def _transfer(chunks: list[list], start: int, cost, P: int) -> np.ndarray:
     """Each chunk list's max-plus transfer matrix D (n, P, P): from a state F (per-stage free times) the
     stages end at max_s' (F[s'] + D[s', s]) after it (`advance` from a start 0 at stage s' only)."""
-    t = _times_of(chunks, [start] * len(chunks), cost, P, o)
+    t = _times_of(chunks, [start] * len(chunks), cost, P)
     unit = np.where(np.eye(P, dtype=bool), 0.0, -np.inf)  # row s': stage s' free at 0, the others never busy
     return advance(t[:, None], unit[None])
 
 
-def completions(cands: list[tuple[list, list[list]]], L0: int, view: QueueView, cost, P: int,
-                o: float) -> np.ndarray:
+def completions(cands: list[tuple[list, list[list]]], L0: int, view: QueueView, cost, P: int) -> np.ndarray:
     """For each candidate (this prompt's chunks, the chunks of each prompt behind), the completion times on
     the last stage of this prompt and of every prompt behind it, shaped (candidates, 1 + waiting), measured
     from the start of the first chunk in flight (the flow-shop recurrence over every chunk in order). The
     prompts behind enter through their max-plus transfer matrices, one per distinct chunk list."""
     if view.inflight:
         L, x = np.array(view.inflight, float).T
-        state = advance(stage_times(cost, L, x, P) + o)
+        state = advance(stage_times(cost, L, x, P))
     else:
         state = np.zeros(P)
     G = np.empty((len(cands), P))
     for group in _by_length([len(c) for c, _ in cands]):  # padded to their own longest, not the longest of all
-        G[group] = advance(_times_of([cands[i][0] for i in group], [L0] * len(group), cost, P, o), state)
+        G[group] = advance(_times_of([cands[i][0] for i in group], [L0] * len(group), cost, P), state)
     out, memo = [G[:, -1]], {}
     for i, (n, p) in enumerate(view.waiting):
         key = (p, tuple(tuple(b[i]) for _, b in cands))  # a burst's prompts share their chunk lists
@@ -129,7 +128,7 @@ def completions(cands: list[tuple[list, list[list]]], L0: int, view: QueueView, 
             lists = list(dict.fromkeys(key[1]))
             D = np.empty((len(lists), P, P))
             for group in _by_length([len(ch) for ch in lists]):
-                D[group] = _transfer([list(lists[j]) for j in group], p, cost, P, o)
+                D[group] = _transfer([list(lists[j]) for j in group], p, cost, P)
             which = {ch: j for j, ch in enumerate(lists)}
             memo[key] = D[[which[ch] for ch in key[1]]]  # (n, P, P)
         Dc = memo[key]
@@ -149,8 +148,8 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
     if view is None or view.empty or len(alone.chunks) == 1:  # nothing in view, or nothing to choose
         return alone
     view = QueueView(view.inflight, view.waiting[:MAX_WAITING], view.ids[:MAX_WAITING])
-    P, o, hi = cfg.pp_size, cfg.overhead_ms, min(cfg.hi, R)
-    pace = lambda L, x: np.asarray(_times(cost, L, x, 0.0), float)  # noqa: E731  the slowest stage
+    P, hi = cfg.pp_size, min(cfg.hi, R)
+    pace = lambda L, x: np.asarray(_times(cost, L, x), float)  # noqa: E731  the slowest stage
     t_lo = float(min(alone.pred_ms)) if alone.pred_ms else float(pace(prefix_len, cfg.lo))
     t_hi = float(pace(prefix_len + R - hi, hi))
     targets = np.geomspace(max(t_lo, 1e-9), max(t_hi, t_lo * 1.0001, 1e-9), N_GRID)
@@ -174,7 +173,7 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
         theirs = EqualCounts(cost, p, Rb, cfg, np.geomspace(targets[0], max(targets[-1], max(pacing)), N_GRID))
         behind_of[(n, p)] = [theirs.at_target(T) or fixed_split(Rb, cfg.hi) for T in pacing]
     cands = [(ch, [behind_of[w][i] for w in view.waiting]) for i, ch in enumerate(mine)]
-    done = completions(cands, prefix_len, view, cost, P, o)
+    done = completions(cands, prefix_len, view, cost, P)
     total = done.sum(axis=1)
     best = int(np.argmin(total))  # ties: the earliest, the single-prompt plan first
     plan = make_plan(mine[best], prompt_len, prefix_len, cost, cfg, "plan:queue")
@@ -192,8 +191,7 @@ def mean_completion(chunks, prompt_len: int, prefix_len: int, view: QueueView, b
     _check(prompt_len, prefix_len, cfg)
     if len(behind) != len(view.waiting):
         raise ValueError(f"{len(behind)} chunk lists for {len(view.waiting)} waiting prompts")
-    done = completions([(list(chunks), [list(b) for b in behind])], prefix_len, view, cost, cfg.pp_size,
-                       cfg.overhead_ms)
+    done = completions([(list(chunks), [list(b) for b in behind])], prefix_len, view, cost, cfg.pp_size)
     return float(done.mean()) if math.isfinite(float(done.sum())) else math.inf
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .costmodel import COEFS, ChunkOverhead, CostModel, PiecewiseCost, PipelineCost, fit_piecewise
+from .costmodel import ChunkOverhead, CostModel, PiecewiseCost, PipelineCost, fit_piecewise
 from .regimes import regime_index, x_bounds_of
 
 
@@ -42,26 +42,20 @@ class RefineConfig:
             raise ValueError(f"RefineConfig.drift_band={self.drift_band} must be in (0, 1)")
 
 
-def _median_rel_err(model, pts, overhead: ChunkOverhead = ChunkOverhead()) -> float:
-    """Median |predicted / measured - 1| of a stage's forward times (the per-chunk overhead in the model's
-    c0 and b is no part of a logged forward, so it is taken out)."""
+def _median_rel_err(model, pts) -> float:
+    """Median |predicted / measured - 1| of a stage's forward times (`model`: the forward model alone; the
+    per-chunk overhead is no part of a logged forward)."""
     if not pts:
         return math.inf
     L, x, y = (np.array(v, dtype=float) for v in zip(*pts))
-    return float(np.median(np.abs((model.time(L, x) - overhead.at(x)) / y - 1.0)))
+    return float(np.median(np.abs(model.time(L, x) / y - 1.0)))
 
 
-def _with_overhead(model, add: ChunkOverhead, meta: dict | None = None, keep: ChunkOverhead = ChunkOverhead()):
-    """`model` with the overhead `add` folded in (ms into c0, per-token ms into b) in place of `keep` (taken
-    out, floored at 0), in every regime; a coefficient that is negative or not finite raises ValueError
-    (CostModel checks each)."""
+def _with_meta(model, meta: dict):
+    """`model` (a CostModel or PiecewiseCost) tagged with `meta`."""
     if isinstance(model, PiecewiseCost):
-        return replace(model.with_models(_with_overhead(r, add, None, keep) for r in model.models),
-                       meta=dict(model.meta if meta is None else meta))
-    co = {k: getattr(model, k) for k in COEFS}
-    co["c0"] = max(co["c0"] - keep.per_chunk_ms, 0.0) + add.per_chunk_ms
-    co["b"] = max(co["b"] - keep.per_token_ms, 0.0) + add.per_token_ms
-    return CostModel(**co, meta=dict(model.meta if meta is None else meta), fit=model.fit)
+        return replace(model, meta=dict(meta))
+    return CostModel(**model.coeffs, meta=dict(meta), fit=model.fit)
 
 
 def _fit_err(model) -> float:
@@ -82,7 +76,7 @@ class StageRefit:
     """One stage's samples: the calibration's (kept), and the online ones (fitted or held back)."""
 
     base: list  # [(L, x, ms)] from the calibration
-    overhead: ChunkOverhead  # the per-chunk overhead charged on top of the fitted forward model
+    overhead: ChunkOverhead  # the per-chunk overhead the stage carries beside its forward model
     fitted: deque  # online samples the refit uses (the most recent max_online)
     held: deque  # every holdback-th online sample: the refit's judge
     steps: deque  # serving steps' cost beyond forward and waits (ms): the per-chunk overhead measured
@@ -94,16 +88,15 @@ class StageRefit:
 
 
 class Refiner:
-    """Samples in, accepted models out. `model` is the PipelineCost (or CostModel) the planner runs on,
-    the per-chunk overhead folded into c0 and b; `overheads` (ChunkOverhead or ms per chunk, per stage) says
-    how much of each stage's c0 and b that is."""
+    """Samples in, accepted models out. `model` is the PipelineCost (or CostModel) the planner runs on: each
+    stage's forward model in `stages`, its per-chunk overhead in `overheads` (PipelineCost's carrier). Logged
+    forwards refit the first, serving steps the second; `model` gives both back in the same carrier."""
 
-    def __init__(self, model, calibration: list[dict], overheads=None, cfg: RefineConfig | None = None):
+    def __init__(self, model, calibration: list[dict], cfg: RefineConfig | None = None):
         self.cfg = cfg or RefineConfig()
         stages = list(model.stages) if isinstance(model, PipelineCost) else [model]
-        over = [ChunkOverhead.of(o) for o in overheads] if overheads is not None else [ChunkOverhead()] * len(stages)
-        if len(over) != len(stages):
-            raise ValueError(f"{len(over)} overheads for {len(stages)} stages")
+        over = [model.overhead_of(s) if isinstance(model, PipelineCost) else ChunkOverhead()
+                for s in range(len(stages))]
         self.models = stages
         self.version = 0
         self.stages = []
@@ -137,7 +130,11 @@ class Refiner:
 
     @property
     def model(self):
-        return self.models[0] if len(self.models) == 1 else PipelineCost(tuple(self.models))
+        """Every stage's forward model with its per-chunk overhead (a lone model without one: as it is)."""
+        over = tuple(st.overhead for st in self.stages)
+        if len(self.models) == 1 and not any(o != ChunkOverhead() for o in over):
+            return self.models[0]
+        return PipelineCost(tuple(self.models), over)
 
     def add(self, stage: int, L: int, x: int, ms: float) -> bool:
         """One logged forward of `stage`; True the first time this stage drifts (the caller warns once)."""
@@ -147,7 +144,7 @@ class Refiner:
         st.seen += 1
         (st.held if st.seen % self.cfg.holdback == 0 else st.fitted).append((int(L), int(x), float(ms)))
         st.new += 1
-        ratio = ms / max(float(self.models[stage].time(L, x) - st.overhead.at(x)), 1e-9)
+        ratio = ms / max(float(self.models[stage].time(L, x)), 1e-9)
         st.streak = st.streak + 1 if abs(ratio - 1.0) > self.cfg.drift_band else 0
         if st.streak >= self.cfg.drift_run and stage not in self.drifted:
             self.drifted.add(stage)
@@ -167,8 +164,8 @@ class Refiner:
 
     def _overhead(self, s: int, st: StageRefit) -> str | None:
         """The median serving step replaces the per-chunk ms in force (the probe's, or an earlier median) once
-        min_steps are in and it differs by more than the band; the stage's c0 moves by the difference. The
-        received hidden states (their fixed and per-token parts: a wait the steps leave out) stay the probe's."""
+        min_steps are in and it differs by more than the band (the forward model stays). The received hidden
+        states (their fixed and per-token parts: a wait the steps leave out) stay the probe's."""
         if st.new_steps < self.cfg.min_new or len(st.steps) < self.cfg.min_steps:
             return None
         st.new_steps = 0
@@ -176,10 +173,7 @@ class Refiner:
         old = st.overhead.ms
         if abs(new - old) <= max(self.cfg.overhead_band * old, self.cfg.overhead_floor_ms):
             return None
-        m = self.models[s]  # the overhead `old` in c0 replaced by `new`, in every regime
-        now = replace(st.overhead, ms=new)
-        self.models[s] = _with_overhead(m, now, dict(m.meta, overhead="serving"), keep=st.overhead)
-        st.overhead = now
+        st.overhead = replace(st.overhead, ms=new)
         return (f"stage {s}: per-chunk overhead {old:.2f} -> {new:.2f} ms (the median of the last {len(st.steps)} "
                 "serving steps' cost beyond forward and waits)")
 
@@ -204,15 +198,10 @@ class Refiner:
             except ValueError as exc:
                 notes.append(f"stage {s}: refit skipped ({exc})")
                 continue
-            try:
-                new = _with_overhead(fwd, st.overhead, dict(m.meta, refit=self.version + 1))
-            except ValueError as exc:
-                notes.append(f"stage {s}: refit rejected, a coefficient is negative or not finite ({exc}); the "
-                             "old model is kept")
-                continue
+            new = _with_meta(fwd, dict(m.meta, refit=self.version + 1))
             held = [(L, x, ms) for L, x, ms in st.held]
-            old_err = _median_rel_err(self.models[s], held, st.overhead)
-            new_err = _median_rel_err(new, held, st.overhead)
+            old_err = _median_rel_err(self.models[s], held)
+            new_err = _median_rel_err(new, held)
             st.err = old_err
             if new_err >= old_err:
                 notes.append(f"stage {s}: refit rejected, held-back error {new_err:.1%} >= the model's {old_err:.1%}")

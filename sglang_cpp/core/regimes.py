@@ -138,8 +138,8 @@ def _at(model, v: float, axis: str = "L"):
         if model.axis == axis:
             return _at(model.model_at(v), v, axis)
         return model.with_models(_at(m, v, axis) for m in model.models)
-    if hasattr(model, "stages"):
-        return type(model)(tuple(_at(m, v, axis) for m in model.stages))
+    if hasattr(model, "stages"):  # each stage with its per-chunk overhead (PipelineCost.charged)
+        return type(model)(tuple(_at(m, v, axis) for m in getattr(model, "charged", model.stages)))
     return model
 
 

@@ -30,7 +30,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="a measured TTFT ratio of two chunk policies, e.g. the blog's "
                         "8,128k,fixed:6k/quadratic:18k:0.8,1.105 (repeatable; counts as a point)")
     p.add_argument("--fit-overhead", action="store_true", help="also fit the per-chunk overhead (>= 2 points)")
-    p.add_argument("--chunk-overhead-ms", dest="overhead_ms", type=float, default=None,
+    p.add_argument("--chunk-overhead-ms", type=float, default=None,
                    help="per-chunk overhead when it is not fitted (SGLANG_CPP_CHUNK_OVERHEAD_MS; default: the "
                         "device preset's)")
     p.add_argument("--max-prefill-tokens", type=parse_len, default=16384)
@@ -53,8 +53,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..whatif.analytic import check_tp, device_of, model_of
-    from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, stage_models
-    from ..core.costmodel import PipelineCost, add_constant
+    from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, priced_stages
     from ..core.profile_io import save_profile
     from ..files import device_file_name
 
@@ -62,10 +61,10 @@ def run(args) -> int:
     check_tp(model, args.tp)
     device = device_of(args.device)
     points = [Measured.parse(m) for m in args.measured] + [Ratio.parse(r) for r in args.measured_ratio]
-    f = fit(model, device, args.tp, points, overhead_ms=args.overhead_ms, fit_overhead=args.fit_overhead,
+    f = fit(model, device, args.tp, points, chunk_overhead_ms=args.chunk_overhead_ms, fit_overhead=args.fit_overhead,
             max_prefill=args.max_prefill_tokens, dtype=args.dtype)
     print(f"{model.name} on {device.name}, TP{args.tp}: efficiency {f.efficiency:.4f} of peak, per-chunk overhead "
-          f"{f.overhead_ms:.2f} ms ({'fitted' if args.fit_overhead else 'given'})")
+          f"{f.chunk_overhead_ms:.2f} ms ({'fitted' if args.fit_overhead else 'given'})")
     print(f"{'measured configuration':<44} {'measured (s)':>12} {'predicted (s)':>13} {'ratio':>7}")
     rows, preds = [], []
     for p, v in f.rows:
@@ -81,23 +80,23 @@ def run(args) -> int:
     dev = replace(device, efficiency=f.efficiency, attn_efficiency=None)
     for L in args.input_lens:
         q = Measured(P, L, 1.0, args.policy, args.chunk, args.sigma)
-        t = predict_ms(model, dev, args.tp, q, f.overhead_ms, args.max_prefill_tokens, args.dtype) / 1e3
+        t = predict_ms(model, dev, args.tp, q, f.chunk_overhead_ms, args.max_prefill_tokens, args.dtype) / 1e3
         print(f"predicted PP{P} {L} tokens, {args.policy} C={args.chunk}: {t:.2f} s")
         preds.append({"pp_size": P, "input_len": L, "policy": args.policy, "chunked_prefill_size": args.chunk,
                       "sigma": args.sigma if args.policy == "quadratic" else None, "ttft_s": t})
-    stages = [add_constant(m, f.overhead_ms) for m in stage_models(model, dev, args.tp, P, dtype=args.dtype)]
-    meta = {"model": model.name, "device_name": device.name, "dtype": stages[0].meta.get("dtype"), "tp": args.tp,
-            "pp": P, "backend": "analytic-fit", "efficiency": f.efficiency, "overhead_ms": f.overhead_ms,
+    cost = priced_stages(model, dev, args.tp, P, f.chunk_overhead_ms, dtype=args.dtype)  # the overhead: its carrier
+    meta = {"model": model.name, "device_name": device.name, "dtype": cost.stages[0].meta.get("dtype"), "tp": args.tp,
+            "pp": P, "backend": "analytic-fit", "efficiency": f.efficiency,
             "measured": [vars(p) for p in points if isinstance(p, Measured)],
             "measured_ratio": [vars(p) for p in points if isinstance(p, Ratio)]}
     path = Path(args.out_dir) / device_file_name(model.name, P, args.tp, device.name, meta["dtype"])
-    save_profile(path, meta=meta, cost=PipelineCost(tuple(stages)) if P > 1 else stages[0])
+    save_profile(path, meta=meta, cost=cost)
     print(f"wrote {path} (load it with simulate --profile, bench ttft --simulate or plan --profile)")
     if args.json:
         from ..files import save_json
 
         doc = {"model": model.name, "gpu": device.name, "tp_size": args.tp, "pp_size": P, "dtype": meta["dtype"],
-               "efficiency": f.efficiency, "chunk_overhead_ms": f.overhead_ms, "overhead_fitted": args.fit_overhead,
+               "efficiency": f.efficiency, "chunk_overhead_ms": f.chunk_overhead_ms, "overhead_fitted": args.fit_overhead,
                "points": rows, "predictions": preds, "profile": str(path)}
         print(f"wrote {save_json(args.json, doc)}")
     return 0

@@ -45,7 +45,7 @@ def launch_lines(rec: dict, meta: dict, cfg: ChunkTuneConfig, json_path: Path) -
     p, f, u = rec["plan"].settings, rec["fixed"].settings, rec["upstream"]
     out = {"plan": launch_line({"SGLANG_CPP_PROFILE": json_path.resolve(), "SGLANG_CPP_POLICY": "plan",
                                 "SGLANG_CPP_MIN_CHUNK": p["min_chunk"], "SGLANG_CPP_MAX_CHUNK": p["max_chunk"],
-                                "SGLANG_CPP_CHUNK_OVERHEAD_MS": f"{cfg.p2p_ms:g}"}, meta, cfg, p["chunked_prefill_size"], True,
+                                "SGLANG_CPP_CHUNK_OVERHEAD_MS": f"{cfg.chunk_overhead_ms:g}"}, meta, cfg, p["chunked_prefill_size"], True,
                                p["max_prefill_tokens"]),
            "fixed": launch_line({"SGLANG_CPP_POLICY": "off"}, meta, cfg, f["chunked_prefill_size"], False,
                                 max(cfg.max_prefill_tokens, f["chunked_prefill_size"]))}
@@ -95,7 +95,7 @@ def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict, dict]:
     lines = launch_lines(rec, meta, cfg, path)
     recs = {k: (v.to_dict() if v is not None else None) for k, v in rec.items() if k not in ("all", "upstream_failed")}
     recs.update(objective="mean over input_lens of predicted TTFT / best fixed TTFT (simulator)",
-                input_lens=list(cfg.input_lens), pp_size=P, page_size=cfg.page_size, p2p_ms=cfg.p2p_ms,
+                input_lens=list(cfg.input_lens), pp_size=P, page_size=cfg.page_size, chunk_overhead_ms=cfg.chunk_overhead_ms,
                 max_prefill_tokens=cfg.max_prefill_tokens, context_length=cfg.context_length, launch=lines,
                 upstream_failed={str(k): v for k, v in rec["upstream_failed"].items()},
                 table=[{"label": o.label, "score": o.score, "ttft_ms": {str(k): v for k, v in o.ttft.items()}}
@@ -129,7 +129,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "the plugin finds the file for its model, PP and TP size, device and dtype at startup)")
     p.add_argument("--context-length", type=parse_len, default=None,
                    help="server --context-length (default: unbounded)")
-    p.add_argument("--chunk-overhead-ms", dest="p2p_ms", type=float, default=0.0,
+    p.add_argument("--chunk-overhead-ms", dest="chunk_overhead_ms", type=float, default=0.0,
                    help="fixed cost per chunk the profile misses: P2P, scheduling (SGLANG_CPP_CHUNK_OVERHEAD_MS)")
     alias(p, "--chunk-overhead-ms", "--p2p-ms")
     alias(p, "--input-len", "--input-lens")
@@ -154,7 +154,7 @@ def run(args) -> int:
         fit = m.fit or {}
         print(f"  stage {st}: {m}" + (f"  [R^2={fit['r2']:.4f}, median rel err {fit['median_rel_err']:.2%}]"
                                       if "r2" in fit else ""))
-    print(f"\npredicted TTFT (ms, simulator; pp={P}, p2p {cfg.p2p_ms:g} ms/chunk; lower is better):")
+    print(f"\npredicted TTFT (ms, simulator; pp={P}, chunk overhead {cfg.chunk_overhead_ms:g} ms per chunk and stage; lower is better):")
     print(table(rec, cfg))
     if rec["upstream_failed"]:
         print(f"upstream's fit fails at C={sorted(rec['upstream_failed'])} (dynamic chunking would switch off)")

@@ -175,7 +175,7 @@ def run(args) -> int:
     dev = device_of(cfg.device)
     dev = replace(dev, **{k: v for k, v in (("efficiency", cfg.efficiency), ("mem_gb", cfg.mem_gb)) if v is not None})
     ranked = rank_layouts(model, dev, cfg.gpus, cfg.input_lens, virtual_stages=cfg.virtual_stages,
-                          fixed_chunks=cfg.fixed_chunks, overhead_ms=cfg.chunk_overhead_ms,
+                          fixed_chunks=cfg.fixed_chunks, chunk_overhead_ms=cfg.chunk_overhead_ms,
                           mem_fraction=cfg.mem_fraction, max_tp=cfg.max_tp, cp_sizes=cfg.cp_sizes,
                           progress=progress_bar("tune layout", "layout", getattr(args, "disable_tqdm", False)))
     win = winners(ranked)

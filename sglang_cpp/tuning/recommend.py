@@ -38,7 +38,7 @@ class ChunkTuneConfig:
     device_name: str | None = None  # the file name's device (default: the profile's meta)
     dtype: str | None = None  # ... and dtype
     context_length: int | None = None
-    p2p_ms: float = 0.0
+    chunk_overhead_ms: float = 0.0
     chunk_sizes: tuple = DEFAULT_SIZES
     form: str = "full"
     json: str | None = None  # also write the recommendations (and the tuned file's path) here
@@ -52,8 +52,8 @@ class ChunkTuneConfig:
             raise ValueError(f"--input-len {self.input_lens!r}: give prompt lengths >= 1, e.g. 32k,128k")
         if not self.chunk_sizes or min(self.chunk_sizes) < 1:
             raise ValueError(f"--fixed-chunks {self.chunk_sizes!r}: give chunk sizes >= 1, e.g. 1k,2k,4k")
-        if not (math.isfinite(self.p2p_ms) and self.p2p_ms >= 0):
-            raise ValueError(f"--chunk-overhead-ms={self.p2p_ms!r} must be a finite number >= 0")
+        if not (math.isfinite(self.chunk_overhead_ms) and self.chunk_overhead_ms >= 0):
+            raise ValueError(f"--chunk-overhead-ms={self.chunk_overhead_ms!r} must be a finite number >= 0")
         if self.max_prefill_tokens < self.align:
             raise ValueError(f"--max-prefill-tokens={self.max_prefill_tokens} is below the chunk alignment "
                              f"{self.align} (max(--page-size, 64))")
@@ -115,17 +115,18 @@ def load_stages(cfg: ChunkTuneConfig) -> tuple[dict, list, list, list]:
 class Sim:
     """Memoised simulated TTFT of a chunk sequence (many (C, sigma) pairs give the same chunks)."""
 
-    def __init__(self, stages: list, p2p_ms: float):
-        from ..whatif.simulator import SimConfig
+    def __init__(self, stages: list, chunk_overhead_ms: float):
+        from ..core.costmodel import add_overhead
 
-        self.stages, self.cfg, self.cache = stages, SimConfig(cpu_overhead_ms=p2p_ms), {}
+        self.cost = add_overhead(as_cost(stages), chunk_overhead_ms, len(stages))  # every stage, its overhead
+        self.stages, self.cache = stages, {}
 
     def __call__(self, chunks) -> float:
         key = tuple(int(c) for c in chunks)
         if key not in self.cache:
             from ..whatif.simulator import simulate
 
-            self.cache[key] = simulate(list(key), self.stages, len(self.stages), self.cfg).ttft_ms
+            self.cache[key] = simulate(list(key), self.cost, len(self.stages)).ttft_ms
         return self.cache[key]
 
 
@@ -182,18 +183,19 @@ def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Optio
         mins.add(min(mpt, -(-int(x_range[0]) // al) * al))
         if al <= int(x_range[1]) // al * al < mpt:
             maxs.add(int(x_range[1]) // al * al)
-    cost = as_cost(models) if len(models) == len(stages) else models[0]
+    from ..core.costmodel import add_overhead
+
+    cost = add_overhead(as_cost(models) if len(models) == len(stages) else models[0], cfg.chunk_overhead_ms, len(stages))
     out = []
     for mn in sorted(mins):
         for mx in sorted(maxs):
             if mn > mx:
                 continue
             pcfg = PlanConfig.from_server(pp_size=cfg.pp_size, chunk_size=C, max_prefill_tokens=mpt,  # as the plugin
-                                          page_size=cfg.page_size, context_len=cfg.ctx, min_chunk=mn, max_chunk=mx,
-                                          overhead_ms=cfg.p2p_ms)
+                                          page_size=cfg.page_size, context_len=cfg.ctx, min_chunk=mn, max_chunk=mx)
             o = Option("plan", f"sglang-cpp plan C={C} min={mn} max={mx}",
                        {"chunked_prefill_size": C, "max_prefill_tokens": mpt, "min_chunk": mn, "max_chunk": mx,
-                        "p2p_ms": cfg.p2p_ms})
+                        "chunk_overhead_ms": cfg.chunk_overhead_ms})
             for L in cfg.input_lens:
                 o.chunks[L] = list(plan_equal_time(L, cost, pcfg).chunks)
                 o.ttft[L] = sim(o.chunks[L])
@@ -203,7 +205,7 @@ def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Optio
 
 def recommend(cfg: ChunkTuneConfig, models: list, stages: list, x_range: tuple = ()) -> dict:
     """{'fixed', 'upstream', 'upstream_default_sigma', 'plan', 'all', 'upstream_failed'} Options."""
-    sim = Sim(stages, cfg.p2p_ms)
+    sim = Sim(stages, cfg.chunk_overhead_ms)
     fixed = fixed_options(cfg, sim)
     ref = {L: min(o.ttft[L] for o in fixed) for L in cfg.input_lens}
     ups, failed = upstream_options(cfg, stages, sim)

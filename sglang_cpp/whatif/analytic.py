@@ -122,7 +122,7 @@ def per_layer_costs(model: ModelSpec, device: DeviceSpec, L, x, *, tp: int = 1, 
 
 def analytic_cost_model(model: ModelSpec, device: DeviceSpec, layers: int | None = None, tp: int = 1,
                         dtype: str | None = None, include_embedding: bool = False, include_lm_head: bool = False,
-                        overhead_ms: float = 0.0, *, first_layer: int = 0, attn_dtype: str = "bf16",
+                        *, first_layer: int = 0, attn_dtype: str = "bf16",
                         mla_prefix_rebuild: bool = True, mla_absorbed: bool = False,
                         tp_comm: bool = False, cp: int = 1) -> CostModel:
     """CostModel (ms) of a stage holding `layers` layers from `first_layer` (None: the whole model).
@@ -135,11 +135,9 @@ def analytic_cost_model(model: ModelSpec, device: DeviceSpec, layers: int | None
     if not (isinstance(n, (int, np.integer)) and n >= 1 and 0 <= first_layer and first_layer + n <= model.num_layers):
         raise ValueError(f"layers={layers!r} from first_layer={first_layer} must lie within the model's "
                          f"{model.num_layers} layers")
-    if not (math.isfinite(overhead_ms) and overhead_ms >= 0):
-        raise ValueError(f"overhead_ms={overhead_ms!r} must be a finite number >= 0")
     g, b, a = _layer_coefs(model, device, tp, dtype, attn_dtype, mla_prefix_rebuild,
                            mla_absorbed, cp)[first_layer:first_layer + n].sum(0)
-    c0 = overhead_ms + (lm_head_ms(model, device, tp) if include_lm_head else 0.0)
+    c0 = lm_head_ms(model, device, tp) if include_lm_head else 0.0  # the per-chunk overhead: with_overheads
     if tp_comm:
         per_token, per_chunk = layer_comm_ms(model, device, tp, cp)
         b, c0 = b + n * per_token, c0 + n * per_chunk

@@ -145,35 +145,43 @@ def stage_models(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, parts=N
     return out
 
 
-def predict(model: ModelSpec, device: DeviceSpec, tp: int, point, overhead_ms: float | None = None,
+def predict(model: ModelSpec, device: DeviceSpec, tp: int, point, chunk_overhead_ms: float | None = None,
             max_prefill: int = 16384, dtype: str | None = None) -> float:
     """The simulated counterpart of `point.value`: a TTFT in ms (Measured) or a TTFT ratio (Ratio)."""
     if isinstance(point, Ratio):
-        a, b = (predict_ms(model, device, tp, p, overhead_ms, max_prefill, dtype) for p in point.points())
+        a, b = (predict_ms(model, device, tp, p, chunk_overhead_ms, max_prefill, dtype) for p in point.points())
         return a / b
-    return predict_ms(model, device, tp, point, overhead_ms, max_prefill, dtype)
+    return predict_ms(model, device, tp, point, chunk_overhead_ms, max_prefill, dtype)
 
 
-def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, overhead_ms: float | None = None,
+def priced_stages(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, chunk_overhead_ms: float | None = None,
+                  **kw):
+    """The per-stage analytic models (`stage_models`, same keywords) as one cost carrying the per-chunk
+    overhead of every stage (None: the device preset's)."""
+    from ..core.costmodel import PipelineCost, with_overheads
+
+    o = device.chunk_overhead_ms if chunk_overhead_ms is None else float(chunk_overhead_ms)
+    stages = stage_models(model, device, tp, pp, **kw)
+    return with_overheads(stages[0] if pp == 1 else PipelineCost(tuple(stages)), o, pp)
+
+
+def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, chunk_overhead_ms: float | None = None,
                max_prefill: int = 16384, dtype: str | None = None) -> float:
     """Simulated TTFT of `point`'s configuration: its chunk policy on the per-stage models, replayed by
-    the pipeline simulator with `overhead_ms` per chunk and stage (None: the device preset's)."""
-    overhead_ms = device.chunk_overhead_ms if overhead_ms is None else overhead_ms
-    from ..core.costmodel import PipelineCost
+    the pipeline simulator with `chunk_overhead_ms` per chunk and stage (None: the device preset's)."""
     from ..core.policy import chunks_for
-    from .simulator import SimConfig, simulate
+    from .simulator import simulate
 
-    stages = stage_models(model, device, tp, point.pp_size, dtype=dtype)
-    cost = stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))
+    cost = priced_stages(model, device, tp, point.pp_size, chunk_overhead_ms, dtype=dtype)
     chunks = chunks_for(point.policy, point.input_len, cost, point.pp_size, point.chunk, sigma=point.sigma,
-                        max_prefill=max_prefill, overhead_ms=overhead_ms)
-    return simulate(chunks, stages, point.pp_size, SimConfig(cpu_overhead_ms=overhead_ms)).ttft_ms
+                        max_prefill=max_prefill)
+    return simulate(chunks, cost, point.pp_size).ttft_ms
 
 
 @dataclass(frozen=True)
 class Fit:
     efficiency: float
-    overhead_ms: float
+    chunk_overhead_ms: float
     rows: tuple  # (point, predicted value: ms for a Measured, the ratio for a Ratio)
 
     def on(self, device: DeviceSpec) -> DeviceSpec:
@@ -186,7 +194,7 @@ class Fit:
 BLOG_PP1 = Measured(1, 128 * 1024, 55.5e3)
 
 
-def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list, *, overhead_ms: float | None = None,
+def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list, *, chunk_overhead_ms: float | None = None,
         fit_overhead: bool = False, max_prefill: int = 16384, dtype: str | None = None) -> Fit:
     """Least squares on log(predicted / measured) over the points (Measured TTFTs and Ratios): one
     efficiency for GEMMs and attention (device.efficiency; attention kernels follow it), and the per-chunk
@@ -197,7 +205,7 @@ def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list, *, overhead
         raise ValueError("give at least one --measured point")
     if not any(isinstance(p, Measured) for p in points):
         raise ValueError("a --measured-ratio fixes no time scale: give at least one --measured TTFT as well")
-    overhead_ms = device.chunk_overhead_ms if overhead_ms is None else overhead_ms
+    overhead_ms = device.chunk_overhead_ms if chunk_overhead_ms is None else chunk_overhead_ms
     if fit_overhead and len(points) < 2:
         raise ValueError("fitting the per-chunk overhead needs two or more --measured points or ratios (one fixes "
                          "the efficiency only); drop --fit-overhead or add a point")
@@ -220,4 +228,4 @@ def fit(model: ModelSpec, device: DeviceSpec, tp: int, points: list, *, overhead
     return Fit(eff, o, tuple((p, predict(model, dev, tp, p, o, max_prefill, dtype)) for p in points))
 
 
-__all__ = ["Measured", "Ratio", "Fit", "BLOG_PP1", "fit", "predict", "predict_ms", "stage_models"]
+__all__ = ["Measured", "Ratio", "Fit", "BLOG_PP1", "fit", "predict", "predict_ms", "stage_models", "priced_stages"]

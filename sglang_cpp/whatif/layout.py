@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.costmodel import PipelineCost
 from ..core.partition import default_partition, partition_layers
 from ..core.policy import chunks_for
 from .analytic import DeviceSpec, ModelSpec, embedding_ms, kv_bytes_per_token, lm_head_ms, per_layer_costs
-from .analytic_fit import stage_models
+from .analytic_fit import priced_stages, stage_models
 from .simulator import SimConfig, simulate
 from .virtual_pp import simulate_virtual
 
@@ -112,7 +111,7 @@ def partition_for(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, tokens
 
 
 def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, virtual_stages=(1,),
-                 fixed_chunks=(4096, 8192, 16384, 32768), overhead_ms: float | None = None,
+                 fixed_chunks=(4096, 8192, 16384, 32768), chunk_overhead_ms: float | None = None,
                  mem_fraction: float = 0.88, max_tp: int = 8, cp_sizes=(1,), progress=None) -> list[Ranked]:
     """Every layout of `gpus` GPUs, feasible ones with their best policy per length; the plan (whose
     chunks do not depend on C) and fixed chunks of `fixed_chunks` are the policies tried. `progress`: wraps the
@@ -124,10 +123,10 @@ def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, vi
     lengths = sorted(int(v) for v in lengths)
     if not lengths or lengths[0] < 1:
         raise ValueError(f"--input-len {lengths}: give one or more lengths >= 1")
-    o = device.chunk_overhead_ms if overhead_ms is None else float(overhead_ms)
+    o = device.chunk_overhead_ms if chunk_overhead_ms is None else float(chunk_overhead_ms)
     limit = device.mem_gb * mem_fraction
     cap = max(fixed_chunks)
-    cfg = SimConfig(cpu_overhead_ms=o)
+    cfg = SimConfig()
     split: dict = {}  # (tp, pp, cp) -> what V does not change: the partition, the stage models, every policy's chunks
 
     def per_split(tp: int, pp: int, cp: int):
@@ -142,12 +141,11 @@ def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, vi
                     f"no layer split fits: even split's fullest GPU (stage {s}) needs {mem[s]:.1f} GB for weights and "
                     f"the KV of {lengths[-1]} tokens, over {limit:.1f} GB ({mem_fraction:g} of {device.mem_gb:g} GB)"))
             else:
-                stages = stage_models(model, device, tp, pp, parts, tp_comm=True, cp=cp)
-                cost = stages[0] if pp == 1 else PipelineCost(tuple(stages))
-                chunks = {(S, pol, C): chunks_for(pol, S, cost, pp, C, max_prefill=cap, overhead_ms=o)
+                cost = priced_stages(model, device, tp, pp, o, parts=parts, tp_comm=True, cp=cp)
+                chunks = {(S, pol, C): chunks_for(pol, S, cost, pp, C, max_prefill=cap)
                           for S in lengths for pol, C in [("plan", cap)] + [("fixed", C) for C in fixed_chunks]}
                 split[(tp, pp, cp)] = (tuple(parts), max(stage_memory_gb(model, parts, tp, lengths[-1], cp)),
-                                       (stages, chunks), "")
+                                       (cost, chunks), "")
         return split[(tp, pp, cp)]
 
     out = []
@@ -157,13 +155,13 @@ def rank_layouts(model: ModelSpec, device: DeviceSpec, gpus: int, lengths, *, vi
         if reason:
             out.append(Ranked(lay, parts, mem, reason=reason))
             continue
-        stages, chunks = planned
+        cost, chunks = planned  # every stage with its per-chunk overhead
         best, every = {}, {}
         for S in lengths:
             got = {}
             for (S_, pol, C), ch in chunks.items():
                 if S_ == S:
-                    res = simulate_virtual(ch, stages, lay.pp, lay.v, cfg) if lay.v > 1 else simulate(ch, stages, lay.pp, cfg)
+                    res = simulate_virtual(ch, cost, lay.pp, lay.v, cfg) if lay.v > 1 else simulate(ch, cost, lay.pp, cfg)
                     got[(pol, C)] = res.ttft_ms
             (pol, C), ms = min(got.items(), key=lambda kv: kv[1])
             best[S] = (pol, C, ms)

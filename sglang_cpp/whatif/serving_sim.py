@@ -9,7 +9,7 @@ answers "which policy, what throughput, TTFT and TPOT" before any GPU is booked.
 Model. `depth` micro-batch slots (SGLang's mb_id) are visited in turn; a slot whose micro-batch is
 still in flight is skipped, and the first free slot the policy gives work launches when stage 0 is
 free. A micro-batch runs on
-stage s after stage s finished the previous micro-batch and stage s-1 sent this one (+ p2p_ms), for
+stage s after stage s finished the previous micro-batch and stage s-1 sent this one (+ p2p_latency_ms), for
     base + sum over chunks (t_s(L, x) - t_s(0, 0)) + b_s * decodes + e_s * decode context
     (+ batch_overhead_ms, + sample_ms per sampled sequence on the last stage)
 with base the larger fixed cost of the parts present. A request reserves input + output KV tokens
@@ -79,7 +79,7 @@ class ServeConfig:
     kv_capacity: int = 1 << 20  # tokens of KV the pool holds (every stage holds its layers' share)
     depth: int = 0  # micro-batches in flight; 0: the PP size
     batch_overhead_ms: float = 0.0  # CPU prep per micro-batch and stage (seeds digest 7: 12-19%)
-    p2p_ms: float = 0.0  # per micro-batch and hop
+    p2p_latency_ms: float = 0.0  # per micro-batch and hop
     sample_ms: float = 0.0  # per sampled sequence, on the last stage
     cpu_sampling: bool = False  # SiPipe: sampling overlapped on the CPU, off the last stage
 
@@ -88,7 +88,7 @@ class ServeConfig:
             raise ValueError(f"ServeConfig.kv_capacity={self.kv_capacity!r} must be an integer >= 1 (tokens)")
         if not isinstance(self.depth, (int, np.integer)) or self.depth < 0:
             raise ValueError(f"ServeConfig.depth={self.depth!r} must be an integer >= 0 (0: the PP size)")
-        for k in ("batch_overhead_ms", "p2p_ms", "sample_ms"):
+        for k in ("batch_overhead_ms", "p2p_latency_ms", "sample_ms"):
             v = getattr(self, k)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"ServeConfig.{k}={v!r} must be a finite number >= 0")
@@ -320,7 +320,7 @@ def _run_stages(index, slot, pre, dec, st, cfg, now, free, busy, fixed, pre_cost
         if B:
             t += float(dec_costs[s].time(B, ctx)) - dec_costs[s].fixed
         t += cfg.batch_overhead_ms + (cfg.sample_ms * samples if s == P - 1 and not cfg.cpu_sampling else 0.0)
-        start = max(free[s], prev + (cfg.p2p_ms if s else 0.0))
+        start = max(free[s], prev + (cfg.p2p_latency_ms if s else 0.0))
         free[s] = prev = start + t
         busy[s] += t
         spans.append((start, prev))

@@ -11,7 +11,8 @@ Model: chunk k runs on stage s after stage s finished chunk k-1 and chunk k arri
   recv_mode "serial":    upstream's per-tensor blocking recv: the transfer starts only when the receiver
                          is free, and the receiver is blocked for it (no overlap with its compute).
   recv_mode "batched":   receives are pre-posted: the transfer overlaps the receiver's compute.
-Each chunk then costs cpu_overhead_ms + t_s(L, x) on stage s.
+Each chunk then costs o_s(x) + t_s(L, x) on stage s: the stage's per-chunk overhead (the cost's carrier,
+PipelineCost.overheads; an "overhead" event in the trace) and its forward.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ RECV_MODES = ("serial", "batched")
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Communication and host-overhead knobs. The defaults are upstream SGLang's modes with free P2P."""
+    """Communication knobs. The defaults are upstream SGLang's modes with free P2P. The per-chunk overhead
+    is the cost's (PipelineCost.overheads), not a knob here."""
 
     p2p_latency_ms: float = 0.0
     p2p_bandwidth_gbps: float = math.inf  # GB/s
@@ -37,13 +39,11 @@ class SimConfig:
     dtype_bytes: int = 2
     send_mode: str = "deferred"
     recv_mode: str = "serial"
-    cpu_overhead_ms: float = 0.0
 
     def __post_init__(self):
-        for name in ("p2p_latency_ms", "cpu_overhead_ms"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"SimConfig.{name}={v!r} must be a finite number >= 0")
+        v = self.p2p_latency_ms
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise ValueError(f"SimConfig.p2p_latency_ms={v!r} must be a finite number >= 0")
         bw = self.p2p_bandwidth_gbps
         if not (isinstance(bw, (int, float)) and bw > 0) or math.isnan(bw):
             raise ValueError(f"SimConfig.p2p_bandwidth_gbps={bw!r} must be > 0 (use inf for free transfers)")
@@ -81,7 +81,7 @@ class SimResult:
     makespan_ms: float
     ttfts_ms: tuple
     arrivals_ms: tuple
-    busy_ms: tuple  # per stage: CPU overhead + compute (what the planner's t + o models)
+    busy_ms: tuple  # per stage: per-chunk overhead + compute (what the planner's chunk times model)
     comm_ms: tuple  # per stage: time blocked in sync sends / serial receives
     events: tuple = field(repr=False)
     config: SimConfig = field(default_factory=SimConfig)
@@ -164,8 +164,12 @@ def _as_plan(plan, prefix_len) -> tuple[list[int], int]:
     return chunks, int(L0)
 
 
-def _stage_costs(cost, pp_size, plan_pp=None) -> list:
-    """One cost model per stage from a list, a PipelineCost (.stages) or one shared model."""
+def _stage_costs(cost, pp_size, plan_pp=None) -> tuple[list, list]:
+    """One cost model per stage from a list, a PipelineCost (.stages) or one shared model, and each stage's
+    per-chunk overhead (the PipelineCost's carrier; a lone stage carrying one is every stage's)."""
+    over = list(getattr(cost, "overheads", ()) or ())
+    if over and len(cost.stages) == 1 and pp_size is not None and pp_size > 1:  # one model for every stage
+        return [cost.stages[0]] * int(pp_size), over * int(pp_size)  # (a PipelineCost carrying its overhead)
     if isinstance(cost, (list, tuple)):
         models = list(cost)
     elif getattr(cost, "stages", None) is not None and pp_size is not None and len(cost.stages) != pp_size:
@@ -182,7 +186,9 @@ def _stage_costs(cost, pp_size, plan_pp=None) -> list:
         raise ValueError(f"got {len(models)} stage cost models but pp_size={pp_size}; give one per stage")
     if not models or any(not hasattr(m, "time") for m in models):
         raise ValueError("cost: every stage model needs a .time(L, x) method (e.g. a CostModel)")
-    return models
+    if over and len(over) != len(models):
+        over = [max(over, key=lambda o: o.per_chunk_ms)] * len(models)
+    return models, over or [None] * len(models)
 
 
 def _times(model, L: np.ndarray, x: np.ndarray, stage: int) -> np.ndarray:
@@ -193,14 +199,16 @@ def _times(model, L: np.ndarray, x: np.ndarray, stage: int) -> np.ndarray:
 
 
 # -- engine -----------------------------------------------------------------------------------
-def _run(jobs: list[tuple], costs: list, cfg: SimConfig, arrivals: list[float]) -> SimResult:
-    """jobs: (request, chunk index, L, x, release ms) in FIFO order."""
+def _run(jobs: list[tuple], staged: tuple[list, list], cfg: SimConfig, arrivals: list[float]) -> SimResult:
+    """jobs: (request, chunk index, L, x, release ms) in FIFO order; staged: (models, overheads) per stage."""
+    costs, over = staged
     P = len(costs)
     L = np.array([j[2] for j in jobs])
     x = np.array([j[3] for j in jobs])
     T = np.stack([_times(m, L, x, s) for s, m in enumerate(costs)]).tolist()
+    O = [np.broadcast_to(np.zeros(1) if ov is None else ov.at(x), x.shape).tolist() for ov in over]
     tr = np.broadcast_to(cfg.transfer_ms(x), x.shape).tolist()
-    o, sync, serial = cfg.cpu_overhead_ms, cfg.send_mode == "sync", cfg.recv_mode == "serial"
+    sync, serial = cfg.send_mode == "sync", cfg.recv_mode == "serial"
     free = [0.0] * P
     busy, comm = [0.0] * P, [0.0] * P
     ends: dict[int, float] = {}
@@ -226,6 +234,7 @@ def _run(jobs: list[tuple], costs: list, cfg: SimConfig, arrivals: list[float]) 
                 if not (sync or serial) and t1 > t0:  # in flight, occupies neither stage
                     ev.append(Event(s - 1, start=t0, end=t1, kind="send", blocking=False, **meta))
                 start = max(free[s], t1)
+            o = O[s][k]
             if o > 0:
                 ev.append(Event(s, start=start, end=start + o, kind="overhead", **meta))
             end = start + o + T[s][k]

@@ -44,7 +44,7 @@ class StreamResult:
 
 
 def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_concurrency: int | None = None,
-                overhead_ms: float = 0.0, config: SimConfig | None = None) -> StreamResult:
+                config: SimConfig | None = None) -> StreamResult:
     """Run `prompt_lens` (FIFO) through P stages: the first `max_concurrency` arrive at t = 0 (default: all,
     a burst), each later one when the prompt `max_concurrency` places earlier finished (a closed loop, as
     `bench ttft` sends them). Returns every prompt's chunks and the simulated run."""
@@ -73,7 +73,7 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
                 if sum(todo) != n - L or min(todo) < 1:
                     raise ValueError(f"policy {policy.name}: chunks {todo} do not cover tokens {L}..{n}")
             x = todo.pop(0)
-            t = np.asarray(stage_times(cost, float(L), float(x), P), float) + overhead_ms
+            t = np.asarray(stage_times(cost, float(L), float(x), P), float)  # per-chunk overheads included
             end = s0
             for s in range(P):
                 end = max(F[s], end) + t[s]
@@ -85,8 +85,7 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
         if i + C < N:  # the closed loop: the next request goes out when this one finished
             arrivals[i + C] = float(F[-1])
     chunks = [[x for r, x in out if r == i] for i in range(N)]
-    sim = simulate_requests([(a, ch) for a, ch in zip(arrivals, chunks)], cost, P,
-                            config or SimConfig(cpu_overhead_ms=overhead_ms))
+    sim = simulate_requests([(a, ch) for a, ch in zip(arrivals, chunks)], cost, P, config or SimConfig())
     return StreamResult(tuple(map(tuple, chunks)), tuple(arrivals), tuple(replans), sim)
 
 

@@ -26,21 +26,23 @@ def simulate_virtual(plan, cost, pp_size: int, virtual_stages: int, config: SimC
                      visit_overhead_ms: float | None = None, prefix_len: int | None = None) -> SimResult:
     """One request's chunk plan through P ranks of V virtual stages each, arriving at t = 0.
 
-    `visit_overhead_ms`: fixed cost of every visit (scheduling, launch, P2P setup); None takes the
-    config's per-chunk `cpu_overhead_ms`, which a plain pipeline pays once per chunk and stage."""
+    `visit_overhead_ms`: fixed cost of every visit (scheduling, launch, P2P setup); None takes each rank's
+    per-chunk overhead from the cost (PipelineCost.overheads), which a plain pipeline pays once per chunk and
+    stage."""
     cfg = config if config is not None else SimConfig()
     P, V = pp_size, virtual_stages
     for name, v in (("pp_size", P), ("virtual_stages", V)):
         if not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{name}={v!r} must be an integer >= 1")
-    o = cfg.cpu_overhead_ms if visit_overhead_ms is None else float(visit_overhead_ms)
-    if not (math.isfinite(o) and o >= 0):
+    if visit_overhead_ms is not None and not (math.isfinite(visit_overhead_ms) and visit_overhead_ms >= 0):
         raise ValueError(f"visit_overhead_ms={visit_overhead_ms!r} must be a finite number >= 0")
     chunks, L0 = _as_plan(plan, prefix_len)
-    models = _stage_costs(cost, P)
+    models, over = _stage_costs(cost, P)
     K, N = len(chunks), P * V
     x = np.array(chunks)
     L = L0 + np.concatenate([[0], np.cumsum(x)[:-1]])
+    O = [np.broadcast_to(float(visit_overhead_ms) if visit_overhead_ms is not None else 0.0 if ov is None
+                         else ov.at(x), x.shape).tolist() for ov in over]  # [rank][chunk]
     t = (np.stack([_times(m, L, x, s) for s, m in enumerate(models)]) / V).tolist()  # [rank][chunk]
     tr = np.broadcast_to(cfg.transfer_ms(x), x.shape).tolist() if P > 1 else [0.0] * K
     done = [[None] * N for _ in range(K)]
@@ -56,6 +58,7 @@ def simulate_virtual(plan, cost, pp_size: int, virtual_stages: int, config: SimC
         k, v = min(ready, key=lambda kv: (max(free[kv[1] % P], ready[kv]), kv))
         r = v % P
         start = max(free[r], ready.pop((k, v)))
+        o = O[r][k]
         end = start + o + t[r][k]
         meta = {"chunk": k, "request": 0, "L": int(L[k]), "x": int(x[k])}
         if o > 0:

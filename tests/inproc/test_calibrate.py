@@ -295,9 +295,8 @@ def test_the_received_hidden_states_give_the_receiving_stage_a_term_in_x():
     """Issue 45 item 6: a hop's receive timed alone at two sizes; a line through the two medians is the
     receiving stage's ms at x = 0 (added to its step median) and ms per token; the slowest TP rank's of each;
     PP0 receives nothing. A pair that falls with x (noise) gives no term in x, never a negative one."""
-    from sglang_cpp.core.costmodel import ChunkOverhead, CostModel, PipelineCost
-    from sglang_cpp.plugin.startup.overhead import (decide_overheads, transfer_line, transfer_medians, transfer_sizes,
-                                            with_overheads)
+    from sglang_cpp.core.costmodel import ChunkOverhead, CostModel, PipelineCost, with_overheads
+    from sglang_cpp.plugin.startup.overhead import decide_overheads, transfer_line, transfer_medians, transfer_sizes
 
     assert transfer_line({128: [1.0, 0.9, 5.0], 2048: [2.9, 3.0, 3.1]}) == (pytest.approx(1 - 128 / 960),
                                                                            pytest.approx(1 / 960))
@@ -313,10 +312,11 @@ def test_the_received_hidden_states_give_the_receiving_stage_a_term_in_x():
     assert over[1].per_token_ms == pytest.approx(1 / 640) and over[1].per_chunk_ms == pytest.approx(3.0 - 128 / 960)
     assert transfer_medians(got) == [[], [[128, 1.0], [2048, 4.0]]]
     base = CostModel(c0=1.0, b=0.01, e=2e-6, f=1e-6)
-    served = with_overheads(PipelineCost((base, base)), over)
-    assert served.stages[1].c0 == pytest.approx(1.0 + over[1].per_chunk_ms)
-    assert served.stages[1].b == pytest.approx(0.01 + 1 / 640) and served.stages[0].b == 0.01
-    assert float(served.stages[1].time(0, 4096) - base.time(0, 4096)) == pytest.approx(over[1].per_chunk_ms + 4096 / 640)
+    served = with_overheads(PipelineCost((base, base)), over, 2)  # each stage's overhead beside its model
+    assert served.stages == (base, base) and served.overheads == tuple(over)
+    assert served.charged[1].c0 == pytest.approx(1.0 + over[1].per_chunk_ms)
+    assert served.charged[1].b == pytest.approx(0.01 + 1 / 640) and served.charged[0].b == 0.01
+    assert float(served.stage_times(0, 4096)[1] - base.time(0, 4096)) == pytest.approx(over[1].per_chunk_ms + 4096 / 640)
     # the probe's own size and 16 times it, at most 4096 and the plans' largest chunk; one size if too close
     assert transfer_sizes(64, 16384) == (128, 2048) and transfer_sizes(256, 16384) == (512, 4096)
     assert transfer_sizes(64, 1000) == (128, 960) and transfer_sizes(64, 256) == (128,)

@@ -90,7 +90,7 @@ def test_a_node_with_another_numpy_or_cpu_type_fails_naming_what_differs():
 
 PLAN_IN_A_PROCESS = """
 import json
-from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
 from sglang_cpp.core.planner import PlanConfig, plan_equal_time
 from sglang_cpp.core.queue_plan import QueueView, plan_in_queue
 cost = PipelineCost((CostModel(c0=4.1, g=1e-5, b=0.051, d=1e-9, e=2.1e-6, f=1.05e-6),
@@ -98,9 +98,10 @@ cost = PipelineCost((CostModel(c0=4.1, g=1e-5, b=0.051, d=1e-9, e=2.1e-6, f=1.05
 out = []
 for n in (20000, 65536, 131072, 200000):
     for P in (2, 4, 8):
-        cfg = PlanConfig.from_server(pp_size=P, chunk_size=8192, max_prefill_tokens=16384, overhead_ms=2.0)
-        out.append(plan_equal_time(n, cost, cfg).chunks)
-        out.append(plan_in_queue(n, cost, cfg, 0, QueueView(((0, 4096),), ((n, 0), (9000, 512)))).chunks)
+        cfg = PlanConfig.from_server(pp_size=P, chunk_size=8192, max_prefill_tokens=16384)
+        charged = with_overheads(cost, 2.0, P)
+        out.append(plan_equal_time(n, charged, cfg).chunks)
+        out.append(plan_in_queue(n, charged, cfg, 0, QueueView(((0, 4096),), ((n, 0), (9000, 512)))).chunks)
 print(json.dumps(out))
 """
 
@@ -485,7 +486,7 @@ def test_online_refits_reach_every_dp_group_under_local_control_broadcast(monkey
     cost = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20.0),) * 2)
     log = DecisionLog(0, "")
     gloo = FakeGloo()
-    make = lambda r, pp: Online(cost, [], [0.0, 0.0], rank=r, leaders=[0, 4], pp_rank=pp, log=log,  # noqa: E731
+    make = lambda r, pp: Online(cost, [], rank=r, leaders=[0, 4], pp_rank=pp, log=log,  # noqa: E731
                                 group=None, dist=gloo.at(r), relays=(2,))
     rank0, relay, other = make(0, 0), make(2, 0), make(1, 0)
     assert rank0.injects and relay.injects and not other.injects

@@ -73,7 +73,7 @@ def test_every_path_gives_the_plugins_chunks(tmp_path, capsys):
 
     from sglang_cpp.tuning.recommend import plan_options
 
-    cfg = SimpleNamespace(align=64, max_prefill_tokens=MPT, pp_size=PP, page_size=1, ctx=1 << 20, p2p_ms=0.0,
+    cfg = SimpleNamespace(align=64, max_prefill_tokens=MPT, pp_size=PP, page_size=1, ctx=1 << 20, chunk_overhead_ms=0.0,
                           input_lens=[N])
     (opt,) = plan_options(cfg, [COST], [COST] * PP, lambda ch: 0.0, C, ())
     assert opt.chunks[N] == want

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_cpp.core.costmodel import CostModel, PiecewiseCost, PipelineCost, add_constant, fit_piecewise, model_from_dict
+from sglang_cpp.core.costmodel import CostModel, PiecewiseCost, PipelineCost, add_constant, fit_piecewise, model_from_dict, with_overheads
 from sglang_cpp.core.profile_io import cost_from_profile
 from sglang_cpp.core.planner import plan_chunks
 from sglang_cpp.core.objective import ttft
@@ -91,11 +91,12 @@ def test_the_equal_time_plan_on_regimes_is_within_1pct_of_the_exact_dp():
                                                       g=float(rng.uniform(0, 0.01)))))
         cost, o = stage, float(rng.uniform(0, 5))  # equal stages: the DP's objective is the makespan
         P, n, prefix = int(rng.integers(2, 9)), int(rng.integers(2048, 12288)), int(rng.choice([0, rng.integers(0, 8192)]))
-        kw = dict(max_chunk=2048, align=64, prefix_len=prefix, overhead_ms=o)
+        cost = with_overheads(stage, o, P)  # the per-chunk overhead on the cost
+        kw = dict(max_chunk=2048, align=64, prefix_len=prefix)
         et = plan_chunks(prefix + n, cost, P, **kw)
         dp = plan_chunks(prefix + n, cost, P, method="dp", **kw)
         assert sum(et.chunks) == n
-        worst = max(worst, ttft(list(et.chunks), prefix, cost, P, o) / ttft(list(dp.chunks), prefix, cost, P, o))
+        worst = max(worst, ttft(list(et.chunks), prefix, cost, P) / ttft(list(dp.chunks), prefix, cost, P))
         starts = prefix + np.concatenate([[0], np.cumsum(et.chunks)[:-1]])  # the plan's times: each in its regime
         assert list(et.pred_ms) == pytest.approx(list(cost.time(starts, np.array(et.chunks))))
     assert 1.0 <= worst <= 1.01
@@ -229,12 +230,12 @@ def test_the_plan_on_mla_regimes_is_no_worse_than_the_plan_blind_to_them():
     from sglang_cpp.whatif.analytic_fit import stage_models
 
     ds, h20 = MODELS["deepseek-v3"], DEVICES["H20"]
-    true = PipelineCost(tuple(stage_models(ds, h20, 8, 4, attention_backend="fa3")))
-    blind = PipelineCost(tuple(stage_models(ds, h20, 8, 4)))
-    kw = dict(max_chunk=16384, overhead_ms=2.0)
+    true = with_overheads(PipelineCost(tuple(stage_models(ds, h20, 8, 4, attention_backend="fa3"))), 2.0, 4)
+    blind = with_overheads(PipelineCost(tuple(stage_models(ds, h20, 8, 4))), 2.0, 4)
+    kw = dict(max_chunk=16384)
     ours, theirs = plan_chunks(65536, true, 4, **kw), plan_chunks(65536, blind, 4, **kw)
     assert sum(ours.chunks) == sum(theirs.chunks) == 65536
-    cost = lambda p: ttft(list(p.chunks), 0, true, 4, 2.0)  # noqa: E731
+    cost = lambda p: ttft(list(p.chunks), 0, true, 4)  # noqa: E731
     assert cost(ours) < 0.97 * cost(theirs)  # a planner blind to the regimes cuts the blind plan (0.94x here)
 
 

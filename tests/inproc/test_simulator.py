@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sglang_cpp.args import parse_len
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.core.costmodel import CostModel
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
 from sglang_cpp.whatif.simulator import SimConfig, simulate, simulate_requests
 
 MODES = list(itertools.product(("sync", "deferred"), ("serial", "batched")))
@@ -108,10 +108,9 @@ def test_matches_recurrence_oracle_batched(P, K, data):
        st.floats(0.5, 100), st.floats(0, 3), st.integers(0, 4096), st.data())
 def test_mode_orderings(P, chunks, lat, bw, o, L0, data):
     coef = data.draw(st.lists(st.tuples(st.floats(0.001, 0.02), st.floats(1e-8, 1e-6)), min_size=P, max_size=P))
-    models = [CostModel.fa(a=a, b=b) for b, a in coef]
+    models = with_overheads(PipelineCost(tuple(CostModel.fa(a=a, b=b) for b, a in coef)), o, P)  # o per chunk
     run = lambda s, r: simulate(chunks, models, P, SimConfig(  # noqa: E731
-        p2p_latency_ms=lat, p2p_bandwidth_gbps=bw, hidden_size=4096, send_mode=s, recv_mode=r,
-        cpu_overhead_ms=o), prefix_len=L0).ttft_ms
+        p2p_latency_ms=lat, p2p_bandwidth_gbps=bw, hidden_size=4096, send_mode=s, recv_mode=r), prefix_len=L0).ttft_ms
     t = {m: run(*m) for m in MODES}
     eps = 1e-9
     for r in ("serial", "batched"):
@@ -119,7 +118,7 @@ def test_mode_orderings(P, chunks, lat, bw, o, L0, data):
     for s in ("sync", "deferred"):
         assert t[(s, "batched")] <= t[(s, "serial")] + eps
     # and no mode beats the communication-free pipeline
-    free = simulate(chunks, models, P, SimConfig(cpu_overhead_ms=o), prefix_len=L0).ttft_ms
+    free = simulate(chunks, models, P, SimConfig(), prefix_len=L0).ttft_ms
     assert min(t.values()) >= free - eps
 
 
@@ -144,8 +143,8 @@ def test_single_chunk_overhead_and_transfers(send, recv):
     o, lat = 2.5, 0.1
     tr = lat + 1000 * 4096 * 2 / (10 * 1e9) * 1e3  # 0.1 + 0.8192 ms
     cfg = SimConfig(p2p_latency_ms=lat, p2p_bandwidth_gbps=10.0, hidden_size=4096, send_mode=send,
-                    recv_mode=recv, cpu_overhead_ms=o)
-    res = simulate([1000], models, 3, cfg)
+                    recv_mode=recv)
+    res = simulate([1000], with_overheads(PipelineCost(tuple(models)), o, 3), 3, cfg)
     assert res.ttft_ms == pytest.approx(3 * o + (11 + 21 + 31) + 2 * tr, rel=1e-12)
     base = simulate([1000], models, 3, SimConfig(p2p_latency_ms=lat, p2p_bandwidth_gbps=10.0, hidden_size=4096,
                                                  send_mode=send, recv_mode=recv))
@@ -157,7 +156,7 @@ def test_overhead_adds_per_chunk_slot(M, P):
     """Equal chunks, free P2P: every chunk slot grows by o, so TTFT grows by (M + P - 1) * o."""
     cost = CostModel(b=0.25)
     a = simulate([128] * M, cost, P).ttft_ms
-    b = simulate([128] * M, cost, P, SimConfig(cpu_overhead_ms=3.0)).ttft_ms
+    b = simulate([128] * M, with_overheads(cost, 3.0, P), P).ttft_ms
     assert b - a == pytest.approx((M + P - 1) * 3.0)
 
 
@@ -184,8 +183,8 @@ def test_requests_restart_prefix():
 # -- events and traces -----------------------------------------------------------------------------
 def test_events_and_chrome_trace(tmp_path):
     models = [CostModel(c0=1.0, b=0.01), CostModel(c0=2.0, b=0.02)]
-    cfg = SimConfig(p2p_latency_ms=0.5, hidden_size=8, send_mode="sync", recv_mode="serial", cpu_overhead_ms=0.25)
-    res = simulate([300, 200, 100], models, 2, cfg)
+    cfg = SimConfig(p2p_latency_ms=0.5, hidden_size=8, send_mode="sync", recv_mode="serial")
+    res = simulate([300, 200, 100], with_overheads(PipelineCost(tuple(models)), 0.25, 2), 2, cfg)
     for s in range(2):
         blk = sorted((e.start, e.end) for e in res.events if e.stage == s and e.blocking)
         assert all(a[1] <= b[0] + 1e-12 for a, b in zip(blk, blk[1:])), "blocking events overlap"
@@ -223,7 +222,7 @@ def test_plan_object_duck_typing():
     lambda: SimConfig(send_mode="async"),
     lambda: SimConfig(recv_mode="eager"),
     lambda: SimConfig(p2p_bandwidth_gbps=0),
-    lambda: SimConfig(cpu_overhead_ms=-1),
+    lambda: simulate([5], with_overheads(CostModel(b=1), -1.0, 2), 2),
     lambda: simulate([0, 5], CostModel(b=1), 2),
     lambda: simulate([], CostModel(b=1), 2),
     lambda: simulate([5], [CostModel(b=1)] * 3, 2),

@@ -35,7 +35,9 @@ def test_tiny_dense_flops_by_hand():
     assert analytic_cost_model(TINY, replace(TOY_DEV, efficiency=0.5)).time(L, x) == pytest.approx(4 * per_layer)
     # fp8 GEMMs run at 2e-9 TFLOP/s: the linear part halves, attention (bf16) does not
     assert analytic_cost_model(TINY, TOY_DEV, dtype="fp8").time(L, x) == pytest.approx(2 * (linear / 2 + attn))
-    assert analytic_cost_model(TINY, TOY_DEV, overhead_ms=7.0).time(L, x) == pytest.approx(2 * per_layer + 7)
+    from sglang_cpp.core.costmodel import with_overheads
+
+    assert with_overheads(analytic_cost_model(TINY, TOY_DEV), 7.0, 1).time(L, x) == pytest.approx(2 * per_layer + 7)
 
 
 def test_tiny_moe_and_mla_by_hand():
@@ -170,14 +172,16 @@ def test_from_hf_config_rejects_interleaved_moe():
         ModelSpec.from_hf_config({**QWEN3_MOE_FP8_CONFIG, "mlp_only_layers": [5, 7]})
 
 
-def _qwen_pp8_costs(efficiency=0.889, overhead_ms=15.0):
+def _qwen_pp8_costs(efficiency=0.889, chunk_overhead_ms=15.0):
+    from sglang_cpp.core.costmodel import PipelineCost, with_overheads
+
     dev = replace(DEVICES["H20"], efficiency=efficiency)
     q, costs, first = MODELS["qwen3-235b-a22b-fp8"], [], 0
     for s, n in enumerate(default_partition(q.num_layers, 8)):
         costs.append(analytic_cost_model(q, dev, layers=n, first_layer=first, tp=4, include_embedding=s == 0,
-                                         include_lm_head=s == 7, overhead_ms=overhead_ms))
+                                         include_lm_head=s == 7))
         first += n
-    return costs
+    return with_overheads(PipelineCost(tuple(costs)), chunk_overhead_ms, 8)
 
 
 def test_what_if_qwen3_235b_pp8_tp4_32xh20():
@@ -428,7 +432,7 @@ def test_fit_recovers_efficiency_and_overhead_from_one_ttft_and_one_ratio():
     assert r.ratio > 1.02  # the overhead shows in the ratio: fixed 2K cuts more chunks than DCK 8K
     f = fit(q, h20, 4, [pp1, r], fit_overhead=True)
     assert f.efficiency == pytest.approx(0.6, rel=0.01)
-    assert f.overhead_ms == pytest.approx(50.0, rel=0.05)
+    assert f.chunk_overhead_ms == pytest.approx(50.0, rel=0.05)
     assert f.rows[1][1] == pytest.approx(r.ratio, rel=1e-3)
 
 
@@ -517,7 +521,7 @@ def test_plan_takes_the_users_model_as_simulate_does(tmp_path, capsys):
     import json
 
     from sglang_cpp.cli import main as cli_main
-    from sglang_cpp.core.costmodel import PipelineCost
+    from sglang_cpp.core.costmodel import PipelineCost, with_overheads
     from sglang_cpp.core.policy import plan_for
     from sglang_cpp.whatif.analytic_fit import stage_models
 
@@ -527,9 +531,10 @@ def test_plan_takes_the_users_model_as_simulate_does(tmp_path, capsys):
             "--input-len", "64k", "--chunked-prefill-size", "8192", "--json"]
     assert cli_main(argv) == 0
     got = json.loads(capsys.readouterr().out)
-    cost = PipelineCost(tuple(stage_models(MODELS["llama3-8b"], DEVICES["H100"], 2, 4, None)))
-    want = plan_for("plan", 65536, cost, 4, 8192, max_prefill=16384, overhead_ms=DEVICES["H100"].chunk_overhead_ms)
-    assert got["chunks"] == list(want.chunks) and got["overhead_ms"] == DEVICES["H100"].chunk_overhead_ms
+    cost = with_overheads(PipelineCost(tuple(stage_models(MODELS["llama3-8b"], DEVICES["H100"], 2, 4, None))),
+                          DEVICES["H100"].chunk_overhead_ms, 4)  # the preset's per-chunk overhead, carried by the cost
+    want = plan_for("plan", 65536, cost, 4, 8192, max_prefill=16384)
+    assert got["chunks"] == list(want.chunks) and got["pred_ms"] == pytest.approx(list(want.pred_ms), rel=1e-12)
     assert cli_main(argv[:3] + argv[5:]) == 2
     assert "an analytic model needs --gpu: one of" in capsys.readouterr().err
 

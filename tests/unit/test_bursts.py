@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.core.costmodel import CostModel
+from sglang_cpp.core.costmodel import CostModel, with_overheads
 from sglang_cpp.core.planner import PlanConfig, plan_equal_time
 
 COEFFS = "20,0,0.05,0,2e-6,1e-6"  # c0,g,b,d,e,f: FlashAttention-shaped, 20 ms a chunk
@@ -45,8 +45,8 @@ def test_a_burst_gives_each_prompt_its_own_plan_and_beats_planning_them_alone(tm
         assert r["completed"] == 8 and r["max_concurrency"] == 8
     per = plan["chunk_plan"]["chunks_per_request"]
     assert len(per) == 8 and all(sum(c) == 65536 for c in per)
-    want_alone = list(plan_equal_time(65536, COST, PlanConfig.from_server(
-        pp_size=4, chunk_size=16384, max_prefill_tokens=16384, overhead_ms=5.0)).chunks)
+    want_alone = list(plan_equal_time(65536, with_overheads(COST, 5.0, 4), PlanConfig.from_server(
+        pp_size=4, chunk_size=16384, max_prefill_tokens=16384)).chunks)
     assert alone["chunk_plan"]["chunks_per_request"] == [want_alone] * 8
     assert len(per[0]) < len(want_alone)  # a prompt with others behind it cuts fewer, bigger chunks
     # the records' times are the flow shop of the chunks that ran (free P2P), priced here independently

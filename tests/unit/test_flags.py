@@ -46,7 +46,7 @@ def test_old_spellings_are_hidden_and_the_p2p_time_has_its_own_name():
     text = ss.format_help()
     assert "--input-len MIX" in text and "--p2p-latency-ms" in text
     assert not any(old in text for old in ("--input-lens", "--output-lens", "--p2p-ms"))
-    assert ss.parse_args(["--coeffs", "1,2,3", "--pp-size", "2", "--p2p-latency-ms", "0.5"]).p2p_ms == 0.5
+    assert ss.parse_args(["--coeffs", "1,2,3", "--pp-size", "2", "--p2p-latency-ms", "0.5"]).p2p_latency_ms == 0.5
     bench = _parser("bench")
     ttft = bench._subparsers._group_actions[0].choices["ttft"]
     assert "--input-len LEN[,LEN...]" in ttft.format_help() and "--input-lens" not in ttft.format_help()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
 from sglang_cpp.core.plan import ChunkPlan
 from sglang_cpp.core.planner import (PlanConfig, fixed_candidates, fixed_split, plan_chunks, plan_dp, plan_equal_time, plan_fixed,
                                 ttft)
@@ -32,21 +32,23 @@ def test_dp_le_equal_time_and_both_valid(cost, n, prefix, P, align, min_chunk, m
     assume(max_chunk >= align and min_chunk <= max_chunk)
     N = prefix + n
     try:
-        cfg = PlanConfig(pp_size=P, align=align, min_chunk=min_chunk, max_chunk=max_chunk, overhead_ms=o)
+        cfg = PlanConfig(pp_size=P, align=align, min_chunk=min_chunk, max_chunk=max_chunk)
     except ValueError as exc:
         assert "--min-chunk" in str(exc)
         assume(False)
+    cost = with_overheads(cost, o, P)  # the per-chunk overhead rides on the cost
     eq = plan_equal_time(N, cost, cfg, prefix)
     dp = plan_dp(N, cost, cfg, prefix)
     check_valid(eq, cfg)
     check_valid(dp, cfg)
     assert dp.ttft_ms <= eq.ttft_ms * (1 + 1e-9)
-    assert eq.ttft_ms == pytest.approx(ttft(eq.chunks, prefix, cost, P, o))
+    assert eq.ttft_ms == pytest.approx(ttft(eq.chunks, prefix, cost, P))
 
 
 def test_dp_is_exact_against_brute_force():
     """Enumerate every composition of aligned units for a small prompt."""
-    cfg = PlanConfig(pp_size=3, align=64, min_chunk=64, max_chunk=512, overhead_ms=5.0)
+    cfg = PlanConfig(pp_size=3, align=64, min_chunk=64, max_chunk=512)
+    cpu = with_overheads(CPU, 5.0, 3)
     N, prefix = 64 * 9 + 17, 128
     units = -(-(N - prefix) // 64)
     best = float("inf")
@@ -54,8 +56,8 @@ def test_dp_is_exact_against_brute_force():
         b = [0] + [c * 64 for c in cuts] + [N - prefix]
         ch = [b[i + 1] - b[i] for i in range(len(b) - 1)]
         if all(c <= 512 for c in ch):
-            best = min(best, ttft(ch, prefix, CPU, 3, 5.0))
-    assert plan_dp(N, CPU, cfg, prefix).ttft_ms == pytest.approx(best)
+            best = min(best, ttft(ch, prefix, cpu, 3))
+    assert plan_dp(N, cpu, cfg, prefix).ttft_ms == pytest.approx(best)
 
 
 def test_cpu_backend_prefers_few_big_chunks_gpu_many():
@@ -106,12 +108,20 @@ def test_pipeline_cost_plan_for_either_stage_order_beats_its_fixed_chunks():
     (dict(prompt_len=10000, context_len=8192), "context length"),
     (dict(prompt_len=100, align=0), "--align"),
     (dict(prompt_len=100, min_chunk=99999), "--min-chunk"),
-    (dict(prompt_len=100, overhead_ms=-1.0), "--overhead-ms"),
     (dict(prompt_len=100, method="greedy"), "--method"),
 ])
 def test_bad_input_is_named(kw, match):
     with pytest.raises(ValueError, match=match):
         plan_chunks(cost=GPU, pp_size=2, **kw)
+
+
+def test_a_bad_per_chunk_overhead_is_named():
+    """The overhead rides on the cost (PipelineCost.overheads): a negative one, or one per stage that is not,
+    is refused naming it."""
+    with pytest.raises(ValueError, match=r"per-chunk overhead ms=-1.0 must be a finite number >= 0"):
+        with_overheads(GPU, -1.0, 2)
+    with pytest.raises(ValueError, match="3 chunk overheads for 2 stages"):
+        PipelineCost((GPU, GPU), (1.0, 2.0, 3.0))
 
 
 def test_plan_json_round_trip_and_lookup():
@@ -146,8 +156,8 @@ def test_fuzz_case_unaligned_chunk_before_the_last():
     """Issue 13: N=386080 (not a multiple of 64) with near-zero costs gave [..., 16064, 16288, 16384]: the
     bound 'the rest must fit in the chunks left' was applied unaligned."""
     cost = CostModel(c0=1e-9, b=1e-12, f=1e-15)
-    cfg = PlanConfig(pp_size=64, align=64, min_chunk=64, max_chunk=16384, overhead_ms=15)
-    plan = plan_equal_time(386080, cost, cfg)
+    cfg = PlanConfig(pp_size=64, align=64, min_chunk=64, max_chunk=16384)
+    plan = plan_equal_time(386080, with_overheads(cost, 15, 64), cfg)
     check_valid(plan, cfg)
     assert [c for c in plan.chunks[:-1] if c % 64] == []
 
@@ -160,8 +170,8 @@ def test_long_prompts_give_valid_plans(n, prefix, align, P, min_chunk, max_chunk
     """Long prompts (the one-pass equal-count path above 48 chunks) and extreme cost scales stay inside
     the bounds: every chunk but the last aligned and in [min, max], the last in [1, max]."""
     assume(max_chunk >= align and min_chunk <= max_chunk and -(-min_chunk // align) * align <= max_chunk)
-    cfg = PlanConfig(pp_size=P, align=align, min_chunk=min_chunk, max_chunk=max_chunk, overhead_ms=o)
-    cost = CostModel(c0=20 * scale, b=0.05 * scale, e=2e-6 * scale, f=1e-6 * scale)
+    cfg = PlanConfig(pp_size=P, align=align, min_chunk=min_chunk, max_chunk=max_chunk)
+    cost = with_overheads(CostModel(c0=20 * scale, b=0.05 * scale, e=2e-6 * scale, f=1e-6 * scale), o, P)
     check_valid(plan_equal_time(prefix + n, cost, cfg, prefix), cfg)
 
 
@@ -186,10 +196,11 @@ def test_a_stage_that_never_paces_is_not_searched_and_the_exact_makespan_decides
     key = (slow.c0, slow.g, slow.b, slow.d, slow.e, slow.f)
     mix = PipelineCost((fast, slow, fast))
     assert _pacing_rows(mix, 0, 100_000, 8192) == [key]
-    cfg = PlanConfig(pp_size=3, align=64, max_chunk=8192, overhead_ms=2)
-    with_fast = plan_equal_time(100_000, mix, cfg)
-    alone = plan_equal_time(100_000, PipelineCost((slow, slow, slow)), cfg)
-    assert makespan(list(with_fast.chunks), 0, mix, 3, 2) < makespan(list(alone.chunks), 0, mix, 3, 2)
+    cfg = PlanConfig(pp_size=3, align=64, max_chunk=8192)
+    charged = with_overheads(mix, 2, 3)
+    with_fast = plan_equal_time(100_000, charged, cfg)
+    alone = plan_equal_time(100_000, with_overheads(PipelineCost((slow, slow, slow)), 2, 3), cfg)
+    assert makespan(list(with_fast.chunks), 0, charged, 3) < makespan(list(alone.chunks), 0, charged, 3)
 
 
 def test_a_stage_slower_than_no_other_nowhere_is_searched_but_still_predicted():
@@ -265,10 +276,12 @@ def test_makespan_is_the_simulators_recurrence(P, seed, o):
                              d=rng.uniform(0, 1e-6), e=rng.uniform(0, 1e-3), f=rng.uniform(0, 1e-3))
                    for _ in range(P))
     chunks = [int(c) for c in rng.integers(1, 3000, size=rng.integers(1, 30))]
-    want = simulate(chunks, list(stages), P, SimConfig(cpu_overhead_ms=o), prefix_len=77).ttft_ms
-    assert makespan(chunks, 77, PipelineCost(stages), P, o) == pytest.approx(want, rel=1e-12)
-    same = PipelineCost((stages[0],) * P)  # equal stages: the closed form sum + (P-1) max
-    assert makespan(chunks, 77, same, P, o) == pytest.approx(ttft(chunks, 77, stages[0], P, o), rel=1e-12)
+    cost = with_overheads(PipelineCost(stages), o, P)
+    want = simulate(chunks, cost, P, SimConfig(), prefix_len=77).ttft_ms
+    assert makespan(chunks, 77, cost, P) == pytest.approx(want, rel=1e-12)
+    same = with_overheads(PipelineCost((stages[0],) * P), o, P)  # equal stages: the closed form sum + (P-1) max
+    assert makespan(chunks, 77, same, P) == pytest.approx(ttft(chunks, 77, with_overheads(stages[0], o, P), P),
+                                                          rel=1e-12)
 
 
 def test_plan_never_simulates_slower_than_the_fixed_chunk_when_stages_differ():
@@ -316,7 +329,8 @@ def test_equal_time_is_within_one_percent_of_the_exact_dp_on_seeded_random_model
             cost = CostModel(c0=rng.uniform(1, 40), g=rng.uniform(0, 0.05), b=rng.uniform(0.01, 0.5),
                              d=f * rng.uniform(0.8, 1.2), e=2 * f * rng.uniform(0.8, 1.2), f=f)
         P, n, prefix = int(rng.integers(2, 9)), int(rng.integers(2048, 12288)), int(rng.integers(0, 8192))
-        cfg = PlanConfig(pp_size=P, align=64, max_chunk=2048, overhead_ms=float(rng.uniform(0, 5)))
+        cfg = PlanConfig(pp_size=P, align=64, max_chunk=2048)
+        cost = with_overheads(cost, float(rng.uniform(0, 5)), P)
         eq, dp = plan_equal_time(prefix + n, cost, cfg, prefix), plan_dp(prefix + n, cost, cfg, prefix)
         worst = max(worst, eq.ttft_ms / dp.ttft_ms)
     assert 1.0 <= worst <= 1.01

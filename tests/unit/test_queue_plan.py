@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
 from sglang_cpp.core.planner import PlanConfig, fixed_split, plan_equal_time
 from sglang_cpp.core.objective import advance, flow_shop
 from sglang_cpp.core.queue_plan import QueueView, completions, mean_completion, plan_in_queue
@@ -68,14 +68,15 @@ def test_flow_shop_and_advance_match_the_double_loop_from_any_start():
 
 @pytest.mark.parametrize("cost,P", [(GPU, 4), (UNEVEN, 4)])
 def test_the_objective_is_the_flow_shop_over_every_chunk_in_order(cost, P):
-    cfg = PlanConfig(pp_size=P, max_chunk=8192, overhead_ms=2.0)
+    cfg = PlanConfig(pp_size=P, max_chunk=8192)
     view = QueueView(inflight=((0, 4096), (4096, 4096), (8192, 2048)), waiting=((20000, 0), (9000, 1024)))
     cur = [6144, 4096, 4096, 3000]
     behind = [[8192, 8192, 3616], fixed_split(9000 - 1024, 2048)]
-    got = completions([(cur, behind)], 12288, view, cost, P, 2.0)[0]
+    charged = with_overheads(cost, 2.0, P)  # 2 ms per chunk and stage, on the cost
+    got = completions([(cur, behind)], 12288, view, charged, P)[0]
     want = naive_completions(view.inflight, [(12288, cur), (0, behind[0]), (1024, behind[1])], cost, P, 2.0)
     assert np.allclose(got, want)
-    assert mean_completion(cur, 12288 + sum(cur), 12288, view, behind, cost, cfg) == pytest.approx(np.mean(want))
+    assert mean_completion(cur, 12288 + sum(cur), 12288, view, behind, charged, cfg) == pytest.approx(np.mean(want))
 
 
 @pytest.mark.parametrize("cost,P", [(GPU, 4), (UNEVEN, 4)])
@@ -85,7 +86,7 @@ def test_candidates_of_very_different_lengths_are_each_priced_as_the_double_loop
     view = QueueView(inflight=((0, 4096),), waiting=((9000, 1024), (9000, 1024)))
     cands = [([8192, 8192, 1616], [[7976], [7976]]), (fixed_split(18000, 64), [fixed_split(7976, 512)] * 2),
              ([4096] * 4 + [1616], [[4096, 3880], fixed_split(7976, 64)])]
-    got = completions(cands, 0, view, cost, P, 1.5)
+    got = completions(cands, 0, view, with_overheads(cost, 1.5, P), P)
     for row, (cur, behind) in zip(got, cands):
         want = naive_completions(view.inflight, [(0, cur), (1024, behind[0]), (1024, behind[1])], cost, P, 1.5)
         assert np.allclose(row, want)
@@ -94,7 +95,8 @@ def test_candidates_of_very_different_lengths_are_each_priced_as_the_double_loop
 @pytest.mark.parametrize("cost", [GPU, UNEVEN])
 @pytest.mark.parametrize("n,prefix", [(131072, 0), (50000, 8192), (3000, 0)])
 def test_alone_is_todays_plan_exactly(cost, n, prefix):
-    cfg = PlanConfig(pp_size=4, max_chunk=16384, overhead_ms=2.0)
+    cfg = PlanConfig(pp_size=4, max_chunk=16384)
+    cost = with_overheads(cost, 2.0, 4)
     alone = plan_equal_time(n, cost, cfg, prefix)
     for view in (None, QueueView()):
         got = plan_in_queue(n, cost, cfg, prefix, view)
@@ -110,10 +112,10 @@ def test_a_burst_planned_queue_aware_finishes_sooner_and_with_more_throughput_th
     from sglang_cpp.whatif.stream import StreamPolicy, plan_stream
 
     P, n, o = 4, 65536, 5.0
-    cfg = PlanConfig(pp_size=P, max_chunk=16384, overhead_ms=o)
-    queue = StreamPolicy("plan", lambda m, p, v: plan_in_queue(m, cost, cfg, p, v).chunks, queue_aware=True)
-    alone = StreamPolicy("plan-alone", lambda m, p, v: plan_equal_time(m, cost, cfg, p).chunks)
-    runs = {pol.name: plan_stream([n] * 8, pol, cost, P, overhead_ms=o) for pol in (queue, alone)}
+    cfg, charged = PlanConfig(pp_size=P, max_chunk=16384), with_overheads(cost, o, P)
+    queue = StreamPolicy("plan", lambda m, p, v: plan_in_queue(m, charged, cfg, p, v).chunks, queue_aware=True)
+    alone = StreamPolicy("plan-alone", lambda m, p, v: plan_equal_time(m, charged, cfg, p).chunks)
+    runs = {pol.name: plan_stream([n] * 8, pol, charged, P) for pol in (queue, alone)}
     ends = {k: naive_completions((), [(0, ch) for ch in r.chunks], cost, P, o) for k, r in runs.items()}
     assert np.mean(ends["plan"]) < 0.99 * np.mean(ends["plan-alone"])
     assert ends["plan"][-1] < ends["plan-alone"][-1]  # the burst's makespan: more input tokens per second
@@ -127,11 +129,11 @@ def test_the_last_prompt_behind_big_chunks_in_flight_does_not_shrink_below_them(
     shorten nobody's drain, so the last prompt's plan completes no later than the single-prompt plan would
     after those chunks, and uses fewer chunks."""
     P = 4
-    cfg = PlanConfig(pp_size=P, max_chunk=16384, overhead_ms=5.0)
+    cfg, gpu = PlanConfig(pp_size=P, max_chunk=16384), with_overheads(GPU, 5.0, P)
     inflight = tuple((L, 16384) for L in (65536, 81920, 98304))
     n = 32768
-    alone = plan_equal_time(n, GPU, cfg)
-    q = plan_in_queue(n, GPU, cfg, 0, QueueView(inflight=inflight))
+    alone = plan_equal_time(n, gpu, cfg)
+    q = plan_in_queue(n, gpu, cfg, 0, QueueView(inflight=inflight))
     t_alone = naive_completions(inflight, [(0, alone.chunks)], GPU, P, 5.0)[0]
     t_q = naive_completions(inflight, [(0, q.chunks)], GPU, P, 5.0)[0]
     assert t_q < t_alone and len(q.chunks) < len(alone.chunks)
@@ -146,17 +148,17 @@ costs = st.builds(CostModel, c0=st.floats(0.5, 50), g=st.floats(0, 0.01), b=st.f
 @given(costs, st.integers(2000, 60000), st.integers(1, 8), st.integers(0, 4), st.integers(0, 3),
        st.floats(0, 20))
 def test_queue_plans_are_valid_and_the_last_prompt_never_finishes_later_than_alone(cost, n, P, n_in, n_wait, o):
-    cfg = PlanConfig(pp_size=P, max_chunk=8192, overhead_ms=o)
+    cfg, charged = PlanConfig(pp_size=P, max_chunk=8192), with_overheads(cost, o, P)
     inflight = tuple((4096 * i, 4096) for i in range(n_in))
     view = QueueView(inflight=inflight, waiting=tuple((n // (i + 1) + 64, 0) for i in range(n_wait)))
-    q = plan_in_queue(n, cost, cfg, 0, view)
+    q = plan_in_queue(n, charged, cfg, 0, view)
     assert sum(q.chunks) == n
     for c in q.chunks[:-1]:
         assert c % cfg.align == 0 and cfg.lo <= c <= cfg.hi
     assert 1 <= q.chunks[-1] <= cfg.hi
-    assert len(q.chunks) <= len(plan_equal_time(n, cost, cfg).chunks)  # a busy pipe never wants more chunks
+    assert len(q.chunks) <= len(plan_equal_time(n, charged, cfg).chunks)  # a busy pipe never wants more chunks
     if n_wait == 0:  # nothing behind: its own completion after the chunks in flight, by the double loop
-        alone = plan_equal_time(n, cost, cfg)
+        alone = plan_equal_time(n, charged, cfg)
         t_q = naive_completions(inflight, [(0, q.chunks)], cost, P, o)[0]
         assert t_q <= naive_completions(inflight, [(0, alone.chunks)], cost, P, o)[0] * (1 + 1e-9)
 

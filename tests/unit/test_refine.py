@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from sglang_cpp.core.costmodel import CostModel, PipelineCost
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
 from sglang_cpp.core.refine import RefineConfig, Refiner
 
 TRUE = CostModel(c0=20.0, b=0.5, e=2e-4, f=1e-4)  # what the forwards cost while serving
@@ -27,7 +27,7 @@ def _serve(r: Refiner, model, n: int, rng, stage: int = 0, noise: float = 0.02, 
 
 def test_a_refit_follows_the_serving_forwards_and_is_accepted_on_held_back_ones():
     rng = np.random.default_rng(0)
-    r = Refiner(PipelineCost((CALIB, CALIB)), _grid(CALIB, 0) + _grid(CALIB, 1), overheads=[0.0, 0.0])
+    r = Refiner(PipelineCost((CALIB, CALIB)), _grid(CALIB, 0) + _grid(CALIB, 1))
     assert r.refit() == [] and r.version == 0  # nothing new: nothing to do
     _serve(r, TRUE, 40, rng, stage=0)
     notes = r.refit()
@@ -40,16 +40,16 @@ def test_a_refit_follows_the_serving_forwards_and_is_accepted_on_held_back_ones(
 
 
 def test_the_overhead_stays_charged_and_out_of_the_judgement():
-    """The served model is the forward fit plus each stage's per-chunk overhead; logged forwards hold no
-    overhead, so the refit fits forwards and adds the overhead back."""
+    """The served model is the forward fit plus each stage's per-chunk overhead (carried beside it); logged
+    forwards hold no overhead, so the refit fits forwards and keeps the overhead charged."""
     rng = np.random.default_rng(1)
-    served = CostModel(**{**TRUE.coeffs, "c0": TRUE.c0 + 7.0})  # exact forwards + 7 ms overhead
-    r = Refiner(PipelineCost((served, served)), _grid(TRUE, 0) + _grid(TRUE, 1), overheads=[7.0, 7.0])
+    served = with_overheads(PipelineCost((TRUE, TRUE)), 7.0, 2)  # exact forwards + 7 ms overhead
+    r = Refiner(served, _grid(TRUE, 0) + _grid(TRUE, 1))
     _serve(r, TRUE, 40, rng, noise=0.0)
     assert not any(st.streak for st in r.stages)  # exact forwards are no drift, overhead or not
     r.refit()
     # exact samples: the refit cannot beat the model in force on held-back ones, so it is rejected
-    assert r.version == 0 and r.model.stages[0] is served
+    assert r.version == 0 and r.model.stages[0] is TRUE and r.model.charged[0].c0 == pytest.approx(TRUE.c0 + 7.0)
 
 
 def test_a_refit_worse_on_held_back_forwards_is_rejected():
@@ -83,8 +83,8 @@ def test_bad_samples_are_ignored_and_bad_settings_refused():
         RefineConfig(holdback=1)
     with pytest.raises(ValueError, match="drift_band"):
         RefineConfig(drift_band=1.5)
-    with pytest.raises(ValueError, match="2 overheads for 1 stages"):
-        Refiner(CALIB, [], overheads=[1.0, 2.0])
+    with pytest.raises(ValueError, match="2 chunk overheads for 1 stages"):
+        Refiner(PipelineCost((CALIB,), (1.0, 2.0)), [])
 
 
 def test_online_samples_alone_can_start_a_model():
@@ -98,9 +98,9 @@ def test_online_samples_alone_can_start_a_model():
 
 def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference():
     """The probe charged 0.5 ms; the serving steps cost 12 ms beyond forward and waits (their median,
-    not their mean: one stalled step of 900 ms is in them). The forward part of c0 stays as it was."""
-    served = CostModel(**{**TRUE.coeffs, "c0": TRUE.c0 + 0.5})
-    r = Refiner(PipelineCost((served, served)), _grid(TRUE, 0) + _grid(TRUE, 1), overheads=[0.5, 0.5])
+    not their mean: one stalled step of 900 ms is in them). The forward model stays as it was."""
+    served = with_overheads(PipelineCost((TRUE, TRUE)), 0.5, 2)
+    r = Refiner(served, _grid(TRUE, 0) + _grid(TRUE, 1))
     for ms in [11.0, 12.0, 13.0, 12.0, 900.0, 12.0, 11.5]:  # 7 steps: one short of min_steps
         r.add_step(1, ms)
     assert r.refit() == [] and r.version == 0
@@ -108,8 +108,9 @@ def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference
     notes = r.refit()
     assert r.version == 1 and notes == ["stage 1: per-chunk overhead 0.50 -> 12.00 ms (the median of the last 8 "
                                         "serving steps' cost beyond forward and waits)"]
-    assert r.model.stages[1].c0 == pytest.approx(TRUE.c0 + 12.0) and r.stages[1].overhead.ms == 12.0
-    assert r.model.stages[0] is served  # stage 0 sent no steps
+    assert r.model.charged[1].c0 == pytest.approx(TRUE.c0 + 12.0) and r.stages[1].overhead.ms == 12.0
+    assert r.model.stages[1] is TRUE and r.model.overheads[1].ms == 12.0  # the carrier moved, not the forward model
+    assert r.model.stages[0] is TRUE and r.model.charged[0].c0 == pytest.approx(TRUE.c0 + 0.5)  # stage 0 sent no steps
     # a later forward refit adds the new overhead back onto its forward fit, and judges forwards without it
     rng = np.random.default_rng(5)
     _serve(r, CostModel(**{**TRUE.coeffs, "c0": 2 * TRUE.c0}), 40, rng, stage=1, noise=0.0)
@@ -117,38 +118,37 @@ def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference
     from sglang_cpp.core.costmodel import fit_cost_model
 
     pts = r.stages[1].base + list(r.stages[1].fitted)
-    assert r.model.stages[1].c0 == pytest.approx(fit_cost_model(*zip(*pts), holdout=0.0).c0 + 12.0)
+    assert r.model.charged[1].c0 == pytest.approx(fit_cost_model(*zip(*pts), holdout=0.0).c0 + 12.0)
 
 
 def test_the_probes_per_token_overhead_stays_in_b_through_a_new_step_median_and_a_forward_refit():
     """The probe's overhead has a term in x (the hidden states received): 0.5 ms of step, 3 ms of receive at
-    x = 0 and 1 ms per token, folded into c0 and b. Serving steps (which leave the receive out, a wait on a
+    x = 0 and 1 ms per token, carried beside the forward model. Serving steps (which leave the receive out, a wait on a
     peer) replace the step's 0.5 ms only, and the band compares them with it, not with the receive; a forward refit adds both back onto its fit;
     forwards that cost exactly the forward model are no drift (the per-token part is taken out of the
     prediction before the comparison)."""
     from sglang_cpp.core.costmodel import ChunkOverhead, fit_cost_model
 
     ov = ChunkOverhead(0.5, 1.0, received_ms=3.0)
-    served = CostModel(**{**TRUE.coeffs, "c0": TRUE.c0 + 3.5, "b": TRUE.b + 1.0})
-    r = Refiner(PipelineCost((served, served)), _grid(TRUE, 0) + _grid(TRUE, 1), overheads=[ov, ov],
-                cfg=RefineConfig(drift_run=5))
+    served = with_overheads(PipelineCost((TRUE, TRUE)), ov, 2)
+    r = Refiner(served, _grid(TRUE, 0) + _grid(TRUE, 1), cfg=RefineConfig(drift_run=5))
     for ms in [12.0] * 8:
         r.add_step(1, ms)
     assert r.refit() and r.stages[1].overhead == ChunkOverhead(12.0, 1.0, 3.0)  # the receive's part kept
-    assert r.model.stages[1].c0 == pytest.approx(TRUE.c0 + 15.0) and r.model.stages[1].b == pytest.approx(TRUE.b + 1.0)
+    assert r.model.charged[1].c0 == pytest.approx(TRUE.c0 + 15.0) and r.model.charged[1].b == pytest.approx(TRUE.b + 1.0)
     drifted = [r.add(1, L, 2048, float(TRUE.time(L, 2048))) for L in range(0, 5120, 1024)]
     assert not any(drifted) and r.stages[1].streak == 0  # 2048 ms of per-token overhead at x = 2048 taken out
     _serve(r, CostModel(**{**TRUE.coeffs, "c0": 2 * TRUE.c0}), 40, np.random.default_rng(5), stage=1, noise=0.0)
     assert any(n.startswith("stage 1: refit accepted") for n in r.refit())
     fit = fit_cost_model(*zip(*(r.stages[1].base + list(r.stages[1].fitted))), holdout=0.0)
-    assert r.model.stages[1].b == pytest.approx(fit.b + 1.0) and r.model.stages[1].c0 == pytest.approx(fit.c0 + 15.0)
+    assert r.model.charged[1].b == pytest.approx(fit.b + 1.0) and r.model.charged[1].c0 == pytest.approx(fit.c0 + 15.0)
     with pytest.raises(ValueError, match="per_token_ms=-1"):
         ChunkOverhead(1.0, -1)
 
 
 def test_an_overhead_inside_the_band_makes_no_new_model_and_bad_steps_are_dropped():
     cfg = RefineConfig(min_new=4, min_steps=4)
-    r = Refiner(TRUE, _grid(TRUE, 0), overheads=[10.0], cfg=cfg)
+    r = Refiner(with_overheads(TRUE, 10.0, 1), _grid(TRUE, 0), cfg=cfg)
     for ms in (10.5, 10.8, 9.5, 10.9):  # median 10.65: within 10% of 10 ms
         r.add_step(0, ms)
     for ms in (-1.0, math.nan, math.inf):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_cpp.core.costmodel import CostModel
+from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
 from sglang_cpp.whatif.simulator import SimConfig, simulate
 from sglang_cpp.whatif.virtual_pp import simulate_virtual
 
@@ -19,7 +19,7 @@ def test_fill_and_drain_shrink_to_p_minus_1_over_v_stage_times(P, V, o):
     """K = 2P equal chunks of t on equal ranks: each rank works K (t + V o) in all; the last chunk's last
     pass leaves rank 0 and crosses P - 1 more ranks at t/V + o each."""
     K, t = 2 * P, 10.0
-    res = simulate_virtual([1000] * K, FLAT, P, V, SimConfig(cpu_overhead_ms=o))
+    res = simulate_virtual([1000] * K, with_overheads(FLAT, o, P), P, V, SimConfig())
     assert res.ttft_ms == pytest.approx(K * (t + V * o) + (P - 1) * (t / V + o))
     assert res.busy_ms == pytest.approx([K * (t + V * o)] * P)
     visits = [e for e in res.events if e.kind == "compute"]
@@ -36,9 +36,10 @@ def test_one_virtual_stage_is_the_plain_pipeline():
                                c0=float(rng.uniform(0, 3))) for _ in range(P)]
         chunks = [int(c) for c in rng.integers(256, 4096, int(rng.integers(1, 12)))]
         cfg = SimConfig(p2p_latency_ms=0.3, p2p_bandwidth_gbps=5.0, hidden_size=4096, send_mode="deferred",
-                        recv_mode="batched", cpu_overhead_ms=float(rng.uniform(0, 2)))
-        plain = simulate(chunks, stages, P, cfg, prefix_len=1000)
-        virt = simulate_virtual(chunks, stages, P, 1, cfg, prefix_len=1000)
+                        recv_mode="batched")
+        cost = with_overheads(PipelineCost(tuple(stages)), float(rng.uniform(0, 2)), P)  # its per-chunk overhead
+        plain = simulate(chunks, cost, P, cfg, prefix_len=1000)
+        virt = simulate_virtual(chunks, cost, P, 1, cfg, prefix_len=1000)
         assert virt.ttft_ms == pytest.approx(plain.ttft_ms)
         assert virt.busy_ms == pytest.approx(plain.busy_ms)
 

@@ -43,17 +43,17 @@ class ModelUpdate:
     """Rides in the request stream from world rank 0; every rank applies it where it meets it."""
 
     version: int
-    model: dict  # PipelineCost.to_dict(): the served model (forward fit + each stage's overhead)
+    model: dict  # PipelineCost.to_dict(): the served model (forward fits, each stage's per-chunk overhead beside)
     overheads: list  # each stage's per-chunk overhead in it (ms per chunk; the per-token part stays the probe's)
     covered: int  # the longest L + x the refined model has seen
     notes: list = field(default_factory=list)
     error: float = 0.0  # its held-back error (Refiner.error): the smallest predicted gain that moves a plan
     measured: list | None = None  # per stage, the chunk-size regimes served forwards measured (Refiner.measured)
-    received: list | None = None  # per stage, [received ms at x = 0, ms per token] also folded in (the probe's)
+    received: list | None = None  # per stage, [received ms at x = 0, ms per token] also charged (the probe's)
 
 
 class Online:
-    def __init__(self, cost, calibration: list[dict], overheads: list, *, rank: int, leaders: list[int],
+    def __init__(self, cost, calibration: list[dict], *, rank: int, leaders: list[int],
                  pp_rank: int, log, group=None, dist=None, refine_cfg=None, relays: tuple = ()):
         self.rank, self.leaders, self.pp_rank, self.log = rank, list(leaders), pp_rank, log
         self.relays = tuple(r for r in relays if r != 0)  # the other DP groups' PP0 leaders (local control)
@@ -73,7 +73,7 @@ class Online:
         if rank == 0:
             from ...core.refine import Refiner
 
-            self.refiner = Refiner(cost, calibration, overheads, refine_cfg)
+            self.refiner = Refiner(cost, calibration, refine_cfg)  # cost: forward models, overheads beside
             self.covered = max((d["L"] + d["x"] for d in calibration), default=0)
             for src in sorted(set(leaders) - {0}):
                 self._post_recv(src)

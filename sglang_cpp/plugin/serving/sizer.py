@@ -39,7 +39,7 @@ class SizerConfig:
     sigma: float = 0.75
     min_chunk: int = 0
     max_chunk: int = 0
-    overhead_ms: float = 0.0
+    chunk_overhead_ms: float = 0.0  # SGLANG_CPP_CHUNK_OVERHEAD_MS: charged per chunk and stage on top of the measured
     method: str = "equal-time"
     align: int = 64  # SGLang's chunk grid (startup._align): lcm of page, 64, truncation and mamba grids
     buffer_tokens: int = 0  # SGLang's prefill-buffer ceiling (runtime_context.max_prefill_buffer_tokens); 0: derived
@@ -80,7 +80,7 @@ class SizerConfig:
         sigma = os.environ.get("SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR", "0.75")
         server.setdefault("policy", envs.POLICY.get())
         return cls(sigma=check_sigma(sigma), min_chunk=envs.MIN_CHUNK.get(),
-                   max_chunk=envs.MAX_CHUNK.get(), overhead_ms=envs.CHUNK_OVERHEAD_MS.get(),
+                   max_chunk=envs.MAX_CHUNK.get(), chunk_overhead_ms=envs.CHUNK_OVERHEAD_MS.get(),
                    method=envs.PLANNER.get(), queue_aware=envs.QUEUE_AWARE.get(), **server)
 
     def plan_config(self) -> PlanConfig:
@@ -88,7 +88,7 @@ class SizerConfig:
                                       max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
                                       context_len=self.context_len, min_chunk=self.min_chunk,
                                       max_chunk=min(filter(None, (self.max_chunk, self.measured_chunk)), default=0),
-                                      overhead_ms=self.overhead_ms, method=self.method,
+                                      method=self.method,
                                       align=self.align, buffer_tokens=self.buffer_tokens)
 
 
@@ -103,7 +103,8 @@ class CppChunkSizer:
             raise ValueError("plan policy needs a cost model")
         if cfg.policy == "quadratic" and upstream is None:
             raise ValueError("quadratic policy needs upstream coefficients")
-        self.cfg, self.cost, self.upstream = cfg, cost, upstream
+        self.cfg, self.upstream = cfg, upstream
+        self.cost = self._charged(cost)
         self.plan_cfg = cfg.plan_config()
         self.current_req = current_req
         self.queue_view = queue_view  # rid -> what is in the pipe ahead of it and waiting behind it (admission._queue_view)
@@ -116,6 +117,15 @@ class CppChunkSizer:
         self.measured = None  # per stage, the chunk-size regimes its refits measured: a plan moves only into them
         self.calibrated_len = calibrated_len  # longest L+x the cost model measured (0: unknown)
         self._align_source = align_source  # read once, at the first plan (see _settle_align)
+
+    def _charged(self, cost):
+        """`cost` with SGLANG_CPP_CHUNK_OVERHEAD_MS more per chunk on every stage's overhead (the cost's carrier),
+        for every model the sizer plans on: the startup one and each refit."""
+        if cost is None:
+            return None
+        from ...core.costmodel import add_overhead
+
+        return add_overhead(cost, self.cfg.chunk_overhead_ms, self.cfg.pp_size)
 
     def _settle_align(self) -> None:
         """SGLang sets the scheduler's truncation alignment (deterministic inference's split tiles, DSA's
@@ -136,7 +146,7 @@ class CppChunkSizer:
         """A refined model (online.apply, every rank at the same point of the request stream): new requests
         plan on it, and a plan changes only where it predicts a gain beyond `error` (its held-back error)
         and into chunk sizes whose regimes served forwards `measured` (core/hysteresis.py)."""
-        self.cost = cost
+        self.cost = self._charged(cost)
         self.margin = float(error)
         self.measured = measured
 

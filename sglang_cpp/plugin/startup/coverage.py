@@ -93,12 +93,11 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
     world rank 0 keeps the refit (the calibration cache). measured_chunk: the largest chunk in the samples
     (world rank 0's, on every rank; 0 for a profile the user gave), the served plans' cap. Collective: every
     rank calls it."""
-    from ...core.costmodel import model_from_dict
+    from ...core.costmodel import model_from_dict, with_overheads
     from ...core.profile_io import cost_from_profile
     from ...core.calib_grid import calibration_levels
     from .calibrate import default_repeats, measure_gathered
     from .consensus import from_rank0, world_rank
-    from .overhead import with_overheads
     from ... import envs
 
     pc = cfg.plan_config()
@@ -131,7 +130,7 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
         calibrated = model_from_dict(from_rank0(lambda: cost_from_profile(
             {"samples": samples, "meta": fit_meta}, "startup calibration with the plan's chunks").to_dict()),
             "startup calibration with the plan's chunks")
-        cost = with_overheads(calibrated, overheads)
+        cost = with_overheads(calibrated, overheads, len(overheads))
         if log is not None:
             log.write("coverage", round=k + 1, measured=[list(s) for s in shapes], seconds=round(secs, 3))
         shapes = [tuple(s) for s in from_rank0(outside)]

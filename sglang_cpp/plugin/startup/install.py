@@ -151,7 +151,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                                                        refit and refit["meta"], log=state.LOG, save=refit and refit["save"])
             cfg = replace(cfg, measured_chunk=measured_chunk)  # no plan cuts a chunk bigger than was measured
             if probe:
-                save_served(self, cfg, cost, over, calibrated_len)
+                save_served(self, cfg, cost, calibrated_len)
         from .harness import STARTUP_FORWARDS
 
         state.LOG.write("startup_forwards", **STARTUP_FORWARDS, ceiling=cfg.ceiling)  # calibration, probe, coverage
@@ -174,17 +174,18 @@ def _start_online(cost, samples: list, overheads: list, gathered: list, pp_rank:
     """Every rank: the side group (a collective, so all call it here), then each its part of online.Online."""
     import torch.distributed as dist
 
-    from ...core.costmodel import PipelineCost
+    from ...core.costmodel import PipelineCost, with_overheads
     from .consensus import world_rank
     from ..serving.online import Online, side_group
 
     P = len(overheads)
-    if not isinstance(cost, PipelineCost) or len(cost.stages) != P:  # one model for every stage: refined per stage
-        cost = PipelineCost((cost,) * P)
+    if not isinstance(cost, PipelineCost) or len(cost.stages) != P:  # one model for every stage: refined per stage,
+        one = cost.stages[0] if isinstance(cost, PipelineCost) and len(cost.stages) == 1 else cost  # each stage
+        cost = with_overheads(PipelineCost((one,) * P), overheads, P) if P > 1 else cost  # with its own overhead
     leaders = [min(r for r, g in enumerate(gathered) if g["pp_rank"] == s) for s in range(P)]
     relays = tuple(r for r, g in enumerate(gathered) if g.get("relay") and r != 0)
     group = side_group(dist, len(gathered))
-    return Online(cost, samples, overheads, rank=world_rank(), leaders=leaders, pp_rank=pp_rank, log=state.LOG,
+    return Online(cost, samples, rank=world_rank(), leaders=leaders, pp_rank=pp_rank, log=state.LOG,
                   group=group, dist=dist, relays=relays)
 
 

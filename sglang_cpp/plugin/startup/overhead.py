@@ -25,8 +25,8 @@ right after a gather of every rank's status (a barrier that also says who failed
 lands in NCCL's eager buffer early), the receiver times its receive less that wait. A line through the medians
 at the two sizes gives the receiving stage a term in x.
 
-World rank 0 gathers every stage's figures and each stage's cost model gets its own overhead, a
-`ChunkOverhead` (ms per chunk into c0, ms per token into b), the same on every rank. A negative or
+World rank 0 gathers every stage's figures and each stage gets its own overhead, a `ChunkOverhead` (ms per
+chunk, ms per token) carried beside its cost model (PipelineCost.overheads), the same on every rank. A negative or
 non-finite value is a startup error naming the stage.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from ...core.costmodel import ChunkOverhead
+from ...core.costmodel import ChunkOverhead, with_overheads
 from .deadline import note_error, tick
 
 logger = logging.getLogger("sglang_cpp")
@@ -248,7 +248,8 @@ def _commit(works) -> None:
 
 
 def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
-    """`cost` with each stage's measured overhead added to its c0 (world rank 0's figures, on every rank)."""
+    """`cost` carrying each stage's measured per-chunk overhead (world rank 0's figures, on every rank), and
+    those overheads."""
     from .consensus import from_rank0, on_every_rank
 
     pc = cfg.plan_config()
@@ -272,15 +273,4 @@ def measure_overhead(sched, cfg, cost, n_chunks: int, log=None):
                   received_ms=[round(o.received_ms, 4) for o in over],
                   per_token_ms=[float(f"{o.per_token_ms:.6g}") for o in over], chunks=n_chunks, chunk=chunk,
                   transfer_sizes=list(sizes), transfer_ms=received)
-    return with_overheads(cost, over), over
-
-
-def with_overheads(cost, over: list):
-    """`cost` with each stage's overhead (ChunkOverhead, or ms per chunk) folded in (one model for every
-    stage: the largest)."""
-    from ...core.costmodel import PipelineCost, add_constant
-
-    over = [ChunkOverhead.of(o) for o in over]
-    if isinstance(cost, PipelineCost) and len(cost.stages) == len(over):
-        return PipelineCost(tuple(add_constant(m, o) for m, o in zip(cost.stages, over)))
-    return add_constant(cost, ChunkOverhead.largest(over))
+    return with_overheads(cost, over, cfg.pp_size), over

@@ -13,7 +13,7 @@ from pathlib import Path
 from ... import envs
 from .cache_key import timing_args
 from ...machine import device_name
-from ...core.costmodel import ChunkOverhead, PipelineCost, model_from_dict
+from ...core.costmodel import PipelineCost, model_from_dict
 from ...core.profile_io import check_profile, cost_from_profile, load_profile, save_profile
 from .switches import server_chunk_switches, server_switches
 from ...files import device_file_name, tuned_path
@@ -283,10 +283,10 @@ def _rank0_source(meta: dict, cfg, max_context: int, kv_tokens: int, kept: dict)
     return {**src, "doc": None}
 
 
-def save_served(sched, cfg, cost, overheads: list, calibrated_len: int) -> None:
-    """World rank 0 writes the model the planner runs on (the calibration plus each stage's measured
-    per-chunk overhead, and its cap `measured_chunk`) beside the cache, so `sglang-cpp plan --profile <it>`
-    gives the server's chunks.
+def save_served(sched, cfg, cost, calibrated_len: int) -> None:
+    """World rank 0 writes the model the planner runs on (the calibration, each stage's measured per-chunk
+    overhead beside it as the profile's `chunk_overheads`, and its cap `measured_chunk`) beside the cache, so
+    `sglang-cpp plan --profile <it>` gives the server's chunks.
     Best effort: a folder that cannot take it costs a WARNING, never the server."""
     from .consensus import world_rank
 
@@ -295,11 +295,7 @@ def save_served(sched, cfg, cost, overheads: list, calibrated_len: int) -> None:
     meta = server_meta(sched, cfg)
     path = Path(envs.CACHE_DIR.get()) / "served" / cache_path(meta, calibrated_len).name
     try:
-        over = [ChunkOverhead.of(o) for o in overheads]
-        save_profile(path, cost=cost, meta={**meta, "backend": "served", "overhead_ms": [o.ms for o in over],
-                                            "overhead_per_token_ms": [o.per_token_ms for o in over],
-                                            "overhead_received_ms": [o.received_ms for o in over],
-                                            "calibrated_len": calibrated_len,
+        save_profile(path, cost=cost, meta={**meta, "backend": "served", "calibrated_len": calibrated_len,
                                             "measured_chunk": int(getattr(cfg, "measured_chunk", 0) or 0)})
     except OSError as exc:
         logger.warning("[sglang-cpp] could not write the served cost model to %s: %s", path, exc)
