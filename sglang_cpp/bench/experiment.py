@@ -251,7 +251,7 @@ def calibration_stages(cfg: ExperimentConfig, runner: Runner, plan_ents: list) -
         from ..core.profile_io import load_cost
 
         c = load_cost(cal)
-        return cal, list(getattr(c, "stages", None) or [c]), ""
+        return cal, list(getattr(c, "charged", None) or [c]), ""  # each stage with its per-chunk overhead
     except ValueError as exc:
         return cal, None, f"unusable: {exc}"
 

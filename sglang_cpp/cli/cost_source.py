@@ -40,12 +40,13 @@ class CostSource:
         return {"profile": f"profile {self.profile}", "coeffs": f"coeffs {self.coeffs}",
                 "analytic": f"analytic {self.analytic} on {self.gpu}"}.get(self.kind, "no cost source")
 
-    def stage_costs(self, pp_size: int) -> list:
-        """One model per stage, each with its per-chunk overhead (for code that prices stages one by one)."""
+    def stage_costs(self, pp_size: int, overhead: bool = True) -> list:
+        """One model per stage, each with its per-chunk overhead (for code that prices stages one by one);
+        overhead=False: without `overhead_ms` (a command with no --chunk-overhead-ms; a profile's own stays)."""
         from ..core.costmodel import PipelineCost
         from ..whatif.simulator import _stage_costs
 
-        models, over = _stage_costs(self.cost(pp_size), pp_size)
+        models, over = _stage_costs(self.cost(pp_size) if overhead else self._cost(pp_size)[0], pp_size)
         return [m if o is None else PipelineCost((m,), (o,)) for m, o in zip(models, over)]
 
     def cost(self, pp_size: int):

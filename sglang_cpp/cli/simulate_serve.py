@@ -111,7 +111,7 @@ def run(args) -> int:
                            LengthMix.parse(args.output_lens, "--output-lens"), args.seed)
     if args.save_workload:
         save_trace(requests, args.save_workload)
-    prefill = CostSource.from_args(args).stage_costs(args.pp_size)
+    prefill = CostSource.from_args(args).stage_costs(args.pp_size, overhead=False)  # --batch-overhead-ms prices it
     results = run_policies(requests, prefill, [n.strip() for n in args.policies.split(",") if n.strip()],
                            chunk=args.chunk, decode=decode_costs(args.decode_log, len(prefill)),
                            kv_capacity=args.kv_capacity, batch_overhead_ms=args.batch_overhead_ms,

@@ -227,6 +227,17 @@ def add_overhead(cost, ms: float, pp_size: int):
     return with_overheads(cost, [ChunkOverhead(o.ms + ms, o.per_token_ms, o.received_ms) for o in have], pp_size)
 
 
+def per_stage(cost, pp_size: int) -> PipelineCost:
+    """One model per stage: a PipelineCost of `pp_size` stages as it is; one model for every stage (a CostModel,
+    or a lone stage carrying an overhead) repeated, each copy carrying that overhead (what a per-stage refit
+    starts from: the same times the shared model gave)."""
+    if isinstance(cost, PipelineCost) and len(cost.stages) == pp_size:
+        return cost
+    shared = isinstance(cost, PipelineCost) and len(cost.stages) == 1
+    one, over = (cost.stages[0], cost.overheads) if shared else (cost, ())
+    return PipelineCost((one,) * pp_size, tuple(over) * pp_size)
+
+
 def split_uniform_overhead(cost) -> tuple:
     """(cost, o): a cost whose every stage carries the same fixed per-chunk overhead (no per-token part) as its
     forward models and that overhead in ms; any other cost as it is and 0. The equal-time search keeps its
@@ -465,5 +476,5 @@ def fit_piecewise(L, x, ms, bounds=(), *, names=(), name: str = "profile", **kw)
 # the profile files (read, checked, fitted, written): core/profile_io.py
 
 
-__all__ = ["CostModel", "ChunkOverhead", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant", "with_overheads", "add_overhead", "overheads_of", "split_uniform_overhead",
+__all__ = ["CostModel", "ChunkOverhead", "PipelineCost", "PiecewiseCost", "fit_piecewise", "model_from_dict", "add_constant", "with_overheads", "add_overhead", "overheads_of", "split_uniform_overhead", "per_stage",
            "fit_cost_model", "COEFS", "META_KEYS", "asdict"]

@@ -5,7 +5,7 @@ Fits the fraction of peak the stack reaches (one efficiency for GEMMs and attent
 --measured configuration (and the TTFT ratio of each --measured-ratio pair) matches it (least squares
 on the log ratio). Prints predicted vs measured,
 optionally predicts --input-len at --pp-size, and writes the per-device JSON (the --pp-size stage
-models, overhead folded into each chunk's constant) that `simulate --profile`, `bench ttft --simulate`
+models, each stage's per-chunk overhead beside it as the profile's `chunk_overheads`) that `simulate --profile`, `bench ttft --simulate`
 and `plan --profile` load.
 """
 from __future__ import annotations

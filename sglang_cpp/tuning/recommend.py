@@ -104,7 +104,7 @@ def load_stages(cfg: ChunkTuneConfig) -> tuple[dict, list, list, list]:
         models = fit_stages(samples, cfg.form, meta, where)
     else:
         c = cost_from_profile(doc, where)
-        models = list(getattr(c, "stages", None) or (c,))
+        models = list(getattr(c, "charged", None) or (c,))  # each stage with a served profile's overhead
     P = cfg.pp_size
     if len(models) > 1 and len(models) != P:
         raise ValueError(f"{where} has {len(models)} per-stage models but --pp-size is {P}; "

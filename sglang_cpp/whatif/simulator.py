@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.costmodel import ChunkOverhead
+
 
 SEND_MODES = ("sync", "deferred")
 RECV_MODES = ("serial", "batched")
@@ -187,7 +189,7 @@ def _stage_costs(cost, pp_size, plan_pp=None) -> tuple[list, list]:
     if not models or any(not hasattr(m, "time") for m in models):
         raise ValueError("cost: every stage model needs a .time(L, x) method (e.g. a CostModel)")
     if over and len(over) != len(models):
-        over = [max(over, key=lambda o: o.per_chunk_ms)] * len(models)
+        over = [ChunkOverhead.largest(over)] * len(models)
     return models, over or [None] * len(models)
 
 

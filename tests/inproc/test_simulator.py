@@ -429,6 +429,45 @@ def test_every_command_that_prices_chunks_reads_one_cost_source_with_the_datacla
     assert (got.model_flag, got.tp_size, got.dtype) == ("--analytic", 2, "auto")
 
 
+def test_the_cost_source_carries_the_overhead_and_simulate_serve_prices_none():
+    """--chunk-overhead-ms (or the preset's) rides on the source's cost, on top of what a served profile
+    carries; per-stage models (simulate-serve, which prices its own --batch-overhead-ms) leave it out."""
+    from sglang_cpp.cli.cost_source import CostSource
+    from sglang_cpp.core.costmodel import add_overhead, with_overheads
+    from sglang_cpp.whatif.analytic import DEVICES
+
+    src = CostSource(analytic="llama3-8b", gpu="h100")
+    bare = src.stage_costs(2, overhead=False)
+    priced = src.stage_costs(2)
+    o = DEVICES["H100"].chunk_overhead_ms
+    assert o > 0 and all(float(p.time(1024, 512)) == pytest.approx(float(b.time(1024, 512)) + o)
+                         for p, b in zip(priced, bare))
+    assert float(src.cost(2).time(1024, 512)) == pytest.approx(max(float(p.time(1024, 512)) for p in priced))
+    given = CostSource(coeffs="1,0,0.01,0,2e-6,1e-6", chunk_overhead_ms=3.0)
+    base = given._cost(2)[0]
+    assert float(given.cost(2).time(0, 100)) == pytest.approx(float(base.time(0, 100)) + 3.0)
+    served = with_overheads(base, 2.0, 2)  # a served profile's overhead, and 3 ms more given
+    assert [ov.ms for ov in add_overhead(served, 3.0, 2).overheads] == [5.0]
+
+
+def test_a_served_profiles_overhead_reaches_tune_chunk_and_the_experiments_predictions(tmp_path):
+    """A served profile carries each stage's overhead beside its forward model (chunk_overheads): the tools that
+    price stage by stage (tune chunk's load_stages, the experiment's calibration stages) get it in each stage."""
+    import json
+
+    from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
+    from sglang_cpp.core.profile_io import load_cost, save_profile
+    from sglang_cpp.tuning.recommend import ChunkTuneConfig, load_stages
+
+    fwd = (CostModel(c0=1.0, b=0.01, e=2e-6, f=1e-6), CostModel(c0=2.0, b=0.01, e=2e-6, f=1e-6))
+    path = save_profile(tmp_path / "served.json", cost=with_overheads(PipelineCost(fwd), [4.0, 5.0], 2),
+                        meta={"pp": 2})
+    assert json.loads(path.read_text())["chunk_overheads"][1]["ms"] == 5.0
+    assert [m.c0 for m in load_cost(path).stages] == [1.0, 2.0]  # the forward models stay as fitted
+    _, _, models, stages = load_stages(ChunkTuneConfig(profile=str(path), pp_size=2, input_lens=(4096,)))
+    assert [m.c0 for m in models] == [5.0, 7.0] and [m.c0 for m in stages] == [5.0, 7.0]
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["plan", "--coeffs", "0,0,0.01,0,0,0", "--pp-size", "2", "--input-len", "8k", "--chunked-prefill-size", "0"],
      "--chunked-prefill-size: '0': give a chunk size >= 1"),

@@ -41,6 +41,49 @@ def test_plan_follows_planner_and_starts_from_cached_prefix():
     assert tuple(seq) == want and sum(seq) == 110000
 
 
+def test_sglang_cpp_chunk_overhead_ms_rides_on_every_model_the_server_plans_on():
+    """SGLANG_CPP_CHUNK_OVERHEAD_MS is charged on top of the cost's own per-chunk overhead (its carrier): by the
+    sizer on the startup model and on each refit, and by calibration's next-level top on the model so far, so
+    calibration and coverage measure the chunks the served plans cut."""
+    from sglang_cpp.core.calib_grid import top_chunk
+    from sglang_cpp.core.costmodel import add_overhead, with_overheads
+    from sglang_cpp.plugin.startup.calibrate import _next_top
+
+    fast = PipelineCost((CostModel.fa(a=1e-8, b=0.001, c0=1), CostModel.fa(a=1.2e-8, b=0.001, c0=1)))
+    carried = with_overheads(fast, [1.0, 2.0], 2)
+    c = cfg(chunk_overhead_ms=10.0)
+    s = CppChunkSizer(c, cost=carried)
+    assert [o.ms for o in s.cost.overheads] == [11.0, 12.0] and s.cost.stages == fast.stages
+    assert tuple(walk(s, "r", 60000, 0)) == plan_equal_time(60000, add_overhead(carried, 10.0, 2), c.plan_config()).chunks
+    assert tuple(walk(s, "r", 60000, 0)) != plan_equal_time(60000, carried, c.plan_config()).chunks  # it matters here
+    s.set_model(carried)  # a refit: charged again, once
+    assert [o.ms for o in s.cost.overheads] == [11.0, 12.0]
+    samples = [{"L": L, "x": x, "ms": float(fast.time(L, x)), "stage": 0} for L in (0, 1024, 4096) for x in (64, 256, 1024)]
+    pc = c.plan_config()
+    fitted = _next_top(samples, 16384, pc, 16384)
+    charged = _next_top(samples, 16384, pc, 16384, chunk_overhead_ms=10.0)
+    from sglang_cpp.core.profile_io import cost_from_profile
+
+    cost = cost_from_profile({"samples": samples, "meta": {"regime_bounds": [], "chunk_switches": []}})
+    assert charged == top_chunk(add_overhead(cost, 10.0, 2), 16384, pc, 16384) and fitted == top_chunk(cost, 16384, pc, 16384)
+    assert charged != fitted  # bigger chunks where each costs 10 ms more
+
+
+def test_a_refit_starts_per_stage_from_the_times_the_sizer_plans_on():
+    """One model for every stage (a lone stage carrying the largest overhead) becomes one model per stage, each
+    carrying that overhead: version 0 of the refit prices every chunk as the sizer does."""
+    from sglang_cpp.core.costmodel import per_stage, with_overheads
+    from sglang_cpp.core.refine import Refiner
+
+    one = COST.stages[1]
+    shared = with_overheads(one, [1.0, 3.0], 2)  # one model: the largest overhead
+    assert len(shared.stages) == 1 and shared.overheads[0].ms == 3.0
+    start = per_stage(shared, 2)
+    assert start.stages == (one, one) and [o.ms for o in start.overheads] == [3.0, 3.0]
+    assert float(Refiner(start, []).model.time(4096, 1024)) == pytest.approx(float(shared.time(4096, 1024)))
+    assert per_stage(one, 2).overheads == () and per_stage(COST, 2) is COST
+
+
 def test_replans_when_sglang_cut_a_chunk_short():
     s = CppChunkSizer(cfg(), cost=COST)
     first = s.decide("r", 100000, 0, first=True)

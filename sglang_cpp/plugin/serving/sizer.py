@@ -83,6 +83,16 @@ class SizerConfig:
                    max_chunk=envs.MAX_CHUNK.get(), chunk_overhead_ms=envs.CHUNK_OVERHEAD_MS.get(),
                    method=envs.PLANNER.get(), queue_aware=envs.QUEUE_AWARE.get(), **server)
 
+    def charged(self, cost):
+        """`cost` with SGLANG_CPP_CHUNK_OVERHEAD_MS more per chunk on every stage's overhead (its carrier): what
+        every plan of this server is cut on, the served ones (CppChunkSizer) and the ones calibration and
+        coverage measure ahead of them."""
+        if cost is None:
+            return None
+        from ...core.costmodel import add_overhead
+
+        return add_overhead(cost, self.chunk_overhead_ms, self.pp_size)
+
     def plan_config(self) -> PlanConfig:
         return PlanConfig.from_server(pp_size=self.pp_size, chunk_size=self.chunk_size,
                                       max_prefill_tokens=self.max_prefill_tokens, page_size=self.page_size,
@@ -104,7 +114,7 @@ class CppChunkSizer:
         if cfg.policy == "quadratic" and upstream is None:
             raise ValueError("quadratic policy needs upstream coefficients")
         self.cfg, self.upstream = cfg, upstream
-        self.cost = self._charged(cost)
+        self.cost = cfg.charged(cost)  # the startup model and each refit: SGLANG_CPP_CHUNK_OVERHEAD_MS on top
         self.plan_cfg = cfg.plan_config()
         self.current_req = current_req
         self.queue_view = queue_view  # rid -> what is in the pipe ahead of it and waiting behind it (admission._queue_view)
@@ -117,15 +127,6 @@ class CppChunkSizer:
         self.measured = None  # per stage, the chunk-size regimes its refits measured: a plan moves only into them
         self.calibrated_len = calibrated_len  # longest L+x the cost model measured (0: unknown)
         self._align_source = align_source  # read once, at the first plan (see _settle_align)
-
-    def _charged(self, cost):
-        """`cost` with SGLANG_CPP_CHUNK_OVERHEAD_MS more per chunk on every stage's overhead (the cost's carrier),
-        for every model the sizer plans on: the startup one and each refit."""
-        if cost is None:
-            return None
-        from ...core.costmodel import add_overhead
-
-        return add_overhead(cost, self.cfg.chunk_overhead_ms, self.cfg.pp_size)
 
     def _settle_align(self) -> None:
         """SGLang sets the scheduler's truncation alignment (deterministic inference's split tiles, DSA's
@@ -146,7 +147,7 @@ class CppChunkSizer:
         """A refined model (online.apply, every rank at the same point of the request stream): new requests
         plan on it, and a plan changes only where it predicts a gain beyond `error` (its held-back error)
         and into chunk sizes whose regimes served forwards `measured` (core/hysteresis.py)."""
-        self.cost = self._charged(cost)
+        self.cost = self.cfg.charged(cost)
         self.margin = float(error)
         self.measured = measured
 

@@ -211,11 +211,13 @@ def measure_gathered(sched, points: list, pp_rank: int, tp_rank: int, what: str,
 def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget_s: float = 0.0,
                          max_chunk: int = 0, align: int = 64, min_chunk: int = 0,
                          prefix: str = "random", plan_cfg=None, tp_rank: int = 0,
-                         switches: tuple = (), chunk_switches: tuple = ()) -> tuple[list[dict], int]:
+                         switches: tuple = (), chunk_switches: tuple = (),
+                         chunk_overhead_ms: float = 0.0) -> tuple[list[dict], int]:
     """Every rank measures its own stage on the grids of lengths 4x apart up to max_len; after each
     level all ranks all-gather their samples and times, and stop together once the next level would
     overrun `budget_s` (0: no budget). No forward is longer than max_chunk. With plan_cfg, each level after
-    the first samples chunks up to `top_chunk` of the model fitted so far (world rank 0's, sent to all).
+    the first samples chunks up to `top_chunk` of the model fitted so far (world rank 0's, sent to all), with
+    `chunk_overhead_ms` per chunk (SGLANG_CPP_CHUNK_OVERHEAD_MS, as the served plans have it).
     `switches`, `chunk_switches`: kernel switches in L and in x (plugin/startup/switches.py), sampled on both sides.
     repeats 0: default_repeats. Returns the stage-tagged samples and the length actually reached."""
     from .consensus import from_rank0
@@ -252,7 +254,8 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
             break
         if plan_cfg is not None and i + 1 < len(levels):
             bounds = calibrated_switches(switches, (), level, align, min_chunk, quiet=True)[0]
-            top = from_rank0(lambda: _next_top(samples, levels[i + 1], plan_cfg, max_chunk, bounds, chunk_switches))
+            top = from_rank0(lambda: _next_top(samples, levels[i + 1], plan_cfg, max_chunk, bounds, chunk_switches,
+                                               chunk_overhead_ms))
     logger.info("[sglang-cpp] calibrated %d samples on %d stage(s) up to %d tokens in %.1fs",
                 len(samples), len({s["stage"] for s in samples}), level, time.time() - t0)
     _empty_cache(str(sched.device))
@@ -260,7 +263,7 @@ def calibrate_all_stages(sched, max_len: int, repeats: int, pp_rank: int, budget
 
 
 def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tuple = (),
-              chunk_switches: tuple = ()):
+              chunk_switches: tuple = (), chunk_overhead_ms: float = 0.0):
     """World rank 0: top_chunk on the samples so far (fitted per regime of `bounds` and `chunk_switches`);
     a fit that fails keeps the cap (and says so)."""
     from ...core.profile_io import cost_from_profile
@@ -273,7 +276,9 @@ def _next_top(samples: list, length: int, plan_cfg, max_chunk: int, bounds: tupl
         logger.warning("[sglang-cpp] calibration: no fit after a level (%s); the next level samples chunks up to "
                        "the cap %d", exc, max_chunk)
         return max_chunk
-    top = top_chunk(cost, length, plan_cfg, max_chunk)
+    from ...core.costmodel import add_overhead
+
+    top = top_chunk(add_overhead(cost, chunk_overhead_ms, plan_cfg.pp_size), length, plan_cfg, max_chunk)
     logger.info("[sglang-cpp] calibration: the next level samples chunks up to %d (the largest chunk the plan for "
                 "%d tokens cuts on the model so far, rounded up; cap %s), per prefix: %s", top[0][1], length,
                 max_chunk or "none", ", ".join(f"{t} to {e}" for e, t in top))

@@ -109,7 +109,7 @@ def cover_plan(sched, cfg, cost, overheads: list, samples: list, calibrated_len:
         meta = fit_meta or {}
         if not samples:
             return []
-        return uncovered(plan_shapes(cost, pc, lengths), samples, tuple(meta.get("regime_bounds") or ()),
+        return uncovered(plan_shapes(cfg.charged(cost), pc, lengths), samples, tuple(meta.get("regime_bounds") or ()),
                          tuple(meta.get("chunk_switches") or ()), pc.align)
 
     repeats, warm = default_repeats(str(sched.device))

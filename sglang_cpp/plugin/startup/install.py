@@ -130,7 +130,7 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     if not active or policy == "off":
         return original(self)
     cost = upstream = None
-    calibrated_len, samples, over = 0, [], [ChunkOverhead()] * par.pp_size
+    calibrated_len, samples, over = 0, [], [ChunkOverhead()] * par.pp_size  # over: the probe's, when it runs
     if policy == "quadratic":
         upstream = resolve_upstream(self, cfg, original)
     else:
@@ -163,25 +163,22 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     if state.BATCH is not None:
         state.BATCH.cost = cost  # rank 0's cost model, the same on every rank
     if policy == "plan" and envs.ONLINE.get():  # every rank alike (the settings agree): the side group is collective
-        state.ONLINE = _start_online(cost, samples, over, gathered, par.pp_rank)
+        state.ONLINE = _start_online(cost, samples, par.pp_size, gathered, par.pp_rank)
     state.LOG.write("startup", **sizer.describe())
     logger.info("[sglang-cpp] PP%d policy=%s ready: %s", par.pp_rank, policy,
                 cost if cost is not None else f"upstream a={upstream.a!r} b={upstream.b!r} c={upstream.c!r}")
     return None
 
 
-def _start_online(cost, samples: list, overheads: list, gathered: list, pp_rank: int):
+def _start_online(cost, samples: list, P: int, gathered: list, pp_rank: int):
     """Every rank: the side group (a collective, so all call it here), then each its part of online.Online."""
     import torch.distributed as dist
 
-    from ...core.costmodel import PipelineCost, with_overheads
+    from ...core.costmodel import per_stage
     from .consensus import world_rank
     from ..serving.online import Online, side_group
 
-    P = len(overheads)
-    if not isinstance(cost, PipelineCost) or len(cost.stages) != P:  # one model for every stage: refined per stage,
-        one = cost.stages[0] if isinstance(cost, PipelineCost) and len(cost.stages) == 1 else cost  # each stage
-        cost = with_overheads(PipelineCost((one,) * P), overheads, P) if P > 1 else cost  # with its own overhead
+    cost = per_stage(cost, P)  # one model for every stage: refined per stage, from the times the sizer plans on
     leaders = [min(r for r, g in enumerate(gathered) if g["pp_rank"] == s) for s in range(P)]
     relays = tuple(r for r, g in enumerate(gathered) if g.get("relay") and r != 0)
     group = side_group(dist, len(gathered))

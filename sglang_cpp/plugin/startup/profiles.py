@@ -239,7 +239,8 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     samples, reached = calibrate_all_stages(sched, max_len, src["repeats"], cfg.pp_rank, budget_s,
                                             max_chunk=pc.max_chunk, align=pc.align, min_chunk=pc.min_chunk,
                                             prefix=src["prefix"], plan_cfg=pc, tp_rank=tp_rank,
-                                            switches=switches, chunk_switches=tuple(meta.get("chunk_switches") or ()))
+                                            switches=switches, chunk_switches=tuple(meta.get("chunk_switches") or ()),
+                                            chunk_overhead_ms=cfg.chunk_overhead_ms)
     if switches:  # one fit per regime that the calibration sampled on both sides
         bounds, names = calibrated_switches(switches, tuple(meta["regime_names"]), reached, pc.align, pc.min_chunk)
         meta.update(regime_bounds=list(bounds), regime_names=list(names))
