@@ -153,7 +153,7 @@ def main() -> int:
             "stays today's model (2 ms per chunk; Table 1's 10.54 s predicted within 1.5%).", "",
             "All three figures fitted together (`sglang-cpp tune analytic --analytic qwen3-235b-a22b-fp8 --gpu H20 "
             f"--tp-size 4 --measured 1,128k,55.5 --measured 8,128k,10.54,quadratic,18k,0.8 --measured-ratio "
-            f"{RATIO_ARG} --fit-overhead`): efficiency {q3.efficiency:.3f}, per-chunk overhead {q3.overhead_ms:.1f} "
+            f"{RATIO_ARG} --fit-overhead`): efficiency {q3.efficiency:.3f}, per-chunk overhead {q3.chunk_overhead_ms:.1f} "
             f"ms; it gives " + ", ".join(f"{p}: {v:.3f}" if isinstance(p, Ratio) else
                                          f"PP{p.pp_size} {p.policy}: {v / 1e3:.2f} s" for p, v in q3.rows) + ".",
             "", "results/tuning_free_analytic-ratio-fit.md reports the issue's targets on the fit to the PP1 point and "

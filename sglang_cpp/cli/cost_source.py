@@ -74,7 +74,7 @@ class CostSource:
             raise ValueError("give a cost model: --profile JSON, --coeffs c0,g,b,d,e,f or --model-path (a preset or "
                              "your config.json)")
         stages, hidden = self._analytic_stages(pp_size)
-        return (stages[0] if len(stages) == 1 else PipelineCost(tuple(stages))), hidden
+        return PipelineCost(tuple(stages)), hidden  # one per stage (a stage is its roofline rows' maximum)
 
     def overhead_ms(self) -> float:
         """--chunk-overhead-ms, or its default: the GPU preset's fixed per-chunk cost for an analytic model (a

@@ -71,7 +71,8 @@ def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
         models = [model_from_dict(s, f"{where} stage {i}") for i, s in enumerate(doc["stages"])]
         if doc.get("chunk_overheads") is not None:  # each stage's per-chunk overhead beside its model
             return model_from_dict({"stages": doc["stages"], "chunk_overheads": doc["chunk_overheads"]}, where)
-        return models[0] if len(models) == 1 else PipelineCost(tuple(models))
+        lone = len(models) == 1 and not isinstance(models[0], PipelineCost)  # a roofline stage's rows stay one stage
+        return models[0] if lone else PipelineCost(tuple(models))
     if not doc.get("samples"):
         raise ValueError(f"{where} holds only upstream's a, b, c: use it with SGLANG_CPP_POLICY=quadratic, or "
                          "give a profile with samples (`sglang-cpp profile`) for the 2-D cost model")

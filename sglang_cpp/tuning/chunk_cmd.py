@@ -8,6 +8,7 @@ import platform
 import shlex
 from pathlib import Path
 
+from ..core.costmodel import with_overheads
 from ..core.profile_io import save_profile
 from ..files import tuned_path
 from . import config_from_args
@@ -86,7 +87,7 @@ def versions(meta: dict) -> dict:
             "profile_torch": meta.get("torch_version")}
 
 
-def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict, dict]:
+def write_json(cfg, doc, samples, models, rec, P, overheads: tuple = ()) -> tuple[Path, dict, dict]:
     meta = {**doc.get("meta", {}), "pp": P,  # the server's names, where the flags give them: the plugin checks them
             **({"device_name": cfg.device_name} if cfg.device_name else {}), **({"dtype": cfg.dtype} if cfg.dtype else {})}
     if doc.get("meta", {}).get("pp") not in (None, P):
@@ -104,7 +105,9 @@ def write_json(cfg, doc, samples, models, rec, P) -> tuple[Path, dict, dict]:
              "versions": versions(meta)}
     if rec["upstream"] is not None:
         extra["upstream"] = dict(rec["upstream"].settings["coeffs"])
-    save_profile(path, samples=samples, meta=meta, cost=as_cost(models), extra=extra)
+    cost = as_cost(models)  # the forward models, and a served profile's overhead beside them, as it came
+    save_profile(path, samples=samples, meta=meta, cost=with_overheads(cost, list(overheads), P) if overheads else cost,
+                 extra=extra)
     return path, lines, recs
 
 
@@ -144,9 +147,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     cfg = config_from_args(ChunkTuneConfig, args)
-    doc, samples, models, stages = load_stages(cfg)
+    doc, samples, models, stages, over = load_stages(cfg)
     xs = [s["x"] for s in samples]
-    rec = recommend(cfg, models, stages, (min(xs), max(xs)) if xs else ())
+    rec = recommend(cfg, models, stages, (min(xs), max(xs)) if xs else (), over)
     P = cfg.pp_size
     print(f"cost model: {len(models)} stage model(s) from {cfg.profile}" +
           (" (replicated: stages assumed equal)" if len(models) < P else ""))
@@ -154,11 +157,15 @@ def run(args) -> int:
         fit = m.fit or {}
         print(f"  stage {st}: {m}" + (f"  [R^2={fit['r2']:.4f}, median rel err {fit['median_rel_err']:.2%}]"
                                       if "r2" in fit else ""))
+    if over:
+        print("  per-chunk overhead carried by the profile: " + ", ".join(f"PP{s} {o.per_chunk_ms:.2f} ms + "
+                                                                         f"{o.per_token_ms * 1e3:.3f} us per token"
+                                                                         for s, o in enumerate(over)))
     print(f"\npredicted TTFT (ms, simulator; pp={P}, chunk overhead {cfg.chunk_overhead_ms:g} ms per chunk and stage; lower is better):")
     print(table(rec, cfg))
     if rec["upstream_failed"]:
         print(f"upstream's fit fails at C={sorted(rec['upstream_failed'])} (dynamic chunking would switch off)")
-    path, lines, recs = write_json(cfg, doc, samples, models, rec, P)
+    path, lines, recs = write_json(cfg, doc, samples, models, rec, P, over)
     print(f"\nwrote {path}")
     if cfg.json:
         from ..files import save_json

@@ -93,32 +93,45 @@ class Option:
 
 
 # -- building blocks -------------------------------------------------------------------------------
-def load_stages(cfg: ChunkTuneConfig) -> tuple[dict, list, list, list]:
-    """(profile doc, samples, fitted models, one model per PP stage). Refits when samples exist."""
+def load_stages(cfg: ChunkTuneConfig) -> tuple[dict, list, list, list, tuple]:
+    """(profile doc, samples, fitted forward models, one per PP stage, the per-chunk overhead each stage carries
+    in a served profile: its `chunk_overheads`, else none). Refits when samples exist."""
+    from ..core.costmodel import overheads_of
     from ..core.profile_io import cost_from_profile
 
     where = f"profile {cfg.profile}"
     doc, samples = read_profile(cfg.profile)
     meta = dict(doc.get("meta", {}))
+    over: tuple = ()
     if samples:
         models = fit_stages(samples, cfg.form, meta, where)
     else:
         c = cost_from_profile(doc, where)
-        models = list(getattr(c, "charged", None) or (c,))  # each stage with a served profile's overhead
+        models, over = list(getattr(c, "stages", None) or (c,)), overheads_of(c)  # the carrier stays apart
     P = cfg.pp_size
     if len(models) > 1 and len(models) != P:
         raise ValueError(f"{where} has {len(models)} per-stage models but --pp-size is {P}; "
                          f"pass --pp-size {len(models)} or re-profile with PP={P}")
-    return doc, samples, models, models if len(models) == P else models * P
+    if over and len(over) != P:
+        over = over * P if len(over) == 1 else ()
+    return doc, samples, models, models if len(models) == P else models * P, tuple(over)
+
+
+def priced(models: list, overheads: tuple, chunk_overhead_ms: float, pp_size: int):
+    """The cost the recommendations run on: the models, each stage's carried overhead, --chunk-overhead-ms more."""
+    from ..core.costmodel import add_overhead, with_overheads
+
+    cost = as_cost(models)
+    if overheads:
+        cost = with_overheads(cost, list(overheads), pp_size)
+    return add_overhead(cost, chunk_overhead_ms, pp_size)
 
 
 class Sim:
     """Memoised simulated TTFT of a chunk sequence (many (C, sigma) pairs give the same chunks)."""
 
-    def __init__(self, stages: list, chunk_overhead_ms: float):
-        from ..core.costmodel import add_overhead
-
-        self.cost = add_overhead(as_cost(stages), chunk_overhead_ms, len(stages))  # every stage, its overhead
+    def __init__(self, stages: list, chunk_overhead_ms: float, overheads: tuple = ()):
+        self.cost = priced(stages, overheads, chunk_overhead_ms, len(stages))  # every stage, its overhead
         self.stages, self.cache = stages, {}
 
     def __call__(self, chunks) -> float:
@@ -170,7 +183,7 @@ def upstream_options(cfg, stages, sim) -> tuple[list[Option], dict]:
     return out, failed
 
 
-def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Option]:
+def plan_options(cfg, models, stages, sim, C: int, x_range: tuple, overheads: tuple = ()) -> list[Option]:
     """The plan policy at base chunk C, over the plugin's bound knobs (its planner settings exactly)."""
     from ..core.planner import plan_equal_time
     from ..core.objective import PlanConfig
@@ -183,9 +196,7 @@ def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Optio
         mins.add(min(mpt, -(-int(x_range[0]) // al) * al))
         if al <= int(x_range[1]) // al * al < mpt:
             maxs.add(int(x_range[1]) // al * al)
-    from ..core.costmodel import add_overhead
-
-    cost = add_overhead(as_cost(models) if len(models) == len(stages) else models[0], cfg.chunk_overhead_ms, len(stages))
+    cost = priced(models if len(models) == len(stages) else stages, overheads, cfg.chunk_overhead_ms, len(stages))
     out = []
     for mn in sorted(mins):
         for mx in sorted(maxs):
@@ -203,16 +214,16 @@ def plan_options(cfg, models, stages, sim, C: int, x_range: tuple) -> list[Optio
     return out
 
 
-def recommend(cfg: ChunkTuneConfig, models: list, stages: list, x_range: tuple = ()) -> dict:
+def recommend(cfg: ChunkTuneConfig, models: list, stages: list, x_range: tuple = (), overheads: tuple = ()) -> dict:
     """{'fixed', 'upstream', 'upstream_default_sigma', 'plan', 'all', 'upstream_failed'} Options."""
-    sim = Sim(stages, cfg.chunk_overhead_ms)
+    sim = Sim(stages, cfg.chunk_overhead_ms, overheads)
     fixed = fixed_options(cfg, sim)
     ref = {L: min(o.ttft[L] for o in fixed) for L in cfg.input_lens}
     ups, failed = upstream_options(cfg, stages, sim)
     _score(fixed + ups, ref)
     best_fixed = min(fixed, key=lambda o: (round(o.score, 9), o.settings["chunked_prefill_size"]))
     C = best_fixed.settings["chunked_prefill_size"]
-    plans = plan_options(cfg, models, stages, sim, C, x_range)
+    plans = plan_options(cfg, models, stages, sim, C, x_range, overheads)
     _score(plans, ref)
     best_plan = min(plans, key=lambda o: (round(o.score, 9), -o.settings["min_chunk"], o.settings["max_chunk"]))
     best_up = min(ups, key=lambda o: (round(o.score, 9), abs(o.settings["sigma"] - UPSTREAM_SIGMA),

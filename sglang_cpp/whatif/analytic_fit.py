@@ -162,7 +162,7 @@ def priced_stages(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, chunk_
 
     o = device.chunk_overhead_ms if chunk_overhead_ms is None else float(chunk_overhead_ms)
     stages = stage_models(model, device, tp, pp, **kw)
-    return with_overheads(stages[0] if pp == 1 else PipelineCost(tuple(stages)), o, pp)
+    return with_overheads(PipelineCost(tuple(stages)), o, pp)  # one per stage, even one (a roofline stage is rows)
 
 
 def predict_ms(model: ModelSpec, device: DeviceSpec, tp: int, point: Measured, chunk_overhead_ms: float | None = None,

@@ -446,13 +446,28 @@ def test_the_cost_source_carries_the_overhead_and_simulate_serve_prices_none():
     given = CostSource(coeffs="1,0,0.01,0,2e-6,1e-6", chunk_overhead_ms=3.0)
     base = given._cost(2)[0]
     assert float(given.cost(2).time(0, 100)) == pytest.approx(float(base.time(0, 100)) + 3.0)
+    assert len(src.stage_costs(1, overhead=False)) == len(src.stage_costs(1)) == 1  # PP1: one roofline stage
     served = with_overheads(base, 2.0, 2)  # a served profile's overhead, and 3 ms more given
     assert [ov.ms for ov in add_overhead(served, 3.0, 2).overheads] == [5.0]
 
 
+@pytest.mark.parametrize("o", [0.0, 2.0])
+def test_an_analytic_pp1_profile_round_trips_as_one_roofline_stage(tmp_path, o):
+    """A PP1 analytic stage is the maximum of its roofline rows: written and read back it stays one stage (never
+    its rows taken for stages), with or without a per-chunk overhead."""
+    from sglang_cpp.core.profile_io import load_cost, save_profile
+    from sglang_cpp.whatif.analytic import DEVICES, MODELS
+    from sglang_cpp.whatif.analytic_fit import priced_stages
+
+    cost = priced_stages(MODELS["llama3-8b"], DEVICES["H100"], 1, 1, o)
+    back = load_cost(save_profile(tmp_path / "a.json", cost=cost, meta={"pp": 1}), pp_size=1)
+    assert len(back.stages) == 1 and float(back.time(2048, 512)) == pytest.approx(float(cost.time(2048, 512)))
+
+
 def test_a_served_profiles_overhead_reaches_tune_chunk_and_the_experiments_predictions(tmp_path):
-    """A served profile carries each stage's overhead beside its forward model (chunk_overheads): the tools that
-    price stage by stage (tune chunk's load_stages, the experiment's calibration stages) get it in each stage."""
+    """A served profile carries each stage's overhead beside its forward model (chunk_overheads): tune chunk prices
+    its recommendations with it and writes it beside the models again (never folded in, where the server's probe
+    would add its own on top); the experiment's calibration stages get it in each stage."""
     import json
 
     from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
@@ -464,8 +479,20 @@ def test_a_served_profiles_overhead_reaches_tune_chunk_and_the_experiments_predi
                         meta={"pp": 2})
     assert json.loads(path.read_text())["chunk_overheads"][1]["ms"] == 5.0
     assert [m.c0 for m in load_cost(path).stages] == [1.0, 2.0]  # the forward models stay as fitted
-    _, _, models, stages = load_stages(ChunkTuneConfig(profile=str(path), pp_size=2, input_lens=(4096,)))
-    assert [m.c0 for m in models] == [5.0, 7.0] and [m.c0 for m in stages] == [5.0, 7.0]
+    _, _, models, stages, over = load_stages(ChunkTuneConfig(profile=str(path), pp_size=2, input_lens=(4096,)))
+    assert [m.c0 for m in models] == [1.0, 2.0] and [o.ms for o in over] == [4.0, 5.0]
+    from sglang_cpp.tuning.recommend import priced
+
+    want = [float(m.time(0, 100)) + o + 3.0 for m, o in zip(fwd, (4.0, 5.0))]  # carried + --chunk-overhead-ms 3
+    assert [float(t) for t in priced(stages, over, 3.0, 2).stage_times(0, 100)] == pytest.approx(want)
+    from sglang_cpp.cli import main as cli_main
+
+    out = tmp_path / "tuned"
+    assert cli_main(["tune", "chunk", str(path), "--pp-size", "2", "--input-len", "4096",
+                     "--out-dir", str(out)]) == 0
+    (tuned,) = out.glob("*.json")
+    doc = json.loads(tuned.read_text())
+    assert [s["coeffs"]["c0"] for s in doc["stages"]] == [1.0, 2.0] and [o["ms"] for o in doc["chunk_overheads"]] == [4.0, 5.0]
 
 
 @pytest.mark.parametrize("argv,msg", [
