@@ -13,14 +13,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp"}  # profiler/ and tuning/ inside it, as pyproject installs them
+PACKAGES = {"sglang_cpp": ROOT / "sglang_cpp"}  # profiler/, tuning/ and cli/tune/ inside it, as pyproject installs them
 # The wings, bottom up. A wing imports only itself and the wings in its BELOW set; every module sits in one.
 SUPPORT = ("sglang_cpp", "sglang_cpp.envs", "sglang_cpp.args", "sglang_cpp.files", "sglang_cpp.machine")
 WING_OF = {"sglang_cpp.core": "core", "sglang_cpp.whatif": "whatif", "sglang_cpp.plugin": "plugin",
            "sglang_cpp.bench": "bench", "sglang_cpp.cli": "cli",
-           "sglang_cpp.profiler": "cli", "sglang_cpp.tuning": "cli"}  # `profile` and `tune`: command families
+           "sglang_cpp.profiler": "cli", "sglang_cpp.tuning": "tuning"}  # `profile`: a command family; tuning/:
+# what `tune` (cli/tune/) computes, below the command line
 BELOW = {"support": set(), "core": {"support"}, "whatif": {"support", "core"}, "plugin": {"support", "core"},
-         "bench": {"support", "core", "whatif"}, "cli": {"support", "core", "whatif", "plugin", "bench"}}
+         "bench": {"support", "core", "whatif"}, "tuning": {"support", "core", "whatif"},
+         "cli": {"support", "core", "whatif", "plugin", "bench", "tuning"}}
 # Inside the plugin, sub-wings the same way: the shared modules (state, timing, decision_log, targets) at the
 # bottom, compat (CPU and storage shims) and pd beside each other, serving above them, startup on top; the package
 # itself and `hooks` (the registry's namespace) may import all of them.

@@ -1,8 +1,8 @@
 """`sglang-cpp` command line: plan, simulate, simulate-serve, profile, tune, bench.
 
 The entry point (`main`, the `sglang-cpp` console script) and the table of subcommands. Each family
-lives in its own module (cli/plan.py, simulate.py, simulate_serve.py, bench.py; profiler/cli.py and
-tuning/cli.py), with the flags they share in cli/common.py; heavy imports (matplotlib, transformers,
+lives in its own module (cli/plan.py, simulate.py, simulate_serve.py, bench.py, the tune/ package;
+profiler/cli.py), with the flags they share in cli/common.py; heavy imports (matplotlib, transformers,
 sglang) stay inside the commands that need them.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ SUBCOMMANDS = {
     "simulate-serve": ("sglang_cpp.cli.simulate_serve", "add_args", "run",
                        "simulate PP serving of a request stream under each batch policy (gLLM, TD-Pipe, SiPipe, ours)"),
     "profile": ("sglang_cpp.profiler.cli", "add_args", "run", "measure t(L, x) on this hardware"),
-    "tune": ("sglang_cpp.tuning.cli", "add_args", "run", "fit, recommend chunking/sigma/plan, partition layers"),
+    "tune": ("sglang_cpp.cli.tune", "add_args", "run", "fit, recommend chunking/sigma/plan, partition layers"),
     "bench": ("sglang_cpp.cli.bench", "add_args", "run", "TTFT benchmark client and side-by-side comparison"),
 }
 

@@ -1,4 +1,4 @@
-"""`sglang-cpp tune`: turn measurements into server settings.
+"""What `sglang-cpp tune` (its commands: sglang_cpp/cli/tune/) computes: turn measurements into server settings.
 
 fit        refit t(L, x) per PP stage from a profile or a plugin decision log; report and plot the fit
 chunk      recommend plan-policy settings, upstream's (C, sigma) and the best fixed chunk, and write

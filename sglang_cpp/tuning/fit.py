@@ -1,4 +1,4 @@
-"""`sglang-cpp tune fit`: refit t(L, x) per PP stage and show how well it fits.
+"""The fit behind `sglang-cpp tune fit` (its flags: sglang_cpp/cli/tune/fit_cmd.py): t(L, x) per PP stage, and how well it fits.
 
 Why a separate step: a cost model is only as good as its residuals. This prints the coefficients,
 R^2, median and held-out error of every stage, draws measured against fitted times, and can refit
@@ -6,7 +6,6 @@ from what a real server measured (the plugin's decision log), not only from an o
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -15,11 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..args import alias
 from ..core.costmodel import COEFS, PipelineCost
-from ..core.profile_io import cost_from_profile, load_profile, save_profile
+from ..core.profile_io import cost_from_profile, load_profile
 from ..files import iter_events
-from . import config_from_args
 
 FORMS = ("full", "fa")
 
@@ -202,35 +199,5 @@ def plot_fit(models: list, samples: list[dict], meta: dict, path) -> Path:
     return save_figure(fig, path)
 
 
-# -- CLI ---------------------------------------------------------------------------------------
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("profile", nargs="?", default=None,
-                   help="profile JSON (sglang-cpp profile); optional with --from-log")
-    p.add_argument("--from-log", nargs="+", default=(), metavar="FILE.jsonl",
-                   help="refit from the plugin's SGLANG_CPP_DECISION_LOG files (one per rank; stage = pp_rank)")
-    p.add_argument("--form", choices=FORMS, default="full",
-                   help="full: c0+gL+bx+dL^2+eLx+fx^2 (any backend); fa: d=0, e=2f (FlashAttention kernels)")
-    p.add_argument("--plot", dest="png", default=None, metavar="OUT.png", help="measured vs fitted plot")
-    alias(p, "--plot", "--png")
-    p.add_argument("--json", dest="out", default=None, metavar="FITTED.json",
-                   help="write samples + fitted stages + residuals (strict JSON, loadable as SGLANG_CPP_PROFILE)")
-    alias(p, "--json", "--out")
-
-
-def run(args) -> int:
-    cfg = config_from_args(FitConfig, args)
-    samples, meta, where = load_samples(cfg)
-    models = fit_stages(samples, cfg.form, meta, where)
-    print(f"fitted {len(models)} stage(s) from {len(samples)} samples of {where}:")
-    print(report(models))
-    if cfg.png:
-        print(f"wrote {plot_fit(models, samples, meta, cfg.png)}")
-    if cfg.out:
-        save_profile(cfg.out, samples=samples, meta=meta, cost=as_cost(models),
-                     extra={"residuals": residuals(models, samples), "fit_source": where})
-        print(f"wrote {cfg.out} (loadable as SGLANG_CPP_PROFILE)")
-    return 0
-
-
-__all__ = ["FitConfig", "read_profile", "read_decision_log", "check_samples", "fit_stages", "residuals", "report",
-           "plot_fit", "as_cost", "add_args", "run"]
+__all__ = ["FitConfig", "FORMS", "read_profile", "read_decision_log", "check_samples", "load_samples", "fit_stages",
+           "residuals", "report", "plot_fit", "as_cost"]

@@ -31,12 +31,12 @@ def test_core_imports_neither_plugin_nor_cli_nor_torch():
 
 def test_the_checker_sees_a_violation():
     """The graph walk is not vacuous: the plugin reaches sglang and torch, the CLI reaches the planner through
-    `tune` (sglang_cpp/tuning/, inside the package) and no plugin module (the command line runs without SGLang;
+    `tune` (sglang_cpp/cli/tune/, on sglang_cpp/tuning/) and no plugin module (the command line runs without SGLang;
     `tune chunk` plans as the plugin does through core's PlanConfig.from_server, not the plugin's sizer)."""
     ig = _graph_module()
     g = ig.graph()
     assert {"sglang", "torch"} <= ig.reach(g, "sglang_cpp.plugin.hooks")
-    assert {"sglang_cpp.tuning.recommend", "sglang_cpp.core.objective"} <= ig.reach(g, "sglang_cpp.tuning.cli")
+    assert {"sglang_cpp.tuning.recommend", "sglang_cpp.core.objective"} <= ig.reach(g, "sglang_cpp.cli.tune")
     assert not {m for m in ig.reach(g, "sglang_cpp.cli") if m.startswith("sglang_cpp.plugin")}
     assert ig.cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
 
@@ -58,6 +58,8 @@ def test_the_wing_check_fails_on_a_violation_it_is_given():
          "sglang_cpp.plugin.hooks": {"sglang_cpp.whatif.simulator", "sglang_cpp.core.plan", "sglang_cpp.envs"},
          "sglang_cpp.bench.ttft": {"sglang_cpp.cli"},
          "sglang_cpp.cli": {"sglang_cpp.bench.ttft", "sglang_cpp.plugin.hooks"},
+         "sglang_cpp.tuning.recommend": {"sglang_cpp.cli.common"},  # tuning/ sits below the command line
+         "sglang_cpp.cli.common": set(),
          "sglang_cpp.stray": set()}
     bad = ig.wing_violations(g)
     assert "sglang_cpp.core.plan -> sglang_cpp.whatif.simulator: core imports whatif" in bad
@@ -66,9 +68,11 @@ def test_the_wing_check_fails_on_a_violation_it_is_given():
     assert "sglang_cpp.whatif.simulator reaches torch: whatif is pure" in bad
     assert "sglang_cpp.core.plan reaches torch: core is pure" in bad
     assert any(v.startswith("sglang_cpp.stray: in no wing") for v in bad)
+    assert "sglang_cpp.tuning.recommend -> sglang_cpp.cli.common: tuning imports cli" in bad
     assert not any(v.startswith("sglang_cpp.cli ->") for v in bad)  # the CLI may import every wing
-    assert len(bad) == 6
-    assert ig.wing("sglang_cpp.tuning.fit") == ig.wing("sglang_cpp.profiler.cli") == "cli"
+    assert len(bad) == 7
+    assert ig.wing("sglang_cpp.profiler.cli") == ig.wing("sglang_cpp.cli.tune.chunk_cmd") == "cli"
+    assert ig.wing("sglang_cpp.tuning.fit") == "tuning"
 
 
 def test_every_sglang_internal_the_plugin_uses_is_listed_in_one_place():

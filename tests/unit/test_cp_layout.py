@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sglang_cpp.cli import main as cli_main
-from sglang_cpp.tuning.layout_cmd import LayoutConfig, launch_flags
+from sglang_cpp.cli.tune.layout_cmd import LayoutConfig, launch_flags
 from sglang_cpp.whatif.analytic import (DEVICES, MODELS, analytic_cost_model, kv_bytes_per_token, layer_comm_bytes,
                                         layer_comm_ms)
 from sglang_cpp.whatif.layout import Layout, Ranked, layouts, stage_memory_gb

@@ -11,7 +11,7 @@ import pytest
 def _parser(family: str) -> argparse.ArgumentParser:
     from sglang_cpp.cli import simulate_serve
     from sglang_cpp.cli import bench as bench_cli
-    from sglang_cpp.tuning import cli as tune_cli
+    from sglang_cpp.cli import tune as tune_cli
 
     p = argparse.ArgumentParser(prog="t")
     {"bench": bench_cli.add_args, "tune": tune_cli.add_args, "simulate-serve": simulate_serve.add_args}[family](p)
@@ -147,7 +147,7 @@ def test_a_chunk_size_sglang_would_refuse_for_its_page_size_is_refused_naming_bo
 def test_every_tune_command_writes_json_on_request():
     """Issue 47 item 5: `--json OUT.json` on every tune command (fit, chunk, partition, analytic, layout, sweep);
     each command's own test reads what it wrote."""
-    from sglang_cpp.tuning.cli import COMMANDS
+    from sglang_cpp.cli.tune import COMMANDS
 
     tune = _parser("tune")._subparsers._group_actions[0].choices
     assert set(tune) == set(COMMANDS)

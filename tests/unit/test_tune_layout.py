@@ -1,4 +1,4 @@
-"""`sglang-cpp tune layout` (whatif/layout.py, tuning/layout_cmd.py) and the TP all-reduce term it prices:
+"""`sglang-cpp tune layout` (whatif/layout.py, cli/tune/layout_cmd.py) and the TP all-reduce term it prices:
 layouts, memory by hand, feasibility with the reason, crossovers, the CLI and its errors."""
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_fraction, parse_ints, parse_len, parse_lens, progress_bar
-from ..core.partition import default_partition, format_partition
-from ..whatif.layout import TIE_BAND, ties
-from ..whatif.specs import DEVICES
-from . import config_from_args
+from ...args import add_model_source, alias, parse_fraction, parse_ints, parse_len, parse_lens, progress_bar
+from ...core.partition import default_partition, format_partition
+from ...whatif.layout import TIE_BAND, ties
+from ...whatif.specs import DEVICES
+from ...tuning import config_from_args
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class LayoutConfig:
 
     def __post_init__(self):
         if self.analytic:  # the GPU preset is required: none is assumed (specs.device_of, every command's check)
-            from ..whatif.specs import device_of
+            from ...whatif.specs import device_of
 
             device_of(self.device)
         if self.context_length is not None and max(self.input_lens) > self.context_length:
@@ -114,7 +114,7 @@ def plot(path: str, cfg: LayoutConfig, ranked, win: dict, num_layers: int, top: 
     analytic model's error) shaded, ties and the winner labelled, the winner's launch line under the panel."""
     import textwrap
 
-    from ..files import pyplot, save_figure
+    from ...files import pyplot, save_figure
 
     plt = pyplot()
     lens = sorted(cfg.input_lens)
@@ -167,8 +167,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..whatif.analytic import device_of, model_of
-    from ..whatif.layout import crossovers, rank_layouts, winners
+    from ...whatif.analytic import device_of, model_of
+    from ...whatif.layout import crossovers, rank_layouts, winners
 
     cfg = config_from_args(LayoutConfig, args)
     model = model_of(cfg.analytic, getattr(args, "model_flag", "--analytic"))
@@ -186,7 +186,7 @@ def run(args) -> int:
     cross = crossovers(win, ranked)
     print(render(cfg, ranked, win, cross, model.num_layers))
     if cfg.json:
-        from ..files import save_json
+        from ...files import save_json
 
         print(f"wrote {save_json(cfg.json, to_json(cfg, ranked, win, cross))}")
     if cfg.plot:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..core.partition import default_partition, parse_partition, partition_layers, stage_times_for
-from . import config_from_args
+from ...core.partition import default_partition, parse_partition, partition_layers, stage_times_for
+from ...tuning import config_from_args
 
 DEFAULT_CHUNK = 4096  # analytic default shape: a 4K chunk over an empty prefix
 
@@ -40,7 +40,7 @@ class PartitionConfig:
             raise ValueError("give exactly one cost source: --profile PROFILE (with a per-layer breakdown) "
                              "or --analytic MODEL --gpu GPU --tp-size N")
         if self.analytic:  # the GPU preset is required: none is assumed (specs.device_of, every command's check)
-            from ..whatif.specs import device_of
+            from ...whatif.specs import device_of
 
             device_of(self.device)
         for name in ("pp_size", "tp"):
@@ -73,7 +73,7 @@ class LayerCosts:
 
 
 def analytic_costs(cfg: PartitionConfig, flag: str = "--analytic") -> LayerCosts:
-    from ..whatif.analytic import check_tp, device_of, embedding_ms, lm_head_ms, model_of, per_layer_costs
+    from ...whatif.analytic import check_tp, device_of, embedding_ms, lm_head_ms, model_of, per_layer_costs
 
     model = model_of(cfg.analytic, flag)
     check_tp(model, cfg.tp)
@@ -96,7 +96,7 @@ def analytic_costs(cfg: PartitionConfig, flag: str = "--analytic") -> LayerCosts
 
 def profile_costs(cfg: PartitionConfig) -> tuple[LayerCosts, list[str]]:
     """Median per-layer breakdown at the requested (L, x) (nearest measured), else the largest shape."""
-    from .fit import read_profile
+    from ...tuning.fit import read_profile
 
     where = f"profile {cfg.profile}"
     doc, samples = read_profile(cfg.profile)
@@ -179,7 +179,7 @@ def render(cfg: PartitionConfig, lc: LayerCosts, res: dict) -> str:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ..args import add_model_source, alias, parse_gemm_dtype, parse_len
+    from ...args import add_model_source, alias, parse_gemm_dtype, parse_len
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON with per-layer breakdown (layer_ms, embed_ms, head_ms)")
@@ -211,7 +211,7 @@ def run(args) -> int:
     res = compare(cfg, lc)
     print(render(cfg, lc, res))
     if cfg.json:
-        from ..files import save_json
+        from ...files import save_json
 
         ours = res["ours"]
         doc = {"source": lc.source, "notes": notes, "pp_size": cfg.pp_size, "partition": list(ours.parts),

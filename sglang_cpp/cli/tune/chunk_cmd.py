@@ -8,12 +8,12 @@ import platform
 import shlex
 from pathlib import Path
 
-from ..core.costmodel import with_overheads
-from ..core.profile_io import save_profile
-from ..files import tuned_path
-from . import config_from_args
-from .fit import FORMS, as_cost, residuals
-from .recommend import DEFAULT_SIZES, SGLANG_MAX_PREFILL, ChunkTuneConfig, load_stages, recommend
+from ...core.costmodel import with_overheads
+from ...core.profile_io import save_profile
+from ...files import tuned_path
+from ...tuning import config_from_args
+from ...tuning.fit import FORMS, as_cost, residuals
+from ...tuning.recommend import DEFAULT_SIZES, SGLANG_MAX_PREFILL, ChunkTuneConfig, load_stages, recommend
 
 
 def profile_name(meta: dict, pp_size: int, model_name: str | None = None, device_name: str | None = None,
@@ -80,7 +80,7 @@ def table(rec: dict, cfg: ChunkTuneConfig) -> str:
 
 
 def versions(meta: dict) -> dict:
-    from ..machine import versions as installed
+    from ...machine import versions as installed
 
     return {**installed("sglang-cpp", "numpy", "scipy"),
             "python": platform.python_version(), "profile_sglang": meta.get("sglang_version"),
@@ -113,7 +113,7 @@ def write_json(cfg, doc, samples, models, rec, P, overheads: tuple = ()) -> tupl
 
 # -- CLI -------------------------------------------------------------------------------------------------
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ..args import alias, parse_ints, parse_len, parse_lens
+    from ...args import alias, parse_ints, parse_len, parse_lens
 
     p.add_argument("profile", help="profile JSON (sglang-cpp profile, or tune fit --out)")
     p.add_argument("--pp-size", type=int, required=True)
@@ -168,7 +168,7 @@ def run(args) -> int:
     path, lines, recs = write_json(cfg, doc, samples, models, rec, P, over)
     print(f"\nwrote {path}")
     if cfg.json:
-        from ..files import save_json
+        from ...files import save_json
 
         print(f"wrote {save_json(cfg.json, {'tuned_profile': str(path), **recs})}")
     print("\n(a) sglang-cpp plan policy:\n  " + lines["plan"])

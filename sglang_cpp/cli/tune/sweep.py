@@ -12,8 +12,8 @@ flags, resumable, a markdown table with the simulator's prediction beside each r
 """
 from __future__ import annotations
 
-from ..bench.experiment import PRESETS
-from ..cli.common import add_experiment_args, run_experiment
+from ...bench.experiment import PRESETS
+from ..common import add_experiment_args, run_experiment
 
 
 def add_args(p) -> None:

@@ -1,4 +1,5 @@
-"""`sglang-cpp tune {fit,chunk,partition,analytic,layout,sweep}`: dispatch to one small module per subcommand.
+"""`sglang-cpp tune {fit,chunk,partition,analytic,layout,sweep}`: dispatch to one small module per subcommand
+(their flags and output here; the computation they share in sglang_cpp/tuning/).
 
 The modules import numpy-level code only; matplotlib, scipy and server launches load when a command
 needs them, so `sglang-cpp --help` stays fast.
@@ -7,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 
-from . import analytic_cmd, chunk_cmd, fit, layout_cmd, partition_cmd, sweep
+from . import analytic_cmd, chunk_cmd, fit_cmd, layout_cmd, partition_cmd, sweep
 
 COMMANDS = {
-    "fit": (fit, "refit t(L, x) per stage from a profile or a decision log; coefficients, R^2, plot"),
+    "fit": (fit_cmd, "refit t(L, x) per stage from a profile or a decision log; coefficients, R^2, plot"),
     "chunk": (chunk_cmd, "recommend plan / upstream (C, sigma) / fixed chunk settings and write the "
                          "per-device SGLANG_CPP_PROFILE JSON"),
     "partition": (partition_cmd, "cost-balanced SGLANG_PP_LAYER_PARTITION vs SGLang's default split"),

@@ -14,7 +14,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from ..args import add_model_source, alias, parse_gemm_dtype, parse_len, parse_lens, parse_sigma
+from ...args import add_model_source, alias, parse_gemm_dtype, parse_len, parse_lens, parse_sigma
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -52,10 +52,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..whatif.analytic import check_tp, device_of, model_of
-    from ..whatif.analytic_fit import Measured, Ratio, fit, predict_ms, priced_stages
-    from ..core.profile_io import save_profile
-    from ..files import device_file_name
+    from ...whatif.analytic import check_tp, device_of, model_of
+    from ...whatif.analytic_fit import Measured, Ratio, fit, predict_ms, priced_stages
+    from ...core.profile_io import save_profile
+    from ...files import device_file_name
 
     model = model_of(args.analytic, getattr(args, "model_flag", "--analytic"))
     check_tp(model, args.tp)
@@ -93,7 +93,7 @@ def run(args) -> int:
     save_profile(path, meta=meta, cost=cost)
     print(f"wrote {path} (load it with simulate --profile, bench ttft --simulate or plan --profile)")
     if args.json:
-        from ..files import save_json
+        from ...files import save_json
 
         doc = {"model": model.name, "gpu": device.name, "tp_size": args.tp, "pp_size": P, "dtype": meta["dtype"],
                "efficiency": f.efficiency, "chunk_overhead_ms": f.chunk_overhead_ms, "overhead_fitted": args.fit_overhead,
