@@ -95,11 +95,11 @@ def main() -> int:
             "implied overhead per chunk and stage |", "|---|---|---:|---:|---:|"]
     for rid, ttft in rows:
         ran = [sum(e["chunk"]) for e in events(work / "dec_0.jsonl", "forward") if e["rids"] == [rid]]
-        m = makespan(ran, 0, cost, 2, 0.0)
+        m = makespan(ran, 0, cost, 2)
         out.append(f"| {rid[:8]} | {len(ran)}: {ran} | {ttft:.0f} ms | {m:.0f} ms | "
                    f"{(ttft - m) / (len(ran) + 1):.1f} ms |")
     ratio = [ttft / makespan([sum(e["chunk"]) for e in events(work / "dec_0.jsonl", "forward") if e["rids"] == [rid]],
-                             0, cost, 2, 0.0) for rid, ttft in rows]
+                             0, cost, 2) for rid, ttft in rows]
     out += ["", f"Measured TTFT / the served model's prediction: {min(ratio):.3f}-{max(ratio):.3f} over "
             f"{len(rows)} requests. The smallest serving gap ({min(min(g) for g in stage_gaps):.1f} ms) bounds the "
             "scheduler loop's own cost per step from above; the median gaps also hold the wait for the other "

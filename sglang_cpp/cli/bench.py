@@ -45,7 +45,7 @@ def simulate_ttft(args) -> list[dict]:
     P, src = args.pp_size, CostSource.from_args(args)
     cost, overhead_ms = src.cost(P), src.overhead_ms()  # the cost carries the overhead
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
-                    hidden_size=src.hidden_size(P))
+                    hidden_size=src.hidden_size())
     records, n, C = [], args.num_requests, args.max_concurrency
     for policy, pchunk in args.policy:
         chunk = pchunk or args.chunk_size or 8192

@@ -43,11 +43,11 @@ class CostSource:
     def stage_costs(self, pp_size: int, overhead: bool = True) -> list:
         """One model per stage, each with its per-chunk overhead (for code that prices stages one by one);
         overhead=False: without `overhead_ms` (a command with no --chunk-overhead-ms; a profile's own stays)."""
-        from ..core.costmodel import PipelineCost
+        from ..core.costmodel import ChunkOverhead, PipelineCost
         from ..whatif.simulator import _stage_costs
 
-        models, over = _stage_costs(self.cost(pp_size) if overhead else self._cost(pp_size)[0], pp_size)
-        return [m if o is None else PipelineCost((m,), (o,)) for m, o in zip(models, over)]
+        models, over = _stage_costs(self.cost(pp_size) if overhead else self._cost(pp_size), pp_size)
+        return [m if o == ChunkOverhead() else PipelineCost((m,), (o,)) for m, o in zip(models, over)]
 
     def cost(self, pp_size: int):
         """The source's model, carrying the per-chunk overhead (`overhead_ms`, on top of any a served profile
@@ -55,26 +55,30 @@ class CostSource:
         (per-stage profiles, the analytic stages)."""
         from ..core.costmodel import add_overhead
 
-        return add_overhead(self._cost(pp_size)[0], self.overhead_ms(), pp_size)
+        return add_overhead(self._cost(pp_size), self.overhead_ms(), pp_size)
 
-    def hidden_size(self, pp_size: int) -> int:
+    def hidden_size(self) -> int:
         """The model's hidden size (the analytic model's), 0 when the source does not say."""
-        return self._cost(pp_size)[1]
+        if self.kind != "analytic":
+            return 0
+        from ..whatif.analytic import model_of
+
+        return model_of(self.analytic, self.model_flag).hidden_size
 
     def _cost(self, pp_size: int):
+        """The source's model as given, without `overhead_ms`."""
         from ..core.costmodel import PipelineCost
         from ..core.profile_io import load_cost, parse_coeffs
 
         if self.kind == "profile":
             return load_cost(self.profile, pp_size=pp_size, tp_size=self.tp_size,
-                             dtype=None if self.dtype == "auto" else self.dtype, runs="the command line gives"), 0
+                             dtype=None if self.dtype == "auto" else self.dtype, runs="the command line gives")
         if self.kind == "coeffs":
-            return parse_coeffs(self.coeffs), 0
+            return parse_coeffs(self.coeffs)
         if self.kind is None:
             raise ValueError("give a cost model: --profile JSON, --coeffs c0,g,b,d,e,f or --model-path (a preset or "
                              "your config.json)")
-        stages, hidden = self._analytic_stages(pp_size)
-        return PipelineCost(tuple(stages)), hidden  # one per stage (a stage is its roofline rows' maximum)
+        return PipelineCost(tuple(self._analytic_stages(pp_size)))  # one per stage (a stage: its roofline rows' maximum)
 
     def overhead_ms(self) -> float:
         """--chunk-overhead-ms, or its default: the GPU preset's fixed per-chunk cost for an analytic model (a
@@ -90,7 +94,7 @@ class CostSource:
             return device_of(self.gpu).chunk_overhead_ms
         return 0.0
 
-    def _analytic_stages(self, P: int) -> tuple[list, int]:
+    def _analytic_stages(self, P: int) -> list:
         from dataclasses import replace
 
         from ..whatif.analytic import check_tp, device_of, model_of
@@ -111,7 +115,7 @@ class CostSource:
             raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
         models = stage_models(model, dev, tp, P, parts, dtype=GEMM_DTYPES[self.dtype],
                               attention_backend=self.attention_backend)
-        return models, model.hidden_size
+        return models
 
 
 def add_cost_source_args(p, *, profile_flag: str = "--profile", required: bool = False, exclusive: bool = True,

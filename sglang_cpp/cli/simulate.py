@@ -51,7 +51,7 @@ def run_simulate(args) -> int:
     P = args.pp_size
     cost = src.cost(P)  # carrying the per-chunk overhead
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
-                    hidden_size=args.hidden_size if args.hidden_size is not None else src.hidden_size(P),
+                    hidden_size=args.hidden_size if args.hidden_size is not None else src.hidden_size(),
                     send_mode=args.send_mode, recv_mode=args.recv_mode)
     R = args.prompt_len - args.prefix_len
     if R < 1:

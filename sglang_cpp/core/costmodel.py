@@ -131,6 +131,9 @@ class PipelineCost:
             raise ValueError(f"PipelineCost: {len(over)} chunk overheads for {len(self.stages)} stages; give one "
                              "per stage")
         object.__setattr__(self, "overheads", over if any(o != ChunkOverhead() for o in over) else ())
+        # each stage with its overhead, built once: `time` runs thousands of times per plan
+        object.__setattr__(self, "_charged", tuple(add_constant(m, o) for m, o in zip(self.stages, self.overheads))
+                           if self.overheads else self.stages)
         # (rows, 6) coefficients: every row evaluated in one matrix product (64 stages are common); None
         # when a stage is piecewise in L (core/regimes.py), whose rows depend on the prefix
         poly = all(isinstance(m, (CostModel, PipelineCost)) and getattr(m, "_coefs", 0) is not None
@@ -147,12 +150,7 @@ class PipelineCost:
     def charged(self) -> tuple:
         """Every stage with its per-chunk overhead added (c0 and b): the same time as this object, stage by
         stage, for code that prices stages one at a time (the simulator, the regime tables)."""
-        if not self.overheads:
-            return self.stages
-        return tuple(add_constant(m, o) for m, o in zip(self.stages, self.overheads))
-
-    def overhead_of(self, stage: int) -> ChunkOverhead:
-        return self.overheads[stage] if self.overheads else ChunkOverhead()
+        return self._charged
 
     @property
     def rows(self) -> tuple:

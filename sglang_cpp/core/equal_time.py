@@ -12,10 +12,9 @@ from dataclasses import replace
 import numpy as np
 from scipy.optimize import brentq  # imported with the module: never a first-plan stall in the scheduler
 
-from .costmodel import CostModel, PipelineCost
+from .costmodel import CostModel, PipelineCost, split_uniform_overhead
 from .equal_time_search import (_REGIMES, EqualCounts, _as_coefs, _boundary, _equal_count_chunks, _estimate,
                                 _n_cont, _pacing_rows, _targets, _threshold_walks, _x_of, search_rows, walks)
-from .costmodel import split_uniform_overhead
 from .objective import PlanConfig, _check, _times, _ttft, fixed_candidates, fixed_split, make_plan, makespan
 from .plan import ChunkPlan
 from .regimes import XRegimeRows, is_piecewise, regime_rows

@@ -4,6 +4,7 @@ atomically; and --coeffs parsed. The model itself is core/costmodel.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -67,10 +68,10 @@ def cost_from_profile(doc: dict, where: str = "profile", form: str = "full"):
     """CostModel (one stage) or PipelineCost (several) from a loaded profile; fits samples if needed."""
     if "coeffs" in doc:
         return CostModel.from_dict(doc, where)
+    if doc.get("stages") and doc.get("chunk_overheads") is not None:  # each stage's overhead beside its model
+        return model_from_dict({"stages": doc["stages"], "chunk_overheads": doc["chunk_overheads"]}, where)
     if doc.get("stages"):
         models = [model_from_dict(s, f"{where} stage {i}") for i, s in enumerate(doc["stages"])]
-        if doc.get("chunk_overheads") is not None:  # each stage's per-chunk overhead beside its model
-            return model_from_dict({"stages": doc["stages"], "chunk_overheads": doc["chunk_overheads"]}, where)
         lone = len(models) == 1 and not isinstance(models[0], PipelineCost)  # a roofline stage's rows stay one stage
         return models[0] if lone else PipelineCost(tuple(models))
     if not doc.get("samples"):
@@ -170,7 +171,7 @@ def save_profile(path: str | Path, *, samples: Sequence[dict] = (), meta: dict |
         stages = cost.stages if isinstance(cost, PipelineCost) else (cost,)
         doc["stages"] = [m.to_dict() for m in stages]
         if overheads_of(cost):  # each stage's per-chunk overhead, beside its forward model
-            doc["chunk_overheads"] = cost.to_dict()["chunk_overheads"]
+            doc["chunk_overheads"] = [asdict(o) for o in overheads_of(cost)]
     if extra:
         doc.update(extra)
     from ..files import save_json

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .costmodel import ChunkOverhead, CostModel, PiecewiseCost, PipelineCost, fit_piecewise
+from .costmodel import ChunkOverhead, CostModel, PiecewiseCost, PipelineCost, fit_piecewise, overheads_of
 from .regimes import regime_index, x_bounds_of
 
 
@@ -95,8 +95,7 @@ class Refiner:
     def __init__(self, model, calibration: list[dict], cfg: RefineConfig | None = None):
         self.cfg = cfg or RefineConfig()
         stages = list(model.stages) if isinstance(model, PipelineCost) else [model]
-        over = [model.overhead_of(s) if isinstance(model, PipelineCost) else ChunkOverhead()
-                for s in range(len(stages))]
+        over = list(overheads_of(model)) or [ChunkOverhead()] * len(stages)
         self.models = stages
         self.version = 0
         self.stages = []

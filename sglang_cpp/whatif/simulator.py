@@ -188,9 +188,13 @@ def _stage_costs(cost, pp_size, plan_pp=None) -> tuple[list, list]:
         raise ValueError(f"got {len(models)} stage cost models but pp_size={pp_size}; give one per stage")
     if not models or any(not hasattr(m, "time") for m in models):
         raise ValueError("cost: every stage model needs a .time(L, x) method (e.g. a CostModel)")
-    if over and len(over) != len(models):
-        over = [ChunkOverhead.largest(over)] * len(models)
-    return models, over or [None] * len(models)
+    return models, over or [ChunkOverhead()] * len(models)  # a PipelineCost's carrier has one per stage
+
+
+def _overhead_times(over: list, x: np.ndarray, fixed: float | None = None) -> list:
+    """[stage][chunk] ms of each stage's per-chunk overhead for chunks of x tokens (`fixed`: that many ms
+    instead, whatever the stage)."""
+    return [np.broadcast_to(ov.at(x) if fixed is None else float(fixed), x.shape).tolist() for ov in over]
 
 
 def _times(model, L: np.ndarray, x: np.ndarray, stage: int) -> np.ndarray:
@@ -208,7 +212,7 @@ def _run(jobs: list[tuple], staged: tuple[list, list], cfg: SimConfig, arrivals:
     L = np.array([j[2] for j in jobs])
     x = np.array([j[3] for j in jobs])
     T = np.stack([_times(m, L, x, s) for s, m in enumerate(costs)]).tolist()
-    O = [np.broadcast_to(np.zeros(1) if ov is None else ov.at(x), x.shape).tolist() for ov in over]
+    O = _overhead_times(over, x)
     tr = np.broadcast_to(cfg.transfer_ms(x), x.shape).tolist()
     sync, serial = cfg.send_mode == "sync", cfg.recv_mode == "serial"
     free = [0.0] * P

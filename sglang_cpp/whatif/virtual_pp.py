@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .simulator import Event, SimConfig, SimResult, _as_plan, _stage_costs, _times
+from .simulator import Event, SimConfig, SimResult, _as_plan, _overhead_times, _stage_costs, _times
 
 
 def simulate_virtual(plan, cost, pp_size: int, virtual_stages: int, config: SimConfig | None = None, *,
@@ -41,8 +41,7 @@ def simulate_virtual(plan, cost, pp_size: int, virtual_stages: int, config: SimC
     K, N = len(chunks), P * V
     x = np.array(chunks)
     L = L0 + np.concatenate([[0], np.cumsum(x)[:-1]])
-    O = [np.broadcast_to(float(visit_overhead_ms) if visit_overhead_ms is not None else 0.0 if ov is None
-                         else ov.at(x), x.shape).tolist() for ov in over]  # [rank][chunk]
+    O = _overhead_times(over, x, visit_overhead_ms)  # [rank][chunk]
     t = (np.stack([_times(m, L, x, s) for s, m in enumerate(models)]) / V).tolist()  # [rank][chunk]
     tr = np.broadcast_to(cfg.transfer_ms(x), x.shape).tolist() if P > 1 else [0.0] * K
     done = [[None] * N for _ in range(K)]

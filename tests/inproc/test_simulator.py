@@ -444,7 +444,7 @@ def test_the_cost_source_carries_the_overhead_and_simulate_serve_prices_none():
                          for p, b in zip(priced, bare))
     assert float(src.cost(2).time(1024, 512)) == pytest.approx(max(float(p.time(1024, 512)) for p in priced))
     given = CostSource(coeffs="1,0,0.01,0,2e-6,1e-6", chunk_overhead_ms=3.0)
-    base = given._cost(2)[0]
+    base = given._cost(2)
     assert float(given.cost(2).time(0, 100)) == pytest.approx(float(base.time(0, 100)) + 3.0)
     assert len(src.stage_costs(1, overhead=False)) == len(src.stage_costs(1)) == 1  # PP1: one roofline stage
     served = with_overheads(base, 2.0, 2)  # a served profile's overhead, and 3 ms more given
