@@ -205,8 +205,8 @@ def with_overheads(cost, overheads, pp_size: int):
         stages = cost.stages
     elif isinstance(cost, PipelineCost) and cost.overheads and len(cost.stages) == 1:
         stages = cost.stages
-    else:
-        stages = (cost,)
+    else:  # one model for every stage; a carrier it had is replaced, not charged beneath the new one
+        stages = (cost.kernel if isinstance(cost, PipelineCost) else cost,)
     if len(over) == 1:
         over = over * len(stages)
     elif len(over) != len(stages):

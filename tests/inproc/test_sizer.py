@@ -115,6 +115,9 @@ def test_quadratic_policy_is_upstream(monkeypatch):
     (dict(policy="fast"), "SGLANG_CPP_POLICY"),
     (dict(sigma=2.0), "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR"),
     (dict(chunk_size=0), "--chunked-prefill-size"),
+    # a negative one would pass on top of a larger measured overhead, then fail every rank at a refit
+    (dict(chunk_overhead_ms=-0.5), r"SGLANG_CPP_CHUNK_OVERHEAD_MS=-0.5 must be a finite number of ms >= 0"),
+    (dict(chunk_overhead_ms=float("nan")), "SGLANG_CPP_CHUNK_OVERHEAD_MS=nan"),
     (dict(max_chunk=32768), "SGLANG_CPP_MAX_CHUNK=32768 exceeds SGLang.s prefill-buffer ceiling 16384"),
     # issue 27 item 6: the exact DP plans at most 4096 aligned units; a longer prompt would kill the server
     (dict(method="dp", context_len=262145), r"SGLANG_CPP_PLANNER=dp plans prompts of at most 4096 aligned units "

@@ -115,6 +115,16 @@ def test_bad_input_is_named(kw, match):
         plan_chunks(cost=GPU, pp_size=2, **kw)
 
 
+def test_a_new_overhead_replaces_the_one_a_cost_carries():
+    """with_overheads replaces a carrier, whether the cost keeps its stages or is taken as one model for every
+    stage (its stage count is not the pipeline's): never the old overhead beneath the new one."""
+    three = with_overheads(PipelineCost((GPU, GPU, GPU)), 5.0, 3)
+    again = with_overheads(three, 2.0, 3)
+    assert [o.ms for o in again.overheads] == [2.0] * 3 and again.stages == (GPU,) * 3
+    shared = with_overheads(three, 2.0, 2)  # three rows for a two-stage pipeline: one model, its old carrier out
+    assert float(shared.time(1000, 500)) == pytest.approx(float(GPU.time(1000, 500)) + 2.0)
+
+
 def test_a_bad_per_chunk_overhead_is_named():
     """The overhead rides on the cost (PipelineCost.overheads): a negative one, or one per stage that is not,
     is refused naming it."""

@@ -7,6 +7,7 @@ length and cached prefix), so every stage makes the same decisions.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
@@ -54,6 +55,10 @@ class SizerConfig:
         if self.dynamic and (self.chunk_size is None or self.chunk_size <= 0):
             raise ValueError(f"--enable-dynamic-chunking needs --chunked-prefill-size > 0 (the base chunk), got "
                              f"{self.chunk_size}: set --chunked-prefill-size, or drop --enable-dynamic-chunking")
+        if not (math.isfinite(self.chunk_overhead_ms) and self.chunk_overhead_ms >= 0):  # added to every stage's
+            raise ValueError(f"SGLANG_CPP_CHUNK_OVERHEAD_MS={self.chunk_overhead_ms!r} must be a finite number of ms "
+                             ">= 0 (charged per chunk and stage on top of the measured overhead): unset it or give "
+                             "one >= 0")  # measured overhead: a negative one fails only later, at a refit
         if self.min_chunk and self.max_chunk and self.min_chunk > self.max_chunk:
             raise ValueError(f"SGLANG_CPP_MIN_CHUNK={self.min_chunk} exceeds SGLANG_CPP_MAX_CHUNK={self.max_chunk}: "
                              "lower the first or raise the second")
