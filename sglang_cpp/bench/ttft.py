@@ -56,8 +56,10 @@ class BenchConfig:
 
 
 # -- metrics and the console block --------------------------------------------------------------
-def summarize(ttfts_s, errors, input_len: int, duration_s: float, e2e_s=None) -> dict:
-    """bench_serving's result keys for one input length; percentiles over successful requests only."""
+def summarize(ttfts_s, errors, input_len: int, duration_s: float, e2e_s=None, lens=None) -> dict:
+    """bench_serving's result keys for one input length (`lens`: each request's own, when they differ);
+    percentiles over successful requests only."""
+    lens = [int(input_len)] * len(errors) if lens is None else [int(n) for n in lens]
     ok = [i for i, e in enumerate(errors) if not e]
     ms = np.array([ttfts_s[i] for i in ok], dtype=float) * 1e3
     e2e = np.array([e2e_s[i] for i in ok], dtype=float) * 1e3 if e2e_s is not None else np.array([])
@@ -66,19 +68,20 @@ def summarize(ttfts_s, errors, input_len: int, duration_s: float, e2e_s=None) ->
         return float(fn(a)) if a.size else None
 
     n, dur = len(ok), float(duration_s)
+    tokens = sum(lens[i] for i in ok)
     return {"random_input_len": int(input_len), "random_output_len": 1, "num_prompts": len(errors),
             "completed": n, "failed": len(errors) - n, "duration": dur,
-            "total_input_tokens": n * int(input_len), "total_output_tokens": n,
+            "total_input_tokens": tokens, "total_output_tokens": n,
             "request_rate": None,  # bench_serving's key; None: closed loop (--max-concurrency), not Poisson
             "request_throughput": n / dur if dur > 0 else None,
-            "input_throughput": n * int(input_len) / dur if dur > 0 else None,
+            "input_throughput": tokens / dur if dur > 0 else None,
             "output_throughput": n / dur if dur > 0 else None,  # one output token per request
             "mean_ttft_ms": st(np.mean), "median_ttft_ms": st(np.median), "std_ttft_ms": st(np.std),
             "p90_ttft_ms": st(lambda a: np.percentile(a, 90)), "p95_ttft_ms": st(lambda a: np.percentile(a, 95)),
             "p99_ttft_ms": st(lambda a: np.percentile(a, 99)),
             "mean_e2e_latency_ms": st(np.mean, e2e), "median_e2e_latency_ms": st(np.median, e2e),
             "p99_e2e_latency_ms": st(lambda a: np.percentile(a, 99), e2e),
-            "input_lens": [int(input_len)] * len(errors),
+            "input_lens": lens,
             "ttfts": [0.0 if e else float(t) for t, e in zip(ttfts_s, errors)],  # seconds, as bench_serving
             "errors": [e or "" for e in errors]}
 
@@ -243,10 +246,46 @@ def write_jsonl(records, path) -> Path:
     return p
 
 
-def plot_ttft(records, path) -> Path:
-    """Median TTFT against input length, p90 as the upper error bar; one line per policy label."""
+def _finite_rate(r: dict):
+    v = r.get("request_rate")
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def plot_load(records, path) -> Path:
+    """Mean TTFT against the request rate (streams), p99 as the upper error bar; one line per policy label and
+    input length."""
     from ..files import pyplot, save_figure
 
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    keys = dict.fromkeys(((r.get("policy") or ""), r.get("input_len_mix") or r["random_input_len"]) for r in records)
+    for label, inp in keys:
+        rs = sorted((r for r in records if (r.get("policy") or "") == label and _finite_rate(r) is not None
+                     and (r.get("input_len_mix") or r["random_input_len"]) == inp and r["mean_ttft_ms"] is not None),
+                    key=_finite_rate)
+        if not rs:
+            continue
+        mean = np.array([r["mean_ttft_ms"] for r in rs])
+        up = np.array([r["p99_ttft_ms"] for r in rs]) - mean
+        name = label + (f", input {inp}" if len({k[1] for k in keys}) > 1 else "")
+        ax.errorbar([_finite_rate(r) for r in rs], mean, yerr=[np.zeros_like(mean), up], marker="o", capsize=3,
+                    label=name or None)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("TTFT (ms), mean; bar to p99")
+    ax.set_yscale("log")
+    ax.set_title("TTFT vs load" + (" (SIMULATED)" if any(r.get("simulated") for r in records) else ""))
+    if any(r.get("policy") for r in records):
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return save_figure(fig, path)
+
+
+def plot_ttft(records, path) -> Path:
+    """Median TTFT against input length, p90 as the upper error bar; one line per policy label. Streams (a
+    finite request rate): TTFT against the rate instead (`plot_load`)."""
+    from ..files import pyplot, save_figure
+
+    if any(_finite_rate(r) is not None for r in records):
+        return plot_load(records, path)
     fig, ax = pyplot().subplots(figsize=(6, 4))
     for label in dict.fromkeys(r.get("policy") or "" for r in records):
         rs = sorted((r for r in records if (r.get("policy") or "") == label and r["median_ttft_ms"] is not None),

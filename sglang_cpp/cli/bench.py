@@ -34,58 +34,146 @@ def parse_policies(text: str) -> list[tuple[str, int | None]]:
     return out
 
 
+def parse_input_lens(text: str):
+    """--input-len: comma-separated lengths, each its own run ('8k,16k'), or one length mixture
+    [WEIGHT:]LO[-HI],... whose prompts share a run ('0.7:16k-64k,0.3:128k-256k'; simulated only)."""
+    if ":" in str(text) or "-" in str(text):
+        from ..whatif.workload import LengthMix
+
+        try:
+            return LengthMix.parse(text, "--input-len")
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse_lens(text)
+
+
+def parse_rates(text: str) -> tuple:
+    """--request-rate: arrivals per second, > 0, or inf (every prompt at once); several comma-separated."""
+    out = []
+    for item in str(text).split(","):
+        try:
+            v = float(item)
+        except ValueError:
+            v = math.nan
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"--request-rate {text!r}: give rates > 0 in requests per second, or "
+                                             "inf (every prompt at once), e.g. 0.5,1,inf")
+        out.append(v)
+    return tuple(out)
+
+
+def parse_planning_ms(text: str):
+    """--planning-ms: 'measured' (each decision's own time on this machine) or a fixed charge in ms >= 0."""
+    if str(text).strip() == "measured":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"--planning-ms {text!r}: give 'measured' or a time in ms >= 0")
+    return v
+
+
+def _workloads(args):
+    """(input length label, prompt lengths) per run: each plain --input-len its own run; a mixture one run, its
+    lengths drawn with --seed."""
+    n = args.num_requests
+    if not isinstance(args.input_lens, tuple):  # a LengthMix
+        import numpy as np
+
+        lens = [int(v) for v in args.input_lens.sample(np.random.default_rng(_seed(args) + 1), n)]
+        return [(args.input_lens, lens)]
+    return [(L, [int(L)] * n) for L in args.input_lens]
+
+
+def _seed(args) -> int:
+    return 1 if args.seed is None else int(args.seed)  # bench_serving's default seed
+
+
+def _warn_outside(src: CostSource, lens) -> None:
+    """A WARNING, once, when a prompt reaches past what the profile measured: every policy is priced there
+    by extrapolation."""
+    hi = src.measured_len()
+    if hi is not None and max(lens) > hi:
+        print(f"WARNING: --input-len {max(lens)} is past the profile's measured range (prompt positions up to {hi}, "
+              f"{src.profile}): every policy is priced beyond it by extrapolation; measure a longer profile",
+              file=sys.stderr, flush=True)
+
+
 def simulate_ttft(args) -> list[dict]:
-    """Same records as run_ttft, from the simulator, for every --policy; closed loop at --max-concurrency,
-    FIFO. Each prompt runs the chunks its policy gives it when it starts (whatif/stream.py): for `plan`, the
-    plugin's queue-aware plan on the simulated chunks in flight and prompts waiting, replanned at the first
-    chunk boundary after an arrival; the others are the same for every prompt."""
+    """Same records as run_ttft, from the simulator, for every --policy, --request-rate and --input-len, FIFO.
+    Prompts arrive as bench_serving sends them (gamma gaps of shape --burstiness at --request-rate; inf: all
+    at once), at most --max-concurrency at a time. Each prompt runs the chunks its policy gives it when it
+    starts (whatif/stream.py): for `plan`, the plugin's queue-aware plan on the simulated chunks in flight,
+    the prompts waiting and the offered load, replanned at the first chunk boundary after an arrival; the
+    others are the same for every prompt. Each decision's planning time is charged (--planning-ms)."""
     from ..core.policy import plan_for
     from ..whatif.simulator import SimConfig
-    from ..whatif.stream import StreamPolicy, plan_stream
+    from ..whatif.stream import StreamPolicy, plan_stream, poisson_arrivals
     P, src = args.pp_size, CostSource.from_args(args)
     cost, overhead_ms = src.cost(P), src.overhead_ms()  # the cost carries the overhead
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
                     hidden_size=src.hidden_size())
-    records, n, C = [], args.num_requests, args.max_concurrency
+    records, n, C, seed = [], args.num_requests, args.max_concurrency, _seed(args)
+    work = _workloads(args)
+    _warn_outside(src, [m for _, lens in work for m in lens])
+    check_sigma(args.sigma)
     for policy, pchunk in args.policy:
         chunk = pchunk or args.chunk_size or 8192
         label = args.policy_label if args.policy_label and len(args.policy) == 1 else \
             f"{policy} C={chunk}" + (f" sigma={args.sigma:g}" if policy == "quadratic" else "") + " (simulated)"
         meta = run_meta(label, True)
         hw = {"source": src.describe(), "pp_size": P, "tp": src.tp_size or 1, "chunk_size": chunk,
-              "sim_policy": policy, "chunk_overhead_ms": overhead_ms}
+              "sim_policy": policy, "chunk_overhead_ms": overhead_ms,
+              "planning_ms": "measured" if args.planning_ms is None else args.planning_ms}
         kw = dict(sigma=args.sigma, max_prefill=args.max_prefill_tokens, coeffs=args.coeffs, profile=args.profile)
-        check_sigma(args.sigma)
-        for L in args.input_lens:
-            memo = {}  # the policies other than plan give a prompt the same chunks whatever the queue
+        for rate in args.request_rate:
+            for L, lens in work:
+                memo = {}  # fixed and quadratic give a prompt the same chunks whatever the queue
 
-            def chunks(m, prefix, view, policy=policy, chunk=chunk):
-                key = (m, prefix) if policy != "plan" else (m, prefix, view)
-                if key not in memo:
-                    memo[key] = list(plan_for(policy, m, cost, P, chunk, prefix_len=prefix, view=view, **kw).chunks)
-                return memo[key]
+                def chunks(m, prefix, view, policy=policy, chunk=chunk):
+                    if policy in ("plan", "plan-alone"):  # planned at every decision, as the server does
+                        return plan_for(policy, m, cost, P, chunk, prefix_len=prefix, view=view, **kw)
+                    if (m, prefix) not in memo:
+                        memo[(m, prefix)] = list(plan_for(policy, m, cost, P, chunk, prefix_len=prefix, **kw).chunks)
+                    return memo[(m, prefix)]
 
-            run = plan_stream([L] * n, StreamPolicy(policy, chunks, queue_aware=policy == "plan"), cost, P,
-                              max_concurrency=C, config=cfg)
-            res = run.sim
-            ttfts = [t / 1e3 for t in res.ttfts_ms]
-            rec = summarize(ttfts, [""] * n, L, res.makespan_ms / 1e3, ttfts)
-            records.append({"backend": "sglang-cpp-simulator", "dataset_name": "random-ids", "max_concurrency": C,
-                            "warmup": 0, **rec, "warmup_errors": [],
-                            "chunk_plan": {"policy": policy, "chunks": list(run.chunks[0]),
-                                           "chunks_per_request": [list(c) for c in run.chunks],
-                                           "replanned_at": [list(r) for r in run.replans]},
-                            "simulated_setup": hw, **meta})
-            if getattr(args, "trace", None):
-                res.save_trace(str(args.trace).format(policy=policy, chunk=chunk, input_len=L))
+                pol = StreamPolicy(policy, chunks, queue_aware=policy == "plan", planner=policy in ("plan", "plan-alone"))
+                run = plan_stream(lens, pol, cost, P, max_concurrency=C, config=cfg, planning_ms=args.planning_ms,
+                                  arrivals_ms=poisson_arrivals(n, rate, args.burstiness, seed))
+                res = run.sim
+                ttfts = [t / 1e3 for t in res.ttfts_ms]
+                rec = summarize(ttfts, [""] * n, L if isinstance(L, int) else sum(lens) // n,
+                                res.makespan_ms / 1e3, ttfts, lens=lens)
+                records.append({"backend": "sglang-cpp-simulator", "dataset_name": "random-ids",
+                                "max_concurrency": C, "warmup": 0, **rec,
+                                "request_rate": "inf" if math.isinf(rate) else rate, "burstiness": args.burstiness,
+                                "seed": seed, **({} if isinstance(L, int) else {"input_len_mix": str(L)}),
+                                "warmup_errors": [],
+                                "chunk_plan": {"policy": policy, "chunks": list(run.chunks[0]),
+                                               "chunks_per_request": [list(c) for c in run.chunks],
+                                               "replanned_at": [list(r) for r in run.replans],
+                                               "planning_ms": [round(sum(d), 3) for d in run.planning_ms],
+                                               "load": list(run.loads), "counted_behind": list(run.counted)},
+                                "arrivals_ms": list(run.arrivals_ms), "simulated_setup": hw, **meta})
+                if getattr(args, "trace", None):
+                    res.save_trace(str(args.trace).format(policy=policy, chunk=chunk, input_len=L, request_rate=rate))
     return records
+
+
+def _row(r: dict) -> str:
+    """A side-by-side row's name: the input length (or mixture), and the request rate of a stream."""
+    name = r.get("input_len_mix") or str(r["random_input_len"])
+    rate = r.get("request_rate")
+    return name if rate in (None, "inf") else f"{name} @ {rate:g} req/s"
 
 
 def side_by_side(records: list[dict], args) -> str:
     """One row per input length, one column per policy (median TTFT in s), the plan against upstream
     dynamic chunking, and each policy's percent of the physical limit (analytic models only)."""
     labels = list(dict.fromkeys(r["policy"] for r in records))
-    med = {(r["policy"], r["random_input_len"]): r["median_ttft_ms"] for r in records}
+    med = {(r["policy"], _row(r)): r["median_ttft_ms"] for r in records}
     kinds = {r["policy"]: r["chunk_plan"]["policy"] for r in records}
     plan = next((lb for lb in labels if kinds[lb] == "plan"), None)
     dck = next((lb for lb in labels if kinds[lb] == "quadratic"), None)
@@ -105,11 +193,12 @@ def side_by_side(records: list[dict], args) -> str:
     head = ["input"] + [f"{lb} (s)" for lb in labels] + (["plan / upstream dynamic"] if plan and dck else [])
     head += [f"{lb} % of limit" for lb in labels] if limit else []
     out = ["SIMULATED side by side: median TTFT", "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-    for L in dict.fromkeys(r["random_input_len"] for r in records):
-        row = [str(L)] + [f"{med[(lb, L)] / 1e3:.2f}" for lb in labels]
+    for key in dict.fromkeys(_row(r) for r in records):
+        L = next(r["random_input_len"] for r in records if _row(r) == key)
+        row = [key] + [f"{med[(lb, key)] / 1e3:.2f}" for lb in labels]
         if plan and dck:
-            row.append(f"{med[(plan, L)] / med[(dck, L)]:.3f}")
-        row += [f"{limit(med[(lb, L)], L):.1f}%" for lb in labels] if limit else []
+            row.append(f"{med[(plan, key)] / med[(dck, key)]:.3f}")
+        row += [f"{limit(med[(lb, key)], L):.1f}%" for lb in labels] if limit else []
         out.append("| " + " | ".join(row) + " |")
     if limit:
         out.append("% of limit: the causal prefill FLOPs on tp*pp GPUs at dense peak / the predicted TTFT")
@@ -125,7 +214,7 @@ def summary_table(records: list[dict]) -> str:
            "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     fmt = lambda v: "n/a" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
     for r in records:
-        out.append("| " + " | ".join(fmt(v) for v in (r["random_input_len"], r.get("policy") or "-", r["completed"],
+        out.append("| " + " | ".join(fmt(v) for v in (_row(r), r.get("policy") or "-", r["completed"],
                                                         r["failed"], r["median_ttft_ms"], r["p90_ttft_ms"],
                                                         r["p99_ttft_ms"], r["input_throughput"])) + " |")
     return "\n".join(out)
@@ -135,8 +224,9 @@ def summary_table(records: list[dict]) -> str:
 def add_ttft_args(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--base-url", help="SGLang server, e.g. http://127.0.0.1:30000 (not needed when simulating)")
-    a("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens, required=True,
-      help="prompt length, or several comma-separated (8k = 8192)")
+    a("--input-len", dest="input_lens", metavar="LEN[,LEN...]|MIX", type=parse_input_lens, required=True,
+      help="prompt length, or several comma-separated, each its own run (8k = 8192); simulated, also a length "
+           "mixture [WEIGHT:]LO[-HI],... whose prompts share one run (weights summing to 1, or none)")
     d = BenchConfig((1,))
     a("--num-prompts", dest="num_requests", type=int, default=d.num_requests, help="measured requests per length")
     a("--warmup-requests", dest="warmup", type=int, default=d.warmup,
@@ -168,6 +258,15 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace", metavar="PATH",
                    help="Perfetto/Chrome trace of each simulated run, every prompt's chunks tagged r<request>c<chunk> "
                         "({policy}, {chunk} and {input_len} in PATH are filled in)")
+    g.add_argument("--request-rate", type=parse_rates, default=(math.inf,), metavar="RATE[,RATE...]",
+                   help="bench_serving's arrivals, requests per second (inf, the default: every prompt at once); "
+                        "several comma-separated, each its own run")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="bench_serving's gamma shape of the gaps between arrivals (1: Poisson; lower: burstier)")
+    g.add_argument("--planning-ms", type=parse_planning_ms, default=None, metavar="measured|MS",
+                   help="planning time charged to each decision of the sglang-cpp planner, delaying the chunk it cuts "
+                        "on every stage: 'measured' (the default: the decision's own time on this machine) or a "
+                        "fixed charge in ms (fixed and quadratic decisions then cost 0)")
     g.add_argument("--p2p-latency-ms", type=float, default=0.0)
     g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
     alias(p, "--chunked-prefill-size", "--chunk-size")
@@ -215,8 +314,15 @@ def run_ttft_cli(args) -> int:
         raise ValueError("give one cost source: --simulate PROFILE or --analytic MODEL, not both")
     if simulated and args.shared_prefix:
         raise ValueError("--shared-prefix is not simulated; drop it, or measure on a server with --base-url")
+    mix = not isinstance(args.input_lens, tuple)
+    if not simulated and (mix or args.request_rate != (math.inf,)):
+        raise ValueError(f"{'a length mixture in --input-len' if mix else '--request-rate'} is simulated only here: "
+                         "on a server, send a stream with `sglang-cpp bench serve --request-rate R --input-len MIX`")
+    if not args.burstiness > 0 or not math.isfinite(args.burstiness):
+        raise ValueError(f"--burstiness {args.burstiness}: give a finite number > 0 (1: Poisson)")
     if simulated:
-        BenchConfig(tuple(args.input_lens), args.num_requests, 0, args.max_concurrency)  # validates
+        BenchConfig((args.input_lens.hi,) if mix else tuple(args.input_lens), args.num_requests, 0,
+                    args.max_concurrency)  # validates
         records = simulate_ttft(args)
     else:
         cfg = BenchConfig(tuple(args.input_lens), args.num_requests, args.warmup, args.max_concurrency, args.seed,

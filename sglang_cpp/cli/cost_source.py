@@ -80,6 +80,16 @@ class CostSource:
                              "your config.json)")
         return PipelineCost(tuple(self._analytic_stages(pp_size)))  # one per stage (a stage: its roofline rows' maximum)
 
+    def measured_len(self) -> int | None:
+        """The furthest prompt position a profile's samples measured (max L + x); None when the source has no
+        samples (coefficients, the analytic model, a fitted profile), so nothing to be outside of."""
+        if self.kind != "profile":
+            return None
+        from ..core.profile_io import load_profile
+
+        samples = load_profile(self.profile)["samples"]
+        return int(max(s["L"] + s["x"] for s in samples)) if samples else None
+
     def overhead_ms(self) -> float:
         """--chunk-overhead-ms, or its default: the GPU preset's fixed per-chunk cost for an analytic model (a
         profile measured it already, coefficients carry none: 0)."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .equal_time import plan_equal_time
+from .load import Load, expected_behind
 from .equal_time_search import EqualCounts
 from .plan import ChunkPlan
 from .objective import PlanConfig, _check, _times, advance, fixed_candidates, fixed_split, make_plan, stage_times
@@ -43,6 +44,7 @@ class QueueView:
     inflight: tuple = ()
     waiting: tuple = ()
     ids: tuple = ()
+    load: Load | None = None  # the offered load (core/load.py): prompts expected behind the visible queue
 
     def __post_init__(self):
         inflight = tuple((int(L), int(x)) for L, x in self.inflight)
@@ -58,6 +60,8 @@ class QueueView:
         object.__setattr__(self, "inflight", inflight)
         object.__setattr__(self, "waiting", waiting)
         object.__setattr__(self, "ids", tuple(str(i) for i in self.ids))
+        if isinstance(self.load, dict):
+            object.__setattr__(self, "load", Load.from_dict(self.load))
 
     @property
     def queue_key(self) -> tuple:
@@ -66,14 +70,16 @@ class QueueView:
 
     @property
     def empty(self) -> bool:
-        return not self.inflight and not self.waiting
+        return not self.inflight and not self.waiting and not (self.load and self.load.known)
 
     def to_dict(self) -> dict:
-        return {"inflight": [list(c) for c in self.inflight], "waiting": [list(w) for w in self.waiting]}
+        d = {"inflight": [list(c) for c in self.inflight], "waiting": [list(w) for w in self.waiting]}
+        return {**d, "load": self.load.to_dict()} if self.load is not None else d
 
     @classmethod
     def from_dict(cls, d: dict) -> "QueueView":
-        return cls(tuple(map(tuple, d.get("inflight", ()))), tuple(map(tuple, d.get("waiting", ()))))
+        return cls(tuple(map(tuple, d.get("inflight", ()))), tuple(map(tuple, d.get("waiting", ()))),
+                   load=Load.from_dict(d["load"]) if d.get("load") is not None else None)
 
 
 def _times_of(chunks: list[list], starts: list[int], cost, P: int) -> np.ndarray:
@@ -137,18 +143,46 @@ def completions(cands: list[tuple[list, list[list]]], L0: int, view: QueueView, 
     return np.stack(out, axis=1)
 
 
+def _with_expected(view: QueueView, alone: list, L0: int, cost, cfg: PlanConfig) -> tuple[QueueView, list, float]:
+    """The view with the prompts its load expects (core/load.py) appended to the waiting queue, each prompt's
+    weight in the objective (1 for this one and every visible one, then the expected ones' weights), and the
+    horizon they were counted over: when the prompts in view would complete, this one cut as if alone and
+    those behind in chunks of the largest size (from the first chunk in flight)."""
+    n_seen = len(view.waiting)
+    weights = [1.0] * (1 + n_seen)
+    if view.load is None or not view.load.known or n_seen >= MAX_WAITING:
+        return view, weights, 0.0
+    behind = [fixed_split(n - p, min(cfg.hi, n - p)) for n, p in view.waiting]
+    horizon = float(completions([(alone, behind)], L0, view, cost, cfg.pp_size)[0, -1])
+    n = max(view.load.mean_len, 1)
+    big = np.asarray(fixed_split(n, min(cfg.hi, n)), float)  # a mean prompt at full throughput: its pacing time
+    service = math.fsum(np.max(stage_times(cost, np.concatenate([[0.0], np.cumsum(big)[:-1]]), big, cfg.pp_size),
+                               axis=0).tolist())  # fsum: exactly rounded, the same on every stage
+    extra = expected_behind(view.load, horizon, MAX_WAITING - n_seen, service)
+    if not extra:
+        return view, weights, horizon
+    waiting = view.waiting + ((n, 0),) * len(extra)
+    ids = view.ids + tuple(f"expected-{k}" for k in range(len(extra))) if view.ids else ()
+    return QueueView(view.inflight, waiting, ids, view.load), weights + extra, horizon
+
+
 def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, view: QueueView | None = None,
                   alone: ChunkPlan | None = None) -> ChunkPlan:
-    """The chunks for this prompt that minimise the mean completion of the prompts in `view` (this one and
-    those behind it), given the chunks in flight. `alone` is the single-prompt plan (the caller's planner;
+    """The chunks for this prompt that minimise the mean completion of the prompts in `view` (this one, those
+    behind it and, with a load estimate, the prompts expected to arrive: `_with_expected`), given the chunks
+    in flight. `alone` is the single-prompt plan (the caller's planner;
     equal-time when None); with nothing in view it is returned unchanged."""
     R = _check(prompt_len, prefix_len, cfg)
     if alone is None:
         alone = plan_equal_time(prompt_len, cost, cfg, prefix_len)
     if view is None or view.empty or len(alone.chunks) == 1:  # nothing in view, or nothing to choose
         return alone
-    view = QueueView(view.inflight, view.waiting[:MAX_WAITING], view.ids[:MAX_WAITING])
+    view = QueueView(view.inflight, view.waiting[:MAX_WAITING], view.ids[:MAX_WAITING], view.load)
     P, hi = cfg.pp_size, min(cfg.hi, R)
+    n_seen = len(view.waiting)
+    view, weights, horizon = _with_expected(view, list(alone.chunks), prefix_len, cost, cfg)
+    if not view.inflight and not view.waiting:  # a load that expects nobody within the horizon
+        return alone
     pace = lambda L, x: np.asarray(_times(cost, L, x), float)  # noqa: E731  the slowest stage
     t_lo = float(min(alone.pred_ms)) if alone.pred_ms else float(pace(prefix_len, cfg.lo))
     t_hi = float(pace(prefix_len + R - hi, hi))
@@ -174,14 +208,38 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
         behind_of[(n, p)] = [theirs.at_target(T) or fixed_split(Rb, cfg.hi) for T in pacing]
     cands = [(ch, [behind_of[w][i] for w in view.waiting]) for i, ch in enumerate(mine)]
     done = completions(cands, prefix_len, view, cost, P)
-    total = done.sum(axis=1)
+    total = np.zeros(done.shape[0])
+    for j, w in enumerate(weights):  # column by column: a fixed order of additions
+        total = total + done[:, j] * w
     best = int(np.argmin(total))  # ties: the earliest, the single-prompt plan first
     plan = make_plan(mine[best], prompt_len, prefix_len, cost, cfg, "plan:queue")
-    n_view = done.shape[1]
-    meta = {"inflight": len(view.inflight), "waiting": len(view.waiting),
+    n_view = sum(weights)
+    n_expected = len(weights) - 1 - n_seen
+    meta = {"inflight": len(view.inflight), "waiting": n_seen,
             "mean_completion_ms": round(float(total[best]) / n_view, 3),
             "alone_mean_completion_ms": round(float(total[0]) / n_view, 3)}
+    if view.load is not None:
+        meta["load"] = {**view.load.to_dict(), "horizon_ms": round(horizon, 3),
+                        "expected": round(sum(weights[1 + n_seen:]), 3), "expected_prompts": n_expected}
     return ChunkPlan(**{**plan.__dict__, "meta": {**plan.meta, "queue": meta}})
+
+
+def counted_behind(plan: ChunkPlan) -> int:
+    """How many prompts behind a queue-aware plan counted: those it saw waiting and those its load expected
+    (0 for a plan made alone)."""
+    q = (plan.meta or {}).get("queue") or {}
+    return int(q.get("waiting", 0)) + int((q.get("load") or {}).get("expected_prompts", 0))
+
+
+def needs_replan(planned: tuple, now: tuple, counted: int) -> bool:
+    """Whether a change of the waiting queue calls for a new plan of the running prompt. `planned`: the queue's
+    key when the plan was made; `now`: its key at this chunk boundary; `counted`: how many prompts behind the
+    plan counted (`counted_behind`). Arrivals at the end of the queue that the plan's load estimate already
+    expected change nothing it counted on, so they are no reason to pay for a decision; any other change
+    (a prompt gone, a re-sort, more arrivals than expected) is."""
+    if now == planned:
+        return False
+    return not (now[:len(planned)] == planned and len(now) <= counted)
 
 
 def mean_completion(chunks, prompt_len: int, prefix_len: int, view: QueueView, behind: list[list], cost,
@@ -195,4 +253,5 @@ def mean_completion(chunks, prompt_len: int, prefix_len: int, view: QueueView, b
     return float(done.mean()) if math.isfinite(float(done.sum())) else math.inf
 
 
-__all__ = ["QueueView", "plan_in_queue", "completions", "mean_completion", "MAX_WAITING"]
+__all__ = ["QueueView", "plan_in_queue", "completions", "mean_completion", "counted_behind", "needs_replan",
+           "MAX_WAITING"]

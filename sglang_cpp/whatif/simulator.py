@@ -71,7 +71,7 @@ class Event:
     request: int
     start: float  # ms
     end: float
-    kind: str  # compute | overhead | send | recv
+    kind: str  # compute | overhead | plan | send | recv
     L: int = 0
     x: int = 0
     blocking: bool = True  # False: an in-flight transfer that does not occupy the stage
@@ -83,7 +83,7 @@ class SimResult:
     makespan_ms: float
     ttfts_ms: tuple
     arrivals_ms: tuple
-    busy_ms: tuple  # per stage: per-chunk overhead + compute (what the planner's chunk times model)
+    busy_ms: tuple  # per stage: planning + per-chunk overhead + compute (the planner models the last two)
     comm_ms: tuple  # per stage: time blocked in sync sends / serial receives
     events: tuple = field(repr=False)
     config: SimConfig = field(default_factory=SimConfig)
@@ -206,7 +206,9 @@ def _times(model, L: np.ndarray, x: np.ndarray, stage: int) -> np.ndarray:
 
 # -- engine -----------------------------------------------------------------------------------
 def _run(jobs: list[tuple], staged: tuple[list, list], cfg: SimConfig, arrivals: list[float]) -> SimResult:
-    """jobs: (request, chunk index, L, x, release ms) in FIFO order; staged: (models, overheads) per stage."""
+    """jobs: (request, chunk index, L, x, release ms, planning ms) in FIFO order; staged: (models, overheads)
+    per stage. The planning time of a chunk (the decision that cut it) delays that chunk on every stage, as
+    every stage computes the same decision on its scheduler thread before it launches the chunk."""
     costs, over = staged
     P = len(costs)
     L = np.array([j[2] for j in jobs])
@@ -219,7 +221,7 @@ def _run(jobs: list[tuple], staged: tuple[list, list], cfg: SimConfig, arrivals:
     busy, comm = [0.0] * P, [0.0] * P
     ends: dict[int, float] = {}
     ev: list[Event] = []
-    for k, (r, c, Lk, xk, release) in enumerate(jobs):
+    for k, (r, c, Lk, xk, release, plan_ms) in enumerate(jobs):
         meta = {"chunk": c, "request": r, "L": int(Lk), "x": int(xk)}
         prev_end = 0.0
         for s in range(P):
@@ -240,6 +242,10 @@ def _run(jobs: list[tuple], staged: tuple[list, list], cfg: SimConfig, arrivals:
                 if not (sync or serial) and t1 > t0:  # in flight, occupies neither stage
                     ev.append(Event(s - 1, start=t0, end=t1, kind="send", blocking=False, **meta))
                 start = max(free[s], t1)
+            if plan_ms > 0:
+                ev.append(Event(s, start=start, end=start + plan_ms, kind="plan", **meta))
+                start += plan_ms
+                busy[s] += plan_ms
             o = O[s][k]
             if o > 0:
                 ev.append(Event(s, start=start, end=start + o, kind="overhead", **meta))
@@ -261,8 +267,10 @@ def simulate(plan, cost, pp_size: int | None = None, config: SimConfig | None = 
 
 
 def simulate_requests(requests, cost, pp_size: int | None = None, config: SimConfig | None = None, *,
-                      prefix_len: int | None = None) -> SimResult:
+                      prefix_len: int | None = None, planning_ms=None) -> SimResult:
     """FIFO over requests [(arrival_ms, plan), ...]: all chunks of one request before the next's.
+    `planning_ms`: per request, the planning time charged before each of its chunks (a "plan" event on
+    every stage); None charges none.
 
     TTFT here is prefill completion: last chunk leaves the last stage, minus arrival."""
     cfg = config if config is not None else SimConfig()
@@ -281,8 +289,12 @@ def simulate_requests(requests, cost, pp_size: int | None = None, config: SimCon
             raise ValueError(f"request {r}: arrival_ms={arrival!r} must be a finite number >= 0")
         chunks, L = _as_plan(plan, prefix_len)
         plan_pp = plan_pp or getattr(plan, "pp_size", None)
+        charge = [0.0] * len(chunks) if planning_ms is None else [float(d) for d in planning_ms[r]]
+        if len(charge) != len(chunks) or not all(math.isfinite(d) and d >= 0 for d in charge):
+            raise ValueError(f"request {r}: planning_ms {charge} must give one finite time >= 0 per chunk "
+                             f"({len(chunks)} chunks)")
         for c, xk in enumerate(chunks):
-            jobs.append((r, c, L, xk, float(arrival)))
+            jobs.append((r, c, L, xk, float(arrival), charge[c]))
             L += xk
         arrivals.append(float(arrival))
     jobs.sort(key=lambda j: (j[4], j[0], j[1]))  # FIFO by arrival, stable in request order

@@ -18,13 +18,14 @@ from .serving_sim import Request
 
 @dataclass(frozen=True)
 class LengthMix:
-    """A mixture of uniform ranges: ((weight, lo, hi), ...), parsed from '0.9:200-2k,0.1:8k-16k'."""
+    """A mixture of uniform ranges: ((weight, lo, hi), ...), parsed from '0.9:200-2k,0.1:8k-16k'. Weights
+    are given for every part, summing to 1, or for none (equal parts)."""
 
     parts: tuple
 
     @classmethod
     def parse(cls, text: str, flag: str = "--input-len") -> "LengthMix":
-        parts = []
+        parts, given = [], []
         for item in str(text).split(","):
             w, _, rng = item.strip().rpartition(":")
             lo, _, hi = rng.partition("-")
@@ -33,9 +34,28 @@ class LengthMix:
                 parts.append((float(w) if w else 1.0, lo_i, parse_len(hi) if hi else lo_i))
             except (ValueError, TypeError):
                 raise ValueError(f"{flag} {text!r}: give [WEIGHT:]LO[-HI],..., e.g. 0.9:200-2k,0.1:8k-16k") from None
-        if not parts or any(w <= 0 or lo < 1 or hi < lo for w, lo, hi in parts):
+            given.append(bool(w))
+        if not parts or any(not w > 0 or lo < 1 or hi < lo for w, lo, hi in parts):
             raise ValueError(f"{flag} {text!r}: weights must be > 0 and 1 <= LO <= HI")
+        if any(given) and not all(given):
+            raise ValueError(f"{flag} {text!r}: give a weight to every part or to none (equal parts)")
+        total = sum(w for w, _, _ in parts)
+        if all(given) and abs(total - 1.0) > 1e-6:
+            raise ValueError(f"{flag} {text!r}: the mixture's weights sum to {total:g}, not 1; make them sum to 1 "
+                             "or leave them out (equal parts)")
         return cls(tuple(parts))
+
+    @property
+    def is_single(self) -> bool:
+        """One length, no range: '128k'."""
+        return len(self.parts) == 1 and self.parts[0][1] == self.parts[0][2]
+
+    @property
+    def hi(self) -> int:
+        return max(p[2] for p in self.parts)
+
+    def __str__(self) -> str:
+        return ",".join(f"{w:g}:{lo}-{hi}" if lo != hi else f"{w:g}:{lo}" for w, lo, hi in self.parts)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         w = np.array([p[0] for p in self.parts])

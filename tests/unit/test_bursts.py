@@ -9,6 +9,7 @@ import numpy as np
 from sglang_cpp.cli import main as cli_main
 from sglang_cpp.core.costmodel import CostModel, with_overheads
 from sglang_cpp.core.planner import PlanConfig, plan_equal_time
+from sglang_cpp.core.queue_plan import QueueView
 
 COEFFS = "20,0,0.05,0,2e-6,1e-6"  # c0,g,b,d,e,f: FlashAttention-shaped, 20 ms a chunk
 COST = CostModel(c0=20, b=0.05, e=2e-6, f=1e-6)
@@ -18,7 +19,8 @@ def _run(tmp_path, n: int, policies: str, extra=()) -> dict:
     out = tmp_path / f"b{n}.jsonl"
     rc = cli_main(["bench", "ttft", "--coeffs", COEFFS, "--pp-size", "4", "--input-len", "65536", "--num-requests",
                    str(n), "--max-concurrency", str(n), "--chunked-prefill-size", "16384", "--max-prefill-tokens",
-                   "16384", "--chunk-overhead-ms", "5", "--policy", policies, "--output-jsonl", str(out), *extra])
+                   "16384", "--chunk-overhead-ms", "5", "--policy", policies, "--output-jsonl", str(out), "--planning-ms", "0",
+                   *extra])
     assert rc in (0, None)
     return {r["chunk_plan"]["policy"]: r for r in map(json.loads, out.read_text().splitlines())}
 
@@ -67,13 +69,26 @@ def test_a_burst_of_one_runs_todays_plan(tmp_path):
     assert recs["plan"]["mean_ttft_ms"] == recs["plan-alone"]["mean_ttft_ms"]
 
 
-def test_a_closed_loop_replans_the_running_prompt_when_the_next_one_arrives(tmp_path):
-    """Concurrency 2 over 4 prompts: prompt 2 arrives when prompt 0 finishes, while prompt 1 is mid-prompt,
-    so prompt 1's remaining chunks are planned again at its next boundary (`replanned_at`)."""
+def test_a_closed_loop_replans_the_running_prompt_when_an_arrival_exceeds_what_its_plan_counted(tmp_path):
+    """Concurrency 2 over 4 prompts: prompt 2 arrives when prompt 0 finishes, while prompt 1 is mid-prompt.
+    A plan that counted nobody behind prompt 1 (a planner that sees only the queue) plans prompt 1's remaining
+    chunks again at its next boundary (`replans`); the served plan, whose load estimate (two arrivals so
+    far) counted one prompt behind prompt 1, expected that arrival and keeps its chunks."""
+    from sglang_cpp.core.queue_plan import plan_in_queue
+    from sglang_cpp.whatif.stream import StreamPolicy, plan_stream
+
+    charged, cfg = with_overheads(COST, 5.0, 4), PlanConfig.from_server(pp_size=4, chunk_size=16384,
+                                                                      max_prefill_tokens=16384)
+    seen_only = StreamPolicy("plan", lambda m, p, v: plan_in_queue(m, charged, cfg, p, QueueView(
+        v.inflight, v.waiting, v.ids)).chunks, queue_aware=True)
+    run = plan_stream([65536] * 4, seen_only, charged, 4, max_concurrency=2)
+    assert run.replans[0] == () and run.replans[1] and all(0 < p < 65536 for p in run.replans[1])
+    assert run.counted[1] == 0
     out = tmp_path / "c.jsonl"
     assert cli_main(["bench", "ttft", "--coeffs", COEFFS, "--pp-size", "4", "--input-len", "65536", "--num-requests",
                      "4", "--max-concurrency", "2", "--chunked-prefill-size", "16384", "--chunk-overhead-ms", "5",
-                     "--policy", "plan:16k", "--output-jsonl", str(out)]) in (0, None)
+                     "--policy", "plan:16k", "--output-jsonl", str(out), "--planning-ms", "0"]) in (0, None)
     (rec,) = [json.loads(x) for x in out.read_text().splitlines()]
-    again = rec["chunk_plan"]["replanned_at"]
-    assert again[0] == [] and again[1] and all(0 < p < 65536 for p in again[1])
+    load = rec["chunk_plan"]["load"][1]  # both sent at t = 0, read when prompt 1 starts (prompt 0 left stage 0)
+    assert (load["n"], load["mean_len"]) == (2, 65536) and load["span_ms"] > 0
+    assert rec["chunk_plan"]["counted_behind"][1] == 1 and rec["chunk_plan"]["replanned_at"][1] == []
