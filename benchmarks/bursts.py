@@ -7,6 +7,9 @@ TP4 stage on H20 (roofline). Policies side by side, through `sglang-cpp bench tt
 (the same code path): fixed chunks, upstream's dynamic chunking (DCK) over 18 settings, the per-prompt plan
 (`plan-alone`, SGLANG_CPP_QUEUE_AWARE=0) and the queue-aware plan (`plan`, the default).
 
+No planning time is charged here (`--planning-ms 0`: the plans' own times are the line at the end;
+benchmarks/stream.py charges every decision 20 ms). Raw records: results/bursts.jsonl, one line per row.
+
 Targets (issue 44 item 4): at every burst size the queue-aware plan's input throughput is at least the best
 fixed chunk's minus 1%, its mean TTFT at most the best DCK setting's; at burst 1 it runs today's plan. Every
 figure is SIMULATED. Also the planning time of every queue-aware plan made in the 16-prompt bursts (p50,
@@ -48,7 +51,7 @@ SOURCES = {
 def run(source: list, overhead: float, burst: int, policies: str, out: Path) -> list[dict]:
     argv = ["bench", "ttft", *source, "--pp-size", "8", "--input-len", str(LEN), "--num-prompts", str(burst),
             "--max-concurrency", str(burst), "--chunked-prefill-size", str(PLAN_C), "--max-prefill-tokens", "16384",
-            "--chunk-overhead-ms", str(overhead), "--policy", policies, "--output-file", str(out)]
+            "--chunk-overhead-ms", str(overhead), "--policy", policies, "--output-file", str(out), "--planning-ms", "0"]
     out.unlink(missing_ok=True)
     import contextlib
     import io
@@ -81,7 +84,7 @@ def main() -> int:
 
     policy.plan_for, queue_plan.plan_in_queue = timed(times, orig_plan), timed(parts, orig_queue)
     policies = ",".join([f"fixed:{c}" for c in FIXED] + [f"plan-alone:{PLAN_C}", f"plan:{PLAN_C}"])
-    rows, checks, tmp = [], [], Path(tempfile.mkdtemp())
+    rows, checks, raw, tmp = [], [], [], Path(tempfile.mkdtemp())
     for name, src in SOURCES.items():
         for o in OVERHEADS:
             for n in BURSTS:
@@ -102,6 +105,9 @@ def main() -> int:
                 same = plan["chunk_plan"]["chunks_per_request"] == alone["chunk_plan"]["chunks_per_request"]
                 ok = tput >= 0.99 and ttft <= 1.0 and (n > 1 or same)
                 checks.append(ok)
+                raw.append({"stage": name, "chunk_overhead_ms": o, "burst": n, "policies": {
+                    k: {m: v[m] for m in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "input_throughput")}
+                    for k, v in by.items()}, "plan_chunks": plan["chunk_plan"]["chunks_per_request"], "met": ok})
                 k_plan = [len(c) for c in plan["chunk_plan"]["chunks_per_request"]]
                 rows.append(f"| {name.split(':')[0]} | {o:g} | {n} | {fixed[bf]['input_throughput']:.0f} ({bf.split('C=')[1]}) | "
                             f"{quad[bqt]['input_throughput']:.0f} | {alone['input_throughput']:.0f} | "
@@ -126,12 +132,16 @@ def main() -> int:
              "plan / best DCK | plan chunks | targets |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|", *rows, "",
              f"Targets met in {sum(checks)} of {len(checks)} rows.", "",
-             f"Planning time of the {t.size} queue-aware plans made with something in view (chunks in flight or "
-             f"prompts waiting, up to 15 behind), on this machine: the whole plan (the single-prompt plan, then "
+             f"Planning time of the {t.size} queue-aware plans made with something in view (chunks in flight, "
+             f"prompts waiting or expected), pooled over every queue depth from 0 to 15 waiting (not at 15 alone; "
+             f"benchmarks/plan_speed.py gives it per depth), on this machine: the whole plan (the single-prompt plan, then "
              f"the search over the queue) p50 {np.percentile(t, 50):.1f} ms, p99 {np.percentile(t, 99):.1f} ms, max "
              f"{t.max():.1f} ms; the search alone p50 {np.percentile(q, 50):.1f} ms, p99 {np.percentile(q, 99):.1f} "
              f"ms, max {q.max():.1f} ms." if t.size else "No queue-aware plan timed."]
     Path(args.results).write_text("\n".join(lines) + "\n")
+    with open(Path(args.results).with_suffix(".jsonl"), "w") as fh:
+        fh.write(json.dumps({"provenance": provenance_lines(cmd)}) + "\n")
+        fh.writelines(json.dumps(r) + "\n" for r in raw)
     print("\n".join(lines[-3:]))
     print(f"wrote {args.results}")
     return 0 if all(checks) else 1

@@ -254,7 +254,8 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
                    help="chunk policy, or several side by side: NAME[:CHUNK],... with NAME plan, quadratic "
                         "(upstream dynamic chunking) or fixed, e.g. fixed:6k,fixed:18k,quadratic:18k,plan:18k")
     g.add_argument("--sigma", type=parse_sigma, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
-    g.add_argument("--max-prefill-tokens", type=int, default=16384)
+    g.add_argument("--max-prefill-tokens", type=parse_len, default=16384,
+                   help="SGLang's --max-prefill-tokens: with --chunked-prefill-size, the prefill-buffer ceiling (16k = 16384)")
     g.add_argument("--trace", metavar="PATH",
                    help="Perfetto/Chrome trace of each simulated run, every prompt's chunks tagged r<request>c<chunk> "
                         "({policy}, {chunk} and {input_len} in PATH are filled in)")

@@ -234,12 +234,14 @@ def counted_behind(plan: ChunkPlan) -> int:
 def needs_replan(planned: tuple, now: tuple, counted: int) -> bool:
     """Whether a change of the waiting queue calls for a new plan of the running prompt. `planned`: the queue's
     key when the plan was made; `now`: its key at this chunk boundary; `counted`: how many prompts behind the
-    plan counted (`counted_behind`). Arrivals at the end of the queue that the plan's load estimate already
-    expected change nothing it counted on, so they are no reason to pay for a decision; any other change
-    (a prompt gone, a re-sort, more arrivals than expected) is."""
-    if now == planned:
+    plan counted (`counted_behind`). An arrival does, unless the plan's load estimate already expected it:
+    every prompt seen behind since the plan was made is within the count. A departure or a re-sort changes
+    no prompt the plan did not count, so it does not (with no load, `counted` is the visible queue and every
+    arrival replans). A key listed twice when planned counts once (its duplicate is no room for an arrival)."""
+    seen = set(planned)
+    if all(k in seen for k in now):
         return False
-    return not (now[:len(planned)] == planned and len(now) <= counted)
+    return len(seen | set(now)) > counted - (len(planned) - len(seen))
 
 
 def mean_completion(chunks, prompt_len: int, prefix_len: int, view: QueueView, behind: list[list], cost,

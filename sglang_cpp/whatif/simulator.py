@@ -207,8 +207,9 @@ def _times(model, L: np.ndarray, x: np.ndarray, stage: int) -> np.ndarray:
 # -- engine -----------------------------------------------------------------------------------
 def _run(jobs: list[tuple], staged: tuple[list, list], cfg: SimConfig, arrivals: list[float]) -> SimResult:
     """jobs: (request, chunk index, L, x, release ms, planning ms) in FIFO order; staged: (models, overheads)
-    per stage. The planning time of a chunk (the decision that cut it) delays that chunk on every stage, as
-    every stage computes the same decision on its scheduler thread before it launches the chunk."""
+    per stage. The planning time of a chunk (the decision that cut it) occupies every stage from when it is
+    free and the request has arrived: every stage computes the same decision on its scheduler thread before
+    it launches the chunk, while it may still wait for the chunk's activations."""
     costs, over = staged
     P = len(costs)
     L = np.array([j[2] for j in jobs])
@@ -225,6 +226,11 @@ def _run(jobs: list[tuple], staged: tuple[list, list], cfg: SimConfig, arrivals:
         meta = {"chunk": c, "request": r, "L": int(Lk), "x": int(xk)}
         prev_end = 0.0
         for s in range(P):
+            if plan_ms > 0:
+                p0 = max(free[s], release)
+                ev.append(Event(s, start=p0, end=p0 + plan_ms, kind="plan", **meta))
+                free[s] = p0 + plan_ms
+                busy[s] += plan_ms
             if s == 0:
                 start = max(free[0], release)
             else:
@@ -242,10 +248,6 @@ def _run(jobs: list[tuple], staged: tuple[list, list], cfg: SimConfig, arrivals:
                 if not (sync or serial) and t1 > t0:  # in flight, occupies neither stage
                     ev.append(Event(s - 1, start=t0, end=t1, kind="send", blocking=False, **meta))
                 start = max(free[s], t1)
-            if plan_ms > 0:
-                ev.append(Event(s, start=start, end=start + plan_ms, kind="plan", **meta))
-                start += plan_ms
-                busy[s] += plan_ms
             o = O[s][k]
             if o > 0:
                 ev.append(Event(s, start=start, end=start + o, kind="overhead", **meta))

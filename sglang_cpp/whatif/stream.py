@@ -12,8 +12,10 @@ with its P2P settings (`simulator.simulate_requests`).
 Arrivals: a burst (all at t = 0), a closed loop (`max_concurrency`: the next prompt goes out when one
 finished) or a stream (`arrivals_ms`, e.g. Poisson, bench_serving's --request-rate), the last two together
 as bench_serving runs them (a prompt goes out at its arrival or when a slot frees, whichever is later).
-Each decision's planning time delays the chunk it cuts on every stage (`planning_ms`: measured as the
-policy runs, or a fixed charge per planner decision), so a slow planner shows.
+Each decision's planning time occupies every stage before the chunk it cuts (`planning_ms`: measured as the
+policy runs, or a fixed charge per planner decision): a stage plans once it is free and the prompt is known
+(SGLang relays the requests to every stage before the activations), so the time delays a stage's next chunk
+where the stage was not waiting for that chunk's activations anyway, and a slow planner shows.
 
 In flight, as the plugin sees it: the chunks among the last P-1 issued whose last stage is still busy when
 the next chunk starts on stage 0 (SGLang's other micro-batch slots). Pure numpy.
@@ -114,10 +116,11 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
                 if counted0 is None:
                     load0, counted0 = (load.to_dict() if load is not None else None), counted
             x = todo.pop(0)
-            t = np.asarray(stage_times(cost, float(L), float(x), P), float) + d  # overheads included
+            t = np.asarray(stage_times(cost, float(L), float(x), P), float)  # overheads included
             end = s0
-            for s in range(P):
-                end = max(F[s], end) + t[s]
+            for s in range(P):  # each stage plans once it is free and the prompt is known, then runs the chunk
+                ready = max(F[s], arrivals[i]) + d if d > 0 else F[s]
+                end = max(ready, end) + t[s]
                 F[s] = end
             recent = (recent + [(L, x, float(end))])[-(P - 1):] if P > 1 else []
             L += x

@@ -18,7 +18,7 @@ from ...core.hysteresis import Incumbents
 from ...core.plan import ChunkPlan
 from ...core.planner import DP_MAX_UNITS, PlanConfig, prefill_buffer_tokens
 from ...core.planner import plan as plan_single
-from ...core.queue_plan import QueueView, plan_in_queue
+from ...core.queue_plan import QueueView, counted_behind, needs_replan, plan_in_queue
 from ...core.upstream import UpstreamPredictor, check_sigma
 from ..decision_log import DecisionLog
 
@@ -159,16 +159,17 @@ class CppChunkSizer:
     # -- planning ----------------------------------------------------------------------------
     def plan_for(self, rid: str, prompt_len: int, prefix_len: int) -> ChunkPlan:
         """The plan this request runs: made at its first chunk, from the chunks in flight and the prompts
-        waiting behind it (queue-aware), and made again for its remaining chunks at a chunk boundary where the
-        waiting prompts changed (an arrival, a departure). Every stage sees the same view at the same loop
-        index, so every stage replans alike."""
+        waiting behind it (queue-aware), and made again for its remaining chunks at a chunk boundary where a
+        prompt arrived that the plan did not count (a departure or a re-sort does not replan). Every stage sees
+        the same view at the same loop index, so every stage replans alike."""
         if self._align_source is not None:
             self._settle_align()
         view = self._view(rid) if self.cfg.queue_aware else None
         plan = self._plans.get(rid)
+        # mid-prompt, a prompt arrived that the plan did not count (core/queue_plan.needs_replan)
         replan = (plan is not None and view is not None and plan.prompt_len == prompt_len
                   and plan.next_chunk(prefix_len) is not None
-                  and not set(view.queue_key) <= set(self._waiting.get(rid, ())))  # an arrival, not a re-sort
+                  and needs_replan(self._waiting.get(rid, ()), view.queue_key, counted_behind(plan)))
         if plan is None or plan.prompt_len != prompt_len or plan.next_chunk(prefix_len) is None or replan:
             old = plan
             plan = self._alone(rid, prompt_len, prefix_len, mid=replan)
