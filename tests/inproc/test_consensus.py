@@ -2,8 +2,10 @@
 travel to every rank, first-chunk limits keep SGLang's deductions, GPU forwards are event-timed."""
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -41,9 +43,18 @@ def test_the_old_overhead_name_still_counts(monkeypatch):
         envs.CHUNK_OVERHEAD_MS.get()
 
 
-def test_identical_ranks_agree():
-    g = {"env": snap(), "config": {"chunk_size": 1024}, "error": ""}
-    consensus.check_agreement([g, dict(g), dict(g)])
+def test_identical_ranks_agree_and_one_value_changed_anywhere_is_named():
+    """Three ranks with equal (not shared) settings pass; then each value of each section, changed on the last
+    rank alone, fails naming that value: the check compares every entry it is given, not a sample of them."""
+    g = {"env": snap(SGLANG_CPP_CHUNK_OVERHEAD_MS="5"), "planner": consensus.planner_inputs(),
+         "config": {"chunk_size": 1024, "page_size": 1}, "error": ""}
+    assert consensus.check_agreement([g, copy.deepcopy(g), copy.deepcopy(g)]) is None
+    for section in ("env", "planner", "config"):
+        for key in g[section]:
+            other = copy.deepcopy(g)
+            other[section][key] = f"{other[section][key]}-changed"
+            with pytest.raises(ValueError, match=f"{re.escape(key)} differs between ranks.*world rank 2"):
+                consensus.check_agreement([g, copy.deepcopy(g), other])
 
 
 def test_an_env_set_on_one_node_only_fails_naming_it():

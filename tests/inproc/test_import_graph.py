@@ -164,10 +164,10 @@ def test_no_module_loads_a_name_it_neither_defines_nor_imports():
         bad.unlink()
 
 
-def test_the_unit_tests_import_neither_torch_nor_sglang():
-    """tests/unit runs where numpy does: importing its modules (and the shared conftest) in a fresh interpreter
-    loads neither torch nor SGLang. Running `pytest tests/unit` alone checks what the tests import at run time
-    too (tests/unit/conftest.py); a unit test file that imports torch is caught here, in the full suite."""
+def test_loading_the_unit_test_modules_imports_neither_torch_nor_sglang():
+    """tests/unit runs where numpy does: loading its modules (and the shared tests/conftest.py) in a fresh
+    interpreter imports neither torch nor SGLang. This checks what the modules import when loaded, not what a
+    test imports inside its body when it runs; a unit test file that imports torch at its top is caught here."""
     import subprocess
     import sys
 

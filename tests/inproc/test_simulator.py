@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -350,13 +352,25 @@ def _strict(text: str):
 
 def test_every_json_output_is_strict_json(capsys):
     """Issue 47 item 5: `simulate --json` printed a bare Infinity (the default unbounded P2P bandwidth); every
-    --json output is strict JSON now, an unbounded or undefined figure as null."""
+    --json output is strict JSON now, an unbounded or undefined figure as null: simulate, plan, simulate-serve and
+    bench ttft's records here, the tune commands in tests/unit/test_flags.py."""
     rc, out = _cli(["--input-len", "8k", "--pp-size", "2", "--coeffs", "0,0,0.01,0,0,0", "--json"], capsys)
     assert rc == 0
     doc = _strict(out.out)
     assert doc["config"]["p2p_bandwidth_gbps"] is None and doc["ttft_ms"] > 0
     assert cli_main(["plan", "--input-len", "8k", "--pp-size", "2", "--coeffs", "0,0,0.01,0,0,0", "--json"]) == 0
     assert _strict(capsys.readouterr().out)["chunks"]
+    # simulate-serve --json, with the default unbounded P2P bandwidth and an unbounded KV pool
+    assert cli_main(["simulate-serve", "--coeffs", "1,0,0.01,0,2e-6,1e-6", "--pp-size", "2", "--num-prompts", "8",
+                     "--request-rate", "4", "--input-len", "200-2k", "--output-len", "8-16", "--json"]) == 0
+    assert _strict(capsys.readouterr().out)
+    # bench ttft --simulate --output-file: one strict line per run, a burst (request rate inf) and a stream
+    out = Path(tempfile.mkdtemp()) / "b.jsonl"
+    assert cli_main(["bench", "ttft", "--coeffs", "1,0,0.01,0,2e-6,1e-6", "--pp-size", "2", "--input-len", "8k",
+                     "--num-prompts", "3", "--max-concurrency", "3", "--request-rate", "inf,2", "--planning-ms", "0",
+                     "--policy", "fixed:2k,plan:4k", "--output-file", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 4 and all(_strict(x)["completed"] == 3 for x in lines)
 
 
 @pytest.mark.parametrize("cmd", [["plan"], ["simulate"], ["bench", "ttft", "--num-requests", "1"]])
@@ -429,9 +443,10 @@ def test_every_command_that_prices_chunks_reads_one_cost_source_with_the_datacla
     assert (got.model_flag, got.tp_size, got.dtype) == ("--analytic", 2, "auto")
 
 
-def test_the_cost_source_carries_the_overhead_and_simulate_serve_prices_none():
+def test_the_cost_source_carries_the_overhead_and_its_bare_stage_costs_leave_it_out():
     """--chunk-overhead-ms (or the preset's) rides on the source's cost, on top of what a served profile
-    carries; per-stage models (simulate-serve, which prices its own --batch-overhead-ms) leave it out."""
+    carries; the bare per-stage models (`stage_costs(overhead=False)`, what simulate-serve prices beside its own
+    --batch-overhead-ms; simulate-serve itself is not run here) leave it out."""
     from sglang_cpp.cli.cost_source import CostSource
     from sglang_cpp.core.costmodel import add_overhead, with_overheads
     from sglang_cpp.whatif.analytic import DEVICES

@@ -79,11 +79,22 @@ def test_a_closed_loop_replans_the_running_prompt_when_an_arrival_exceeds_what_i
 
     charged, cfg = with_overheads(COST, 5.0, 4), PlanConfig.from_server(pp_size=4, chunk_size=16384,
                                                                       max_prefill_tokens=16384)
-    seen_only = StreamPolicy("plan", lambda m, p, v: plan_in_queue(m, charged, cfg, p, QueueView(
-        v.inflight, v.waiting, v.ids)).chunks, queue_aware=True)
-    run = plan_stream([65536] * 4, seen_only, charged, 4, max_concurrency=2)
+    made = []  # (prefix, chunks) of every decision, in order
+
+    def seen(m, p, v):
+        chunks = list(plan_in_queue(m, charged, cfg, p, QueueView(v.inflight, v.waiting, v.ids)).chunks)
+        made.append((p, chunks))
+        return chunks
+
+    run = plan_stream([65536] * 4, StreamPolicy("plan", seen, queue_aware=True), charged, 4, max_concurrency=2)
     assert run.replans[0] == () and run.replans[1] and all(0 < p < 65536 for p in run.replans[1])
     assert run.counted[1] == 0
+    at, first = run.replans[1][0], made[1][1]  # prompt 1's first decision (prompt 0 made one, never replanned)
+    starts, ran = [sum(first[:k]) for k in range(len(first))], list(run.chunks[1])
+    ran_starts = [sum(ran[:k]) for k in range(len(ran))]
+    assert at in starts and at in ran_starts  # a replan happens at a boundary of the plan in force
+    assert ran[:ran_starts.index(at)] == first[:starts.index(at)]  # up to it: the first plan's chunks
+    assert ran[ran_starts.index(at):] != first[starts.index(at):]  # from it: the remaining chunks changed
     out = tmp_path / "c.jsonl"
     assert cli_main(["bench", "ttft", "--coeffs", COEFFS, "--pp-size", "4", "--input-len", "65536", "--num-requests",
                      "4", "--max-concurrency", "2", "--chunked-prefill-size", "16384", "--chunk-overhead-ms", "5",

@@ -4,6 +4,7 @@ spellings parse into the same arguments for one release, hidden from --help."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
@@ -144,13 +145,34 @@ def test_a_chunk_size_sglang_would_refuse_for_its_page_size_is_refused_naming_bo
     assert sum(chunks) == 32768 and all(c % 100 == 0 for c in chunks[:-1])  # only the prompt's last chunk is a rest
 
 
-def test_every_tune_command_writes_json_on_request():
-    """Issue 47 item 5: `--json OUT.json` on every tune command (fit, chunk, partition, analytic, layout, sweep);
-    each command's own test reads what it wrote."""
+TUNE_JSON = {  # each offline tune command, as README runs it, small; sweep needs a server (its option is checked)
+    "fit": ["examples/profiles/h200-llama3-8b-2layers.profile.json"],
+    "chunk": ["examples/profiles/h200-llama3-8b-2layers.profile.json", "--pp-size", "4", "--input-len", "32k"],
+    "partition": ["--analytic", "llama3-8b", "--gpu", "H100", "--pp-size", "2"],
+    "analytic": ["--analytic", "qwen3-235b-a22b-fp8", "--gpu", "H20", "--tp-size", "4", "--measured", "1,128k,55.5",
+                 "--pp-size", "8", "--input-len", "128k"],
+    "layout": ["--analytic", "llama3-8b", "--gpu", "H100", "--gpus", "8", "--input-len", "32k"],
+}
+
+
+def test_every_tune_command_writes_json_on_request(tmp_path, monkeypatch, capsys):
+    """Issue 47 item 5: `--json OUT.json` on every tune command (fit, chunk, partition, analytic, layout, sweep):
+    each offline one is run here and writes strict JSON (an object) at that path; sweep, which needs a server,
+    takes the same path option."""
+    from pathlib import Path
+
+    from sglang_cpp.cli import main as cli_main
     from sglang_cpp.cli.tune import COMMANDS
 
+    root = Path(__file__).resolve().parents[2]
     tune = _parser("tune")._subparsers._group_actions[0].choices
-    assert set(tune) == set(COMMANDS)
-    missing = [name for name, sp in tune.items() if "--json" not in sp._option_string_actions]
-    assert not missing, missing
+    assert set(tune) == set(COMMANDS) == set(TUNE_JSON) | {"sweep"}
     assert all(tune[n]._option_string_actions["--json"].nargs is None for n in tune)  # a path, not a switch
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path / "cache"))  # tune chunk's tuned file
+    for name, argv in TUNE_JSON.items():
+        out = tmp_path / f"{name}.json"
+        argv = [str(root / a) if a.startswith("examples/") else a for a in argv]
+        assert cli_main(["tune", name, *argv, "--json", str(out)]) == 0, capsys.readouterr().err[-2000:]
+        doc = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"tune {name} wrote {c}"))
+        assert isinstance(doc, dict) and doc, name

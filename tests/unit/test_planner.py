@@ -126,10 +126,11 @@ def test_a_new_overhead_replaces_the_one_a_cost_carries():
 
 
 def test_a_bad_per_chunk_overhead_is_named():
-    """The overhead rides on the cost (PipelineCost.overheads): a negative one, or one per stage that is not,
-    is refused naming it."""
-    with pytest.raises(ValueError, match=r"per-chunk overhead ms=-1.0 must be a finite number >= 0"):
-        with_overheads(GPU, -1.0, 2)
+    """The overhead rides on the cost (PipelineCost.overheads): a negative, NaN or infinite one, or one per
+    stage that is not, is refused naming it."""
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=rf"per-chunk overhead ms={bad!r} must be a finite number >= 0"):
+            with_overheads(GPU, bad, 2)
     with pytest.raises(ValueError, match="3 chunk overheads for 2 stages"):
         PipelineCost((GPU, GPU), (1.0, 2.0, 3.0))
 

@@ -102,13 +102,23 @@ def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):
     ("layout", ["--model-path", "llama3-8b", "--gpus", "8"]),
     ("partition", ["--model-path", "llama3-8b", "--pp-size", "2"]),
 ])
-def test_the_gpu_is_required_where_the_answer_depends_on_it(cmd, argv, capsys):
+def test_the_gpu_is_required_where_the_answer_depends_on_it(cmd, argv, capsys, tmp_path):
     """Issue 47 item 1: `tune layout` and `tune partition` on an analytic model assumed an H100 when --gpu was
-    left out; now one line, exit 2, listing the presets. A profile (partition) needs no --gpu."""
+    left out; now one line, exit 2, listing the presets. A profile (partition) needs no --gpu: it was measured
+    on its own device."""
     assert cli_main(["tune", cmd, *argv]) == 2
     err = capsys.readouterr().err
     assert f"sglang-cpp tune {cmd}: error: an analytic model needs --gpu: one of " in err  # every command's line
     assert "B200" in err and "H20" in err and "MI300X" in err and len(err.strip().splitlines()) == 1
+    if cmd == "partition":
+        from sglang_cpp.core.profile_io import save_profile
+
+        prof = tmp_path / "layers.json"
+        save_profile(prof, samples=[{"L": 0, "x": x, "ms": 1.0, "layer_ms": [0.1 * x / 512] * 6, "embed_ms": 0.05,
+                                     "head_ms": 0.3 * x / 512} for x in (512, 2048)], meta={"num_hidden_layers": 6})
+        assert cli_main(["tune", "partition", "--profile", str(prof), "--pp-size", "2"]) == 0
+        out = capsys.readouterr()
+        assert "SGLANG_PP_LAYER_PARTITION=" in out.out and "--gpu" not in out.err
 
 
 def test_differences_inside_the_models_error_are_ties_not_a_best_or_a_crossover():
