@@ -5,7 +5,8 @@ Why: the CPU server at PP2 can only show ties; planning gains live at PP >= 4, w
 Here every chunk is priced by a t(L, x) fitted on CUDA-event timings of one TP rank's share of 2 layers (the
 measured stage, torch only: cuBLAS / grouped GEMMs and FlashAttention; no SGLang, no P2P), every PP stage the
 same stage, plus a per-chunk overhead the kernels cannot see (--chunk-overhead-ms, the analytic presets' 2 ms).
-Pure simulation: host-independent. Writes results/<folder>/measured_stages.md.
+Pure simulation: host-independent (no planning time charged, `--planning-ms 0`: one prompt's one decision;
+results/stream.md charges it). Writes results/<folder>/measured_stages.md.
 Usage: python benchmarks/measured_stages.py [--folder results/gpu-h200] [--pp-size 4,8] [--input-len 128k]
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ def side_by_side(profile: Path, pp: int, input_len: str, overhead: float) -> tup
     """(the command, the table rows `bench ttft` printed under 'SIMULATED side by side')."""
     cmd = ["sglang-cpp", "bench", "ttft", "--simulate", str(profile.relative_to(ROOT)), "--pp-size", str(pp),
            "--input-len", input_len, "--num-prompts", "1", "--chunk-overhead-ms", f"{overhead:g}",
-           "--policy", POLICIES]
+           "--planning-ms", "0", "--policy", POLICIES]
     out = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", *cmd[1:]], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.splitlines()
     start = next(i for i, line in enumerate(out) if line.startswith("SIMULATED side by side"))
