@@ -139,14 +139,14 @@ def span(vals) -> str:
 
 
 def main(argv=None) -> int:
+    global PLANNING_MS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default="results/stream.md")
     ap.add_argument("--quick", action="store_true", help="one seed, the measured stage at PP8 and 20 ms only")
     ap.add_argument("--planning-ms", type=float, default=PLANNING_MS,
                     help="the planning time charged per planner decision (0: what the plan would give for free)")
     args = ap.parse_args(argv)
-    global PLANNING_MS
-    PLANNING_MS = args.planning_ms
+    PLANNING_MS = args.planning_ms  # bench() reads it
     raw_path = Path(args.results).with_suffix(".jsonl")
     seeds = SEEDS[:1] if args.quick else SEEDS
     configs = [(k, pp, o) for k in SOURCES for pp in PPS for o in OVERHEADS]
