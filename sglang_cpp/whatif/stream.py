@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.load import estimate_load
+from ..core.load import WINDOW, estimate_load
 from ..core.objective import stage_times
 from ..core.queue_plan import MAX_WAITING, QueueView, counted_behind, needs_replan
 from .simulator import SimConfig, SimResult, simulate_requests
@@ -91,18 +91,21 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
     arrivals: list[float | None] = [release[i] if i < C else None for i in range(N)]
     F = np.zeros(P)  # per stage, when it is free again
     recent: list[tuple[int, int, float]] = []  # (prefix, chunk, last-stage end) of the last P-1 chunks issued
-    out, replans, charged, loads, counts = [], [], [], [], []
+    chunks, replans, charged, loads, counts = [], [], [], [], []
+    k = 0  # prompts 0..k-1 have arrived: sent times are non-decreasing in index and s0 never goes back
     for i, n in enumerate(lens):
-        L, todo, key, again, mine, load0, counted, counted0 = 0, [], None, [], [], None, 0, None
+        L, todo, key, again, mine, load0, counted, counted0, ran = 0, [], None, [], [], None, 0, None, []
         while L < n:
             s0 = max(F[0], arrivals[i])
-            arrived = [j for j in range(N) if arrivals[j] is not None and arrivals[j] <= s0]
-            behind = [j for j in arrived if j > i][:MAX_WAITING]
+            while k < N and arrivals[k] is not None and arrivals[k] <= s0:
+                k += 1
+            behind = list(range(i + 1, min(k, i + 1 + MAX_WAITING)))
             d = 0.0
             if not todo or (policy.queue_aware and needs_replan(key, tuple(behind), counted)):
                 if todo:
                     again.append(L)
-                load = estimate_load([(arrivals[j], lens[j]) for j in arrived], s0) if policy.queue_aware else None
+                load = estimate_load([(arrivals[j], lens[j]) for j in range(max(0, k - WINDOW), k)], s0) \
+                    if policy.queue_aware else None
                 view = QueueView(tuple((p, x) for p, x, end in recent if end > s0),
                                  tuple((lens[j], 0) for j in behind), tuple(str(j) for j in behind), load)
                 t0 = time.perf_counter()
@@ -124,15 +127,15 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
                 F[s] = end
             recent = (recent + [(L, x, float(end))])[-(P - 1):] if P > 1 else []
             L += x
-            out.append((i, x))
+            ran.append(x)
             mine.append(d)
+        chunks.append(ran)
         replans.append(tuple(again))
         charged.append(tuple(mine))
         loads.append(load0)
         counts.append(counted0)
         if i + C < N:  # a slot frees: the next request goes out now, or at its arrival if later
             arrivals[i + C] = max(release[i + C], float(F[-1]))
-    chunks = [[x for r, x in out if r == i] for i in range(N)]
     sim = simulate_requests([(a, ch) for a, ch in zip(arrivals, chunks)], cost, P, config or SimConfig(),
                             planning_ms=charged)
     return StreamResult(tuple(map(tuple, chunks)), tuple(arrivals), tuple(replans), tuple(charged), tuple(loads),
