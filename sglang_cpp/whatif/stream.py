@@ -92,6 +92,7 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
     F = np.zeros(P)  # per stage, when it is free again
     recent: list[tuple[int, int, float]] = []  # (prefix, chunk, last-stage end) of the last P-1 chunks issued
     chunks, replans, charged, loads, counts = [], [], [], [], []
+    done: list[float] = []  # per prompt planned so far, when its last chunk left the last stage
     k = 0  # prompts 0..k-1 have arrived: sent times are non-decreasing in index and s0 never goes back
     for i, n in enumerate(lens):
         L, todo, key, again, mine, load0, counted, counted0, ran = 0, [], None, [], [], None, 0, None, []
@@ -104,8 +105,11 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
             if not todo or (policy.queue_aware and needs_replan(key, tuple(behind), counted)):
                 if todo:
                     again.append(L)
-                load = estimate_load([(arrivals[j], lens[j]) for j in range(max(0, k - WINDOW), k)], s0) \
-                    if policy.queue_aware else None
+                # arrival j found prefill work ahead of it unless prompt j - 1 (FIFO: the last before it) had
+                # left the pipe by then; prompt i and those after it are not done
+                seen = range(max(0, k - WINDOW), k)
+                load = estimate_load([(arrivals[j], lens[j], j >= 1 and (j > len(done) or done[j - 1] > arrivals[j]))
+                                      for j in seen], s0) if policy.queue_aware else None
                 view = QueueView(tuple((p, x) for p, x, end in recent if end > s0),
                                  tuple((lens[j], 0) for j in behind), tuple(str(j) for j in behind), load)
                 t0 = time.perf_counter()
@@ -130,6 +134,7 @@ def plan_stream(prompt_lens, policy: StreamPolicy, cost, pp_size: int, *, max_co
             ran.append(x)
             mine.append(d)
         chunks.append(ran)
+        done.append(float(F[-1]))
         replans.append(tuple(again))
         charged.append(tuple(mine))
         loads.append(load0)

@@ -10,7 +10,7 @@ import pytest
 
 from sglang_cpp.cli import main as cli_main
 from sglang_cpp.core.costmodel import CostModel, with_overheads
-from sglang_cpp.core.load import Load, estimate_load, expected_behind
+from sglang_cpp.core.load import ArrivalClock, Load, estimate_load, expected_behind
 from sglang_cpp.core.planner import PlanConfig, plan_equal_time
 from sglang_cpp.core.queue_plan import QueueView, counted_behind, needs_replan, plan_in_queue
 from sglang_cpp.whatif.stream import StreamPolicy, plan_stream, poisson_arrivals
@@ -21,18 +21,19 @@ COEFFS = "20,0,0.05,0,2e-6,1e-6"
 
 # -- the estimate ----------------------------------------------------------------------------------
 def test_the_rate_is_the_arrivals_over_the_span_to_now_never_over_less_than_the_horizon():
-    load = estimate_load([(0.0, 100), (1000.0, 200), (3000.0, 301), (5000.0, 9)], now_ms=4000.0)
-    assert load == Load(n=3, span_ms=4000.0, mean_len=200)  # the arrival after now is not seen; 601 // 3
+    load = estimate_load([(0.0, 100, False), (1000.0, 200, True), (3000.0, 301, False), (5000.0, 9, True)],
+                         now_ms=4000.0)
+    assert load == Load(n=3, span_ms=4000.0, mean_len=200, busy=1)  # the arrival after now is not seen; 601 // 3
     assert load.rate_per_ms(100.0) == 2 / 4000
     assert load.rate_per_ms(8000.0) == 2 / 8000  # a span shorter than the horizon reads over the horizon
-    burst = estimate_load([(0.0, 64)] * 5, now_ms=0.0)
+    burst = estimate_load([(0.0, 64, True)] * 5, now_ms=0.0)
     assert burst.span_ms == 0.0 and burst.rate_per_ms(500.0) == 4 / 500  # a burst is never an infinite rate
-    assert estimate_load([(0.0, 64)], 10.0) == Load() and not Load().known
-    assert estimate_load([(float(t), 10) for t in range(40)], 39.0).n == 16  # the window
+    assert estimate_load([(0.0, 64, True)], 10.0) == Load() and not Load().known
+    assert estimate_load([(float(t), 10, t % 2 == 0) for t in range(40)], 39.0) == Load(16, 15.0, 10, 8)  # window
 
 
-def test_the_expected_prompts_are_the_queues_fixed_point_capped_by_the_window_and_the_room():
-    load = Load(n=5, span_ms=4000.0, mean_len=100)  # rate 1 per 1000 ms
+def test_the_expected_prompts_are_the_queues_fixed_point_capped_by_the_window_the_busy_arrivals_and_the_room():
+    load = Load(n=5, span_ms=4000.0, mean_len=100, busy=5)  # rate 1 per 1000 ms
     # H = 2000, S = 500: m = 0.001 * 2000 / (1 - 0.5) = 4.0
     assert expected_behind(load, 2000.0, room=16, service_ms=500.0) == [1.0, 1.0, 1.0, 1.0]
     # S = 0: m = 2.0; the last weight is fractional when m is
@@ -40,7 +41,30 @@ def test_the_expected_prompts_are_the_queues_fixed_point_capped_by_the_window_an
     assert expected_behind(load, 2500.0, room=16) == [1.0, 1.0, 0.5]
     assert expected_behind(load, 2000.0, room=1, service_ms=500.0) == [1.0]  # the room in the view
     assert expected_behind(load, 2000.0, room=16, service_ms=1000.0) == [1.0] * 4  # saturated: n - 1 = 4
+    # only 2 of the 5 arrivals found prefill work ahead of them: at most 2 expected; none found any: none
+    assert expected_behind(Load(5, 4000.0, 100, busy=2), 2000.0, room=16, service_ms=500.0) == [1.0, 1.0]
+    assert expected_behind(Load(5, 4000.0, 100, busy=0), 2000.0, room=16, service_ms=500.0) == []
     assert expected_behind(Load(), 2000.0, room=16) == [] and expected_behind(None, 1.0, 16) == []
+
+
+def test_the_servers_clock_is_the_newest_stamp_plus_the_chunks_issued_since():
+    """core/load.ArrivalClock, what every PP stage feeds alike: `now` = newest relayed stamp + the predicted ms
+    of the chunks decided since, so a prompt planned long after the last arrival reads a lower rate."""
+    clock = ArrivalClock(window=3)
+    clock.issue(50.0)  # before any arrival: no clock to advance
+    assert clock.now_ms == 0.0 and clock.load() == Load()
+    clock.arrive(1000.0, 100, False)
+    clock.arrive(1500.0, 300, True)
+    assert clock.now_ms == 1500.0 and clock.load() == Load(2, 500.0, 200, 1)
+    clock.issue(400.0)
+    clock.issue(None)
+    clock.issue(-3.0)
+    clock.issue(100.0)
+    assert clock.now_ms == 2000.0 and clock.load() == Load(2, 1000.0, 200, 1)
+    clock.arrive(1700.0, 500, True)  # an arrival stamped before now: the stamp is the clock, issued restarts
+    assert clock.now_ms == 1700.0 and clock.load() == Load(3, 700.0, 300, 2)
+    clock.arrive(1600.0, 1, True)  # a stamp that went back is read as the newest one (one clock never does)
+    assert clock.recent[-1] == (1700.0, 1, True) and clock.load() == Load(3, 200.0, 267, 3)  # the window is 3
 
 
 def test_a_bad_load_is_named():
@@ -58,7 +82,7 @@ def test_a_prompt_in_an_empty_pipe_runs_todays_plan_whatever_the_load_when_none_
     for load in (None, Load(), Load(n=1, span_ms=0.0, mean_len=5)):
         assert plan_in_queue(131072, CHARGED, CFG, 0, QueueView(load=load), alone=alone).chunks == alone.chunks
     # a known load, but its rate expects nobody within the horizon (one arrival a day)
-    quiet = Load(n=2, span_ms=86.4e6, mean_len=131072)
+    quiet = Load(n=2, span_ms=86.4e6, mean_len=131072, busy=1)
     assert plan_in_queue(131072, CHARGED, CFG, 0, QueueView(load=quiet), alone=alone).chunks == alone.chunks
 
 
@@ -66,7 +90,7 @@ def test_the_expected_prompts_stand_behind_the_visible_queue_and_cut_fewer_bigge
     """Nothing waits, but the load expects prompts: the plan is the one it makes with that many prompts of the
     window's mean length waiting (weights 1), and so cuts fewer chunks than the single-prompt plan."""
     alone = plan_equal_time(131072, CHARGED, CFG)
-    busy = Load(n=9, span_ms=1.0, mean_len=131072)  # 8 arrivals within any horizon: capped at n - 1 = 8
+    busy = Load(n=9, span_ms=1.0, mean_len=131072, busy=9)  # 8 arrivals within any horizon: capped at n - 1 = 8
     got = plan_in_queue(131072, CHARGED, CFG, 0, QueueView(load=busy), alone=alone)
     same = plan_in_queue(131072, CHARGED, CFG, 0, QueueView(waiting=((131072, 0),) * 8), alone=alone)
     assert got.chunks == same.chunks and len(got.chunks) < len(alone.chunks)
@@ -125,6 +149,27 @@ def test_arrivals_and_the_planning_charge_are_what_the_double_loop_gives(plannin
         assert run.sim.ttfts_ms == pytest.approx(got)
         plans = [e for e in run.sim.events if e.kind == "plan"]
         assert len(plans) == (P * len(lens) if planner and planning_ms else 0)
+
+
+def test_each_arrival_knows_whether_prefill_work_was_ahead_of_it_so_a_closed_loop_counts_nobody():
+    """The load a queue-aware policy sees: an arrival found prefill work ahead of it iff the prompt before it
+    (FIFO) had not left the last stage yet. Prompt 1 arrives while prompt 0 runs, prompt 2 long after both
+    finished. A closed loop (one at a time) finds the pipe empty every time: its estimates know the rate, yet
+    count no prompt behind (busy 0), so every prompt runs the plan it would run alone."""
+    pol = StreamPolicy("q", lambda m, p, v: [4096] * ((m - p) // 4096) + ([(m - p) % 4096] if (m - p) % 4096 else []),
+                       queue_aware=True)
+    run = plan_stream([8192, 8192, 8192], pol, COST, 2, arrivals_ms=[0.0, 1.0, 1e7])
+    assert run.sim.ttfts_ms[0] > 1.0 and run.arrivals_ms[2] > run.arrivals_ms[1] + run.sim.ttfts_ms[1]
+    # each prompt's first decision: prompt 0 alone (no estimate), 1 found 0 running, 2 found the pipe empty
+    assert [(ld["n"], ld["busy"]) for ld in run.loads] == [(0, 0), (2, 1), (3, 1)]
+    closed = plan_stream([8192] * 6, pol, COST, 2, max_concurrency=1)
+    assert [(ld["n"], ld["busy"]) for ld in closed.loads] == [(0, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0)]
+    alone = plan_equal_time(131072, CHARGED, CFG)
+    planner = StreamPolicy("plan", lambda m, p, v: plan_in_queue(m, CHARGED, CFG, p, v, alone=alone),
+                           queue_aware=True)
+    loop = plan_stream([131072] * 4, planner, CHARGED, 8, max_concurrency=1)
+    assert loop.chunks == (alone.chunks,) * 4 and loop.counted == (0, 0, 0, 0)
+    assert loop.loads[-1]["n"] == 4 and loop.loads[-1]["busy"] == 0
 
 
 def test_a_measured_planning_charge_is_the_decisions_own_time():
