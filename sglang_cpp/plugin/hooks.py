@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .pd import ring as pd_ring
 from . import state
-from .serving import steps
+from .serving import arrivals, steps
 from .serving.admission import (  # noqa: F401 (hooks)
     PrefillAdder_add_chunked_req,
     PrefillAdder_add_one_req,
@@ -60,12 +60,15 @@ def SchedulerRequestReceiver__pull_raw_reqs(original, self, *args, **kwargs):
             upd = online.take_update()
             if upd is not None:
                 out.append(upd)
+    if not state.PP_RANK and isinstance(out, list) and out and arrivals.stamping():
+        arrivals.stamp(out)  # PP0's leader pulled these from the tokenizer: their arrival stamp (arrivals.py)
     return out
 
 
 def Scheduler_process_input_requests(original, self, recv_reqs, *args, **kwargs):
-    """AROUND: a refined cost model that came with these requests is applied before they are processed,
-    on every rank alike; SGLang never sees it. The list itself, which later stages receive, keeps it."""
+    """AROUND: a refined cost model that came with these requests is applied, and their arrival stamps feed
+    the load estimate, before they are processed, on every rank alike; SGLang never sees either. The list
+    itself, which later stages receive, keeps both."""
     from .serving.online import ModelUpdate, apply
 
     if recv_reqs and any(isinstance(r, ModelUpdate) for r in recv_reqs):
@@ -73,6 +76,10 @@ def Scheduler_process_input_requests(original, self, recv_reqs, *args, **kwargs)
             if isinstance(r, ModelUpdate) and state.ACTIVE is not None:
                 apply(r, state.ACTIVE, state.BATCH, state.LOG)
         recv_reqs = [r for r in recv_reqs if not isinstance(r, ModelUpdate)]
+    if recv_reqs:
+        sizer = state.ACTIVE
+        pp_size = int(getattr(getattr(sizer, "cfg", None), "pp_size", 1) or 1)
+        recv_reqs = arrivals.take(self, recv_reqs, getattr(sizer, "arrivals", None), pp_size, state.LOG)
     return original(self, recv_reqs, *args, **kwargs)
 
 

@@ -93,6 +93,13 @@ INTERNALS = (
     "sglang.srt.layers.dp_attention.get_is_extend_in_batch",
     "sglang.srt.layers.dp_attention.set_is_extend_in_batch",
     "sglang.srt.managers.schedule_batch.Req",
+    # serving/arrivals.py: the arrival stamp rides as an empty BatchTokenizedGenerateReqInput (a work request in
+    # request_receiver.py:310-337's split, relayed by scheduler_pp_mixin.py:139-147), the prompts it counts
+    "sglang.srt.managers.io_struct.BatchTokenizedGenerateReqInput",
+    "sglang.srt.managers.io_struct.BatchTokenizedEmbeddingReqInput",
+    "sglang.srt.managers.io_struct.TokenizedGenerateReqInput",
+    "sglang.srt.managers.io_struct.TokenizedEmbeddingReqInput",
+    "sglang.srt.managers.utils.is_health_check_generate_req",
     "sglang.srt.managers.scheduler.Scheduler",  # startup._settled_align: its truncation-alignment setters
     "sglang.srt.managers.scheduler_components.dp_attn.prepare_mlp_sync_batch_raw",
     "sglang.srt.managers.schedule_batch.ScheduleBatch",

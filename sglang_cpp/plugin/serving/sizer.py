@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from ... import envs
 from ...core.hysteresis import Incumbents
+from ...core.load import ArrivalClock
 from ...core.plan import ChunkPlan
 from ...core.planner import DP_MAX_UNITS, PlanConfig, prefill_buffer_tokens
 from ...core.planner import plan as plan_single
@@ -113,7 +114,8 @@ class CppChunkSizer:
     def __init__(self, cfg: SizerConfig, *, cost=None, upstream: Optional[UpstreamPredictor] = None,
                  current_req: Callable[[], Optional[tuple]] = lambda: None, log: DecisionLog | None = None,
                  max_plans: int = 4096, calibrated_len: int = 0, align_source: Callable[[], int] | None = None,
-                 queue_view: Callable[[str], Optional[QueueView]] = lambda rid: None):
+                 queue_view: Callable[[str], Optional[QueueView]] = lambda rid: None,
+                 arrivals: ArrivalClock | None = None):
         if cfg.policy == "plan" and cost is None:
             raise ValueError("plan policy needs a cost model")
         if cfg.policy == "quadratic" and upstream is None:
@@ -132,6 +134,9 @@ class CppChunkSizer:
         self.measured = None  # per stage, the chunk-size regimes its refits measured: a plan moves only into them
         self.calibrated_len = calibrated_len  # longest L+x the cost model measured (0: unknown)
         self._align_source = align_source  # read once, at the first plan (see _settle_align)
+        # the offered load (core/load.py): fed the relayed arrival stamps (arrivals.py), advanced per decided chunk
+        self.arrivals = arrivals if cfg.policy == "plan" and cfg.queue_aware else None
+        self._loads: dict[str, dict] = {}  # rid -> the load estimate its plan in force was made with
 
     def _settle_align(self) -> None:
         """SGLang sets the scheduler's truncation alignment (deterministic inference's split tiles, DSA's
@@ -176,17 +181,24 @@ class CppChunkSizer:
             if view is not None and not view.empty:
                 plan = self._in_queue(rid, plan, view, old if replan else None)
             self._waiting[rid] = view.queue_key if view is not None else ()
+            if view is not None and view.load is not None:
+                self._loads[rid] = plan.meta.get("queue", {}).get("load") or view.load.to_dict()
             self._plans[rid] = plan
             self._plans.move_to_end(rid)
             while len(self._plans) > self._max_plans:
-                self._waiting.pop(self._plans.popitem(last=False)[0], None)
+                gone = self._plans.popitem(last=False)[0]
+                self._waiting.pop(gone, None)
+                self._loads.pop(gone, None)
         return plan
 
     def _view(self, rid: str) -> Optional[QueueView]:
         """The queue view, or None (plan alone) with one WARNING when reading it failed: the scheduler never
         stops on the planner's account, and every rank reads the same state, so every rank falls back alike."""
         try:
-            return self.queue_view(rid)
+            view = self.queue_view(rid)
+            if view is not None and self.arrivals is not None:
+                view = replace(view, load=self.arrivals.load())
+            return view
         except Exception as exc:  # noqa: BLE001
             logger.warning("[sglang-cpp] PP%d rid=%s planned alone: reading the queue failed (%s: %s)",
                            self.cfg.pp_rank, rid, type(exc).__name__, exc)
@@ -227,7 +239,7 @@ class CppChunkSizer:
                        chunks=list(plan.chunks), replan=old is not None, inflight=[list(c) for c in view.inflight],
                        waiting=[list(w) for w in view.waiting], alone_chunks=len(alone.chunks),
                        mean_completion_ms=q.get("mean_completion_ms"),
-                       alone_mean_completion_ms=q.get("alone_mean_completion_ms"),
+                       alone_mean_completion_ms=q.get("alone_mean_completion_ms"), load=q.get("load"),
                        **({"replaced": list(old.chunks[old.index_of(plan.prefix_len):])} if old is not None else {}))
         return plan
 
@@ -243,11 +255,16 @@ class CppChunkSizer:
             chunk = plan.next_chunk(prefix_len)
             pred = plan.pred_ms[plan.index_of(prefix_len)]
             size = chunk
+            if self.arrivals is not None:
+                self.arrivals.issue(pred)  # the shared clock moves by what this chunk is predicted to take
+            load = self._loads.get(rid)
             if prefix_len + chunk >= prompt_len:
                 self._plans.pop(rid, None)
                 self._waiting.pop(rid, None)
+                self._loads.pop(rid, None)
         self.log.write("decision", rid=rid, prefix=prefix_len, chunk=chunk, prompt_len=prompt_len,
-                       predicted_ms=pred, policy=self.cfg.policy, first=first)
+                       predicted_ms=pred, policy=self.cfg.policy, first=first,
+                       **({"load": load} if self.cfg.policy == "plan" and load is not None else {}))
         return size
 
     # -- the DynamicChunkSizer interface ------------------------------------------------------------

@@ -10,6 +10,7 @@ from dataclasses import asdict, replace
 
 from ... import envs
 from ...core.costmodel import ChunkOverhead
+from ...core.load import ArrivalClock
 from ...machine import cpu_dtype_warning
 from ..pd import kv as pd_kv
 from .. import state
@@ -157,7 +158,8 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
         state.LOG.write("startup_forwards", **STARTUP_FORWARDS, ceiling=cfg.ceiling)  # calibration, probe, coverage
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=state.LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self),
-                          queue_view=lambda rid: _queue_view(self, rid, int(par.pp_size)))
+                          queue_view=lambda rid: _queue_view(self, rid, int(par.pp_size)),
+                          arrivals=ArrivalClock())  # kept only by a queue-aware plan policy
     self.dynamic_chunk_sizer = sizer
     state.ACTIVE = sizer
     if state.BATCH is not None:
