@@ -9,8 +9,6 @@ import sys
 from types import SimpleNamespace
 
 
-
-
 def _req(rid: str, n: int):
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 
@@ -20,18 +18,25 @@ def _req(rid: str, n: int):
                                      token_ids_logprob=None, stream=False)
 
 
-def test_a_pull_with_prompts_gets_one_stamp_naming_each_prompts_length_and_nothing_else_does():
-    from sglang.srt.managers.io_struct import AbortReq, BatchTokenizedGenerateReqInput
+def test_each_run_of_pulled_prompts_gets_a_stamp_right_after_it_naming_each_prompts_length():
+    """A stamp follows each run of items that brought prompts, so whatever SGLang holds back from a point of
+    the list (a pause defers the rest) holds back the stamp with its prompts; health checks are no prompts."""
+    from sglang.srt.managers.io_struct import AbortReq, BatchTokenizedGenerateReqInput, PauseGenerationReqInput
 
     from sglang_cpp.plugin.serving import arrivals
 
-    pulled = [_req("a", 7), AbortReq(rid="x"), _req("HEALTH_CHECK_1", 1),
-              BatchTokenizedGenerateReqInput(batch=[_req("b", 3), _req("c", 5)])]
+    a, abort, hc = _req("a", 7), AbortReq(rid="x"), _req("HEALTH_CHECK_1", 1)
+    bt, pause, c = BatchTokenizedGenerateReqInput(batch=[_req("b", 3), _req("c", 5)]), PauseGenerationReqInput(), \
+        _req("d", 11)
+    pulled = [a, abort, hc, bt, pause, c]
     arrivals.stamp(pulled)
-    assert len(pulled) == 5
-    s = pulled[-1]
-    assert type(s).__name__ == "ArrivalStamp" and isinstance(s, BatchTokenizedGenerateReqInput)
-    assert s.lens == (7, 3, 5) and s.t_ms > 0 and list(s) == []  # an empty batch for SGLang
+    kinds = [type(r).__name__ for r in pulled]
+    assert kinds == ["TokenizedGenerateReqInput", "ArrivalStamp", "AbortReq", "TokenizedGenerateReqInput",
+                     "BatchTokenizedGenerateReqInput", "ArrivalStamp", "PauseGenerationReqInput",
+                     "TokenizedGenerateReqInput", "ArrivalStamp"]
+    s1, s2, s3 = (r for r in pulled if type(r).__name__ == "ArrivalStamp")
+    assert (s1.lens, s2.lens, s3.lens) == ((7,), (3, 5), (11,)) and s1.t_ms == s2.t_ms == s3.t_ms > 0
+    assert isinstance(s1, BatchTokenizedGenerateReqInput) and list(s1) == []  # an empty batch for SGLang
     quiet = [AbortReq(rid="y"), _req("HEALTH_CHECK_2", 1)]
     arrivals.stamp(quiet)
     assert len(quiet) == 2  # no prompt came: no stamp
@@ -85,9 +90,31 @@ def test_every_rank_takes_the_stamps_out_and_feeds_its_clock_with_what_was_ahead
         c = ArrivalClock()
         arrivals.take(sched, [S(batch=[], t_ms=5.0, lens=(4,))], c, 2)
         assert c.recent == [(5.0, 4, True)]
+    # PD prefill: a prompt still bootstrapping (prefill.py:203); without PP, the prefill batch that just ran
+    ext = SimpleNamespace(is_extend_without_speculative=lambda: True)
+    ran = SimpleNamespace(reqs=[SimpleNamespace(origin_input_ids=[0] * 900)], prefix_lens=[0], extend_lens=[512],
+                          forward_mode=ext)
+    for sched, pp, want in ((SimpleNamespace(waiting_queue=[], chunked_req=None,
+                                             disagg_prefill_bootstrap_queue=SimpleNamespace(queue=[a])), 2, True),
+                            (SimpleNamespace(waiting_queue=[], chunked_req=None, last_batch=ran), 1, True),
+                            (SimpleNamespace(waiting_queue=[], chunked_req=None, last_batch=None), 1, False)):
+        assert arrivals.prefill_ahead(sched, pp) is want
     clock.issue(250.0)
     assert clock.load() == Load(n=2, span_ms=250.0, mean_len=20, busy=1)
     # a rank that plans no load still hides the stamp from SGLang; a list without one is passed as it is
     assert arrivals.take(idle, [S(batch=[], t_ms=1.0, lens=(1,)), a], None, 2) == [a]
     plain = [a, b]
     assert arrivals.take(idle, plain, clock, 2) is plain
+
+
+def test_a_scheduler_state_the_estimate_cannot_read_counts_as_nothing_ahead_with_one_warning(caplog):
+    """The load estimate never stops a scheduler: a state it cannot read (here a prefill batch without a
+    forward mode's predicates) is nothing ahead, named once; every rank reads the same state alike."""
+    from sglang_cpp.plugin.serving import arrivals
+
+    odd = SimpleNamespace(waiting_queue=[], chunked_req=None,
+                          last_batch=SimpleNamespace(reqs=[1], forward_mode=object()))
+    with caplog.at_level("WARNING", logger="sglang_cpp"):
+        assert arrivals.prefill_ahead(odd, 1) is False
+        assert arrivals.prefill_ahead(odd, 1) is False
+    assert len([r for r in caplog.records if "load estimate" in r.getMessage()]) == 1

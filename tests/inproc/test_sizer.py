@@ -374,3 +374,42 @@ def test_a_sizer_with_the_queue_off_plans_every_prompt_alone():
     s = CppChunkSizer(cfg(queue_aware=False), cost=COST, queue_view=lambda rid: calls.append(rid))
     assert tuple(walk(s, "r", 150000, 0)) == plan_equal_time(150000, COST, cfg().plan_config()).chunks
     assert calls == []
+
+
+def test_a_sizer_plans_on_its_arrival_clock_and_advances_it_once_per_chunk_it_decides(tmp_path):
+    """Issue 54 item 3, the sizer's half: the view it plans on carries its ArrivalClock's estimate; the plan
+    is the queue-aware plan with that load; the clock moves by each decided chunk's predicted ms once (a
+    retried admission of the same chunk does not move it again); every decision record carries the load the
+    plan in force was made with, and the finished plan does too (what the response's meta_info reports)."""
+    from sglang_cpp.core.load import ArrivalClock, Load
+    from sglang_cpp.core.queue_plan import QueueView, plan_in_queue
+
+    fa, big = CostModel.fa(a=1e-6, b=0.05, c0=20.0), dict(pp_size=4)
+    n = 65536
+    clock = ArrivalClock()
+    for t, busy in ((0.0, False), (10.0, True), (20.0, True), (30.0, True)):
+        clock.arrive(t, n, busy)
+    log = DecisionLog(0, str(tmp_path / "d.jsonl"))
+    s = CppChunkSizer(cfg(**big), cost=fa, log=log, queue_view=lambda rid: QueueView(), arrivals=clock)
+    load = clock.load()
+    assert load == Load(4, 30.0, n, 3)
+    want = plan_in_queue(n, fa, cfg(**big).plan_config(), 0, QueueView(load=load),
+                         alone=plan_equal_time(n, fa, cfg(**big).plan_config()))
+    assert want.meta["queue"]["load"]["expected_prompts"] >= 1  # the load changes this plan
+    first = s.decide("a", n, 0, first=True)
+    again = s.decide("a", n, 0, first=True)  # SGLang refused the admission and tries it again
+    assert first == again == want.chunks[0]
+    assert clock.now_ms == 30.0 + want.pred_ms[0]
+    s.current_req = lambda: ("a", n)
+    L = first
+    while L < n:
+        L += s.predict(L)
+    assert clock.now_ms == pytest.approx(30.0 + sum(want.pred_ms))
+    recs = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    decisions = [r for r in recs if r["event"] == "decision"]
+    assert [r["chunk"] for r in decisions[1:]] == list(want.chunks)
+    assert all(r["load"] == want.meta["queue"]["load"] for r in decisions)
+    assert log.finished["a"]["load"] == want.meta["queue"]["load"]
+    # the queue off: no clock is kept, no load planned or logged
+    off = CppChunkSizer(cfg(queue_aware=False, **big), cost=fa, arrivals=ArrivalClock())
+    assert off.arrivals is None

@@ -49,10 +49,35 @@ def plan_run(smollm2, tmp_path_factory):
                             "--warmup", "0", "--output-jsonl", str(d / "ttft.jsonl")])
         queued = _arrivals_mid_prompt(srv.base_url, d / "dec_0.jsonl")
         aborted = _abort_mid_prompt(srv.base_url, d / "dec_0.jsonl")
+        stream = _stream_then_burst(srv.base_url, smollm2, d)
         log = srv.log()
     calib = sorted((d / "cache" / "calibration").glob("*.json"))
     return {"dir": d, "chat": chat, "log": log, "calib": calib, "cached": cached,
-            "profile": (rc, prof), "ttft": (ttft_rc, d / "ttft.jsonl"), "queued": queued, "aborted": aborted}
+            "profile": (rc, prof), "ttft": (ttft_rc, d / "ttft.jsonl"), "queued": queued, "aborted": aborted,
+            "stream": stream}
+
+
+# bench_serving drops a custom-dataset prompt over 2048 tokens or with an output under 2 (its sharegpt filter)
+STREAM = ("--num-prompts", "5", "--request-rate", "4", "--input-len", "1:1000-1800", "--output-len", "2-3",
+          "--seed", "3")
+BURST_LENS = (2000, 1800, 1600)
+
+
+def _stream_then_burst(url: str, model: str, d) -> dict:
+    """Issue 54 item 3: Poisson arrivals through `bench serve` (bench_serving's --request-rate), then a burst
+    of BURST_LENS sent at once through our client, whose responses carry each prompt's plan meta."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sglang_cpp.bench.client import random_ids
+
+    rc = cli_main(["bench", "serve", "--base-url", url, "--model-path", model, *STREAM, "--label", "stream",
+                   "--out-dir", str(d / "serve")])
+    rec = json.loads((d / "serve" / "bench_serving-stream.jsonl").read_text().strip().splitlines()[-1])
+    with ThreadPoolExecutor(len(BURST_LENS)) as pool:
+        futs = [pool.submit(generate, url, input_ids=random_ids(n, 5200 + i), timeout=TIMEOUT)
+                for i, n in enumerate(BURST_LENS)]
+        burst = [f.result() for f in futs]
+    return {"rc": rc, "rec": rec, "burst": burst}
 
 
 QUEUE_LENS = (6000, 3000, 3000)  # a long prompt, then two multi-chunk ones sent once its first chunk is decided
@@ -234,6 +259,56 @@ def test_arrivals_replan_the_running_prompt_alike_on_both_stages(plan_run):
     assert p2["inflight"] and p2["waiting"] == [[QUEUE_LENS[2], 0]] and sum(p2["chunks"]) == QUEUE_LENS[1] - p2["prefix"]
     for r in res:
         assert len(r.output_ids) == 1
+
+
+def _load_fields(load: dict) -> dict:
+    return {k: load[k] for k in ("n", "span_ms", "mean_len", "busy")}
+
+
+def test_a_poisson_stream_is_planned_with_one_load_estimate_on_both_stages(plan_run):
+    """Issue 54 item 3: PP0's leader stamps each pull that brought prompts, and every stage takes the stamps
+    from the relayed requests (plugin/serving/arrivals.py). Through a Poisson stream from `bench serve` and a
+    burst: both stages log the same arrivals, decisions and queue plans; replaying a stage's log through
+    core/load.ArrivalClock (each arrival fed in, each decided chunk's predicted ms issued) gives the load every
+    prompt's first decision logged, on both stages; each burst response's plan meta carries the load its plan
+    was made with; and the burst's later prompts found prefill work ahead of them (their estimate counts
+    them busy)."""
+    from sglang_cpp.core.load import ArrivalClock
+
+    d, st = plan_run["dir"], plan_run["stream"]
+    assert st["rc"] == 0 and st["rec"]["completed"] == int(STREAM[1])
+    logs = []
+    for rank in (0, 1):
+        lines = (json.loads(x) for x in (d / f"dec_{rank}.jsonl").read_text().splitlines() if x.strip())
+        ev = [{k: v for k, v in e.items() if k not in ("t", "pp_rank")} for e in lines
+              if e["event"] in ("arrival", "decision", "queue_plan")]
+        logs.append(ev)
+    assert logs[0] == logs[1], "PP stages saw different arrivals or made different decisions"
+    arrivals = [e for e in logs[0] if e["event"] == "arrival"]
+    # every prompt the fixture sent is an arrival, the stream's and the burst's among them
+    assert len(arrivals) >= int(STREAM[1]) + len(BURST_LENS)
+    assert sorted(a["prompt_len"] for a in arrivals[-len(BURST_LENS):]) == sorted(r.meta["prompt_tokens"]
+                                                                                  for r in st["burst"])
+    clock, issued, checked = ArrivalClock(), {}, 0
+    for e in logs[0]:
+        if e["event"] == "arrival":
+            clock.arrive(e["t_ms"], e["prompt_len"], e["busy"])
+        elif e["event"] == "decision":
+            if e["rid"] not in issued and "load" in e:
+                assert _load_fields(e["load"]) == clock.load().to_dict(), e
+                checked += 1
+            if issued.get(e["rid"]) != e["prefix"]:  # a retried admission of one chunk moves the clock once
+                issued[e["rid"]] = e["prefix"]
+                clock.issue(e["predicted_ms"])
+    assert checked >= int(STREAM[1]) + len(BURST_LENS)
+    last = {e["rid"]: e for e in logs[0] if e["event"] == "decision"}
+    for r in st["burst"]:
+        (plan,) = r.meta["sglang_cpp_plan"]
+        assert plan["load"] == last[r.meta["id"]]["load"] and sum(plan["ran"]) == r.meta["prompt_tokens"]
+    later = sorted(st["burst"], key=lambda r: [e.get("rid") for e in logs[0]].index(r.meta["id"]))[1:]
+    for r in later:
+        load = r.meta["sglang_cpp_plan"][0]["load"]
+        assert load["n"] >= 2 and load["busy"] >= 1, load
 
 
 def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_run):

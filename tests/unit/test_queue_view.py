@@ -10,21 +10,26 @@ from sglang_cpp.plugin.serving.admission import _inflight, _queue_view
 
 
 class Mode:
-    def __init__(self, extend: bool):
-        self.extend = extend
+    """SGLang's ForwardMode predicates: TARGET_VERIFY is an extend to `is_extend`, not without speculation."""
+
+    def __init__(self, extend: bool, verify: bool = False):
+        self.extend, self.verify = extend, verify
 
     def is_extend(self) -> bool:
-        return self.extend
+        return self.extend or self.verify
+
+    def is_extend_without_speculative(self) -> bool:
+        return self.is_extend() and not self.verify
 
 
 def req(rid, n, prefix=0, out=0, host=0):
     return NS(rid=rid, origin_input_ids=[1] * n, output_ids=[2] * out, prefix_len=prefix, host_hit_length=host)
 
 
-def batch(rows, extend=True):
+def batch(rows, extend=True, verify=False):
     """rows: (req, prefix, extend) as prepare_for_extend leaves prefix_lens / extend_lens (lists)."""
     return NS(reqs=[r for r, _, _ in rows], prefix_lens=[p for _, p, _ in rows], extend_lens=[x for *_, x in rows],
-              forward_mode=Mode(extend))
+              forward_mode=Mode(extend and not verify, verify))
 
 
 def sched(mbs, slot, waiting=(), chunked=None, ctx=100000):
@@ -46,6 +51,10 @@ def test_chunks_in_flight_are_the_other_slots_batches_oldest_first_one_job_per_b
     # PP3 with pp_async_batch_depth 1 (4 slots): only the newest pp_size - 1 = 2 other slots are still in the
     # pipe, slots 3 and 0 (the decode batch, then a's first chunk); slot 2's batch has left it
     assert _inflight(s, 3) == [(0, 4096)]
+    # speculative decoding under PP: a running batch is the prefill batch object, its prefix and extend lengths
+    # left as they were, in TARGET_VERIFY mode (scheduler.py:3958): a verify step, not prefill in flight
+    s.mbs[0] = batch([(a, 0, 4096)], verify=True)
+    assert _inflight(s, 4) == [(4096, 2548)]
 
 
 def test_no_slot_no_chunks_in_flight():

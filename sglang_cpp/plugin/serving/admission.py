@@ -49,17 +49,22 @@ def _inflight(sched, pp_size: int) -> list:
         return []
     out = []
     for k in range(max(1, len(mbs) - (pp_size - 1)), len(mbs)):
-        b = mbs[(slot + k) % len(mbs)]
-        if b is None or not b.reqs or not b.forward_mode.is_extend():
-            continue
-        prefix, ext = getattr(b, "prefix_lens", None), getattr(b, "extend_lens", None)
-        if not isinstance(prefix, list) or not isinstance(ext, list):
-            continue
-        rows = [(int(p), int(x)) for r, p, x in zip(b.reqs, prefix, ext)
-                if int(x) > 0 and int(p) < len(r.origin_input_ids)]
+        rows = prefill_rows(mbs[(slot + k) % len(mbs)])
         if rows:
             out.append((max(rows, key=lambda px: px[1])[0], sum(x for _, x in rows)))
     return out
+
+
+def prefill_rows(b) -> list:
+    """(prefix, new prompt tokens) of each prompt row of a prefill batch, [] for any other batch. A speculative
+    verify batch is no prefill (SGLang's `is_extend` counts TARGET_VERIFY, and under PP a running batch keeps
+    the prefill batch's stale prefix and extend lengths: scheduler.py:3958)."""
+    if b is None or not b.reqs or b.forward_mode is None or not b.forward_mode.is_extend_without_speculative():
+        return []
+    prefix, ext = getattr(b, "prefix_lens", None), getattr(b, "extend_lens", None)
+    if not isinstance(prefix, list) or not isinstance(ext, list):
+        return []
+    return [(int(p), int(x)) for r, p, x in zip(b.reqs, prefix, ext) if int(x) > 0 and int(p) < len(r.origin_input_ids)]
 
 
 def _queue_view(sched, rid: str, pp_size: int):

@@ -137,6 +137,7 @@ class CppChunkSizer:
         # the offered load (core/load.py): fed the relayed arrival stamps (arrivals.py), advanced per decided chunk
         self.arrivals = arrivals if cfg.policy == "plan" and cfg.queue_aware else None
         self._loads: dict[str, dict] = {}  # rid -> the load estimate its plan in force was made with
+        self._issued: dict[str, int] = {}  # rid -> the prefix whose chunk the clock was last advanced by
 
     def _settle_align(self) -> None:
         """SGLang sets the scheduler's truncation alignment (deterministic inference's split tiles, DSA's
@@ -255,8 +256,13 @@ class CppChunkSizer:
             chunk = plan.next_chunk(prefix_len)
             pred = plan.pred_ms[plan.index_of(prefix_len)]
             size = chunk
-            if self.arrivals is not None:
-                self.arrivals.issue(pred)  # the shared clock moves by what this chunk is predicted to take
+            if self.arrivals is not None and self._issued.get(rid) != prefix_len:
+                # the shared clock moves by what this chunk is predicted to take, once: an admission SGLang
+                # refused (no KV room, a request cap) decides the same chunk again at a later loop index
+                self._issued[rid] = prefix_len
+                self.arrivals.issue(pred)
+                while len(self._issued) > self._max_plans:
+                    self._issued.pop(next(iter(self._issued)))
             load = self._loads.get(rid)
             if prefix_len + chunk >= prompt_len:
                 self._plans.pop(rid, None)

@@ -29,12 +29,18 @@ def env_snapshot(environ=None) -> dict:
 
 def planner_inputs() -> dict:
     """What the planner's floating-point arithmetic depends on besides its inputs: every stage plans on its own
-    CPU, and a different numpy / scipy / libm build, planner code or SIMD path (numpy's dispatch on this CPU) can
-    round a near-tie the other way, one stage cuts another chunk and the pipeline hangs on a shape mismatch."""
+    CPU, and a near-tie rounded the other way on one stage cuts another chunk there and the pipeline hangs on a
+    shape mismatch. The planner uses element-wise IEEE operations in a fixed order (no BLAS, issue 56), the
+    same in every SIMD path numpy dispatches to, and takes its logarithms and exponentials from the C library's
+    scalar libm (core/detmath.py). What remains: the numpy and scipy builds, the planner's code, Python, the C
+    library and a probe of its libm (`libm probe`, those functions at fixed points, to the bit)."""
     import hashlib
     import platform
     from pathlib import Path
 
+    import numpy as np
+
+    from ...core import detmath
     from ...machine import versions
 
     pkg = Path(__file__).resolve().parents[2]  # sglang_cpp/: the planner's and the sizer's code, installed or a checkout
@@ -42,16 +48,12 @@ def planner_inputs() -> dict:
     for f in sorted(pkg.rglob("*.py")):
         h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
     digest = h.hexdigest()[:12]
-    try:  # the SIMD paths numpy dispatches to here (x86 and ARM alike; NPY_DISABLE_CPU_FEATURES honoured)
-        try:
-            from numpy._core import _multiarray_umath as um
-        except ImportError:  # numpy 1.x
-            from numpy.core import _multiarray_umath as um
-        simd = ",".join(sorted(k for k in um.__cpu_dispatch__ if um.__cpu_features__.get(k)))
-    except (ImportError, AttributeError):
-        simd = "unknown"
+    x = np.linspace(1e-3, 50.0, 257)
+    pts = x * x * x  # 1e-9 to 1.25e5, the ranges the searches take logs of (element-wise: no numpy pow)
+    probe = hashlib.sha256(detmath.log(pts).tobytes() + detmath.exp(np.linspace(-30.0, 30.0, 241)).tobytes()
+                           + detmath.geomspace(1e-9, 1e7, 97).tobytes()).hexdigest()[:12]
     return {**versions("numpy", "scipy"), "sglang-cpp code": digest, "python": ".".join(platform.python_version_tuple()[:2]),
-            "libc": " ".join(platform.libc_ver()), "arch": platform.machine(), "numpy SIMD": simd}
+            "libc": " ".join(platform.libc_ver()), "arch": platform.machine(), "libm probe": probe}
 
 
 def check_agreement(gathered: list[dict]) -> None:
@@ -75,7 +77,7 @@ def check_agreement(gathered: list[dict]) -> None:
                 raise ValueError(f"the planner's {key} differs between ranks: world rank 0 has {val!r}, world rank "
                                  f"{r} has {mine!r}. Every stage plans in floating point on its own CPU, and a "
                                  "near-tie rounded the other way on one stage cuts a different chunk there (a hang): "
-                                 "install the same numpy, scipy and sglang-cpp on every node, on one CPU type (numpy's SIMD paths).")
+                                 "install the same numpy, scipy, sglang-cpp and C library on every node.")
         for key, val in ref.get("config", {}).items():
             mine = g.get("config", {}).get(key)
             if mine != val:

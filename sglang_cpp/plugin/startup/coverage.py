@@ -45,7 +45,8 @@ def inside(points: np.ndarray, p: tuple, tol: float) -> bool:
     if len(pts) >= 3:
         try:
             eq = ConvexHull(pts).equations  # unit outward normals: n . q + c is q's distance outside a facet
-            return bool(np.all(eq[:, :2] @ q + eq[:, 2] <= tol))
+            # element-wise in a fixed order, no BLAS product: every stage judges a shape alike (issue 56)
+            return bool(np.all(eq[:, 0] * q[0] + eq[:, 1] * q[1] + eq[:, 2] <= tol))
         except Exception:  # noqa: BLE001  (scipy's QhullError: a degenerate, flat set)
             pass
     return bool(np.all(q >= pts.min(axis=0) - tol) and np.all(q <= pts.max(axis=0) + tol))
