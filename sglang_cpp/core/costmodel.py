@@ -97,16 +97,21 @@ class CostModel:
 
 
 def _rows_at(coefs: np.ndarray, L, x) -> np.ndarray:
-    """Every row of `coefs` (rows, 6) at (L, x), stacked on a leading axis: one matrix product over the
-    monomials 1, L, x, L^2, L*x, x^2 (COEFS order). The planner calls this thousands of times per plan."""
+    """Every row of `coefs` (rows, 6) at (L, x), stacked on a leading axis. Element-wise IEEE operations in
+    one fixed order, ((((c0 + g L) + b x) + d L^2) + e L x) + f x^2, never a matrix product: a BLAS kernel's
+    summation order and FMA use vary with the node's core type and thread count (OPENBLAS_CORETYPE moved the
+    last bit of predicted times), and every PP stage must price a chunk to the same bit (issue 56). The
+    planner calls this thousands of times per plan."""
     L, x = np.broadcast_arrays(np.asarray(L, float), np.asarray(x, float))
-    Lf, xf = L.ravel(), x.ravel()
-    F = np.empty((6, Lf.size))
-    F[0], F[1], F[2] = 1.0, Lf, xf
-    np.multiply(Lf, Lf, out=F[3])
-    np.multiply(Lf, xf, out=F[4])
-    np.multiply(xf, xf, out=F[5])
-    return (coefs @ F).reshape((len(coefs),) + L.shape)
+    Lf, xf = L.ravel()[None, :], x.ravel()[None, :]
+    c = np.asarray(coefs, float)
+    t = c[:, 1:2] * Lf
+    t += c[:, 0:1]
+    t += c[:, 2:3] * xf
+    t += c[:, 3:4] * (Lf * Lf)
+    t += c[:, 4:5] * (Lf * xf)
+    t += c[:, 5:6] * (xf * xf)
+    return t.reshape((len(c),) + L.shape)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from . import detmath
+from .costmodel import _rows_at
 from .objective import PlanConfig, _times, _ttft
 from .regimes import RegimeRows, XRegimeRows, largest_x, is_piecewise, regime_rows
 
@@ -24,8 +26,8 @@ def _pacing_rows(cost, L0: int, R: int, hi: int) -> list[tuple]:
     rows = list(dict.fromkeys((m.c0, m.g, m.b, m.d, m.e, m.f) for m in stages))
     if len(rows) == 1:
         return rows
-    L, x = (a.ravel() for a in np.meshgrid(np.linspace(L0, L0 + R, 33), np.geomspace(1.0, max(hi, 1), 33)))
-    t = np.array(rows) @ np.stack([np.ones_like(L), L, x, L * L, L * x, x * x])
+    L, x = (a.ravel() for a in np.meshgrid(np.linspace(L0, L0 + R, 33), detmath.geomspace(1.0, max(hi, 1), 33)))
+    t = _rows_at(np.array(rows), L, x)  # element-wise in a fixed order: no BLAS (issue 56)
     return [rows[i] for i in sorted(set(t.argmax(axis=0).tolist()))]
 
 
@@ -135,17 +137,17 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig, o: floa
         return trap(tt / x, L, axis=1) + (P - 1) * tt.max(axis=1) + n * o, n, x, arg
 
     # coarse over the whole range of T, then fine around its best point
-    T = np.geomspace(max(t_min, 1e-9), max(t_max, t_min * 1.0001, 1e-9), 32)[:, None]
+    T = detmath.geomspace(max(t_min, 1e-9), max(t_max, t_min * 1.0001, 1e-9), 32)[:, None]
     i = int(np.argmin(on(T)[0]))
-    T = np.geomspace(T[max(i - 1, 0), 0], T[min(i + 1, len(T) - 1), 0], 32)[:, None]
+    T = detmath.geomspace(T[max(i - 1, 0), 0], T[min(i + 1, len(T) - 1), 0], 32)[:, None]
     J, n, x, arg = on(T)
     i = int(np.argmin(J))
 
     def x_for(K: int) -> np.ndarray:  # x(L, T_K) on the grid, T_K where the continuous count is K
         if not hasattr(x_for, "ln"):
-            Ts = np.geomspace(max(t_min, 1e-9), max(t_max, t_min * 1.0001, 1e-9), 256)
-            x_for.ln, x_for.lt = np.log(on(Ts[:, None])[1])[::-1], np.log(Ts)[::-1]  # n falls as T grows
-        TK = float(np.exp(np.interp(math.log(K), x_for.ln, x_for.lt)))
+            Ts = detmath.geomspace(max(t_min, 1e-9), max(t_max, t_min * 1.0001, 1e-9), 256)
+            x_for.ln, x_for.lt = detmath.log(on(Ts[:, None])[1])[::-1], detmath.log(Ts)[::-1]  # n falls as T grows
+        TK = float(detmath.exp(np.interp(math.log(K), x_for.ln, x_for.lt)))
         return on(np.array([[TK]]))[2][0]
 
     binding = () if isinstance(rows, _REGIMES) else sorted(set(np.unique(arg).tolist()))
@@ -205,7 +207,7 @@ def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: fl
     the continuous count n(T) walked for 96 targets together (one numpy pass per chunk), then log n(T)
     interpolated at each K. A short plan tries up to MAX_K_TRIED counts; a root search per count walked
     the chunks ~10 times each, this and one secant step (`_equal_time_chunks`) walk them twice."""
-    T = np.geomspace(max(t_lo, 1e-12), max(t_hi, t_lo * 1.0001, 1e-12), 96)
+    T = detmath.geomspace(max(t_lo, 1e-12), max(t_hi, t_lo * 1.0001, 1e-12), 96)
     cols = _cols(coefs, 1)
     L, end, n, live = np.full(T.shape, float(L0)), float(L0 + R), np.full(T.shape, np.inf), np.ones(T.shape, bool)
     cap = max(Ks) + 1
@@ -221,13 +223,13 @@ def _targets(coefs, L0: int, R: int, lo: int, hi: int, Ks, t_lo: float, t_hi: fl
     ok = np.isfinite(n)
     if ok.sum() < 2:
         return {}
-    ln, lt = np.log(n[ok])[::-1], np.log(T[ok])[::-1]  # n falls as T grows: reversed, log n increases
+    ln, lt = detmath.log(n[ok])[::-1], detmath.log(T[ok])[::-1]  # n falls as T grows: reversed, log n increases
     out = {}
     for K in Ks:
         if ln[0] <= math.log(K) <= ln[-1]:
             i = min(int(np.searchsorted(ln, math.log(K))), len(ln) - 1)
             slope = (ln[i] - ln[i - 1]) / (lt[i] - lt[i - 1]) if i else 0.0  # d log n / d log T, <= 0
-            out[K] = (float(np.exp(np.interp(math.log(K), ln, lt))), float(slope))
+            out[K] = (float(detmath.exp(np.interp(math.log(K), ln, lt))), float(slope))
     return out
 
 

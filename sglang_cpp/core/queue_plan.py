@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import detmath
 from .equal_time import plan_equal_time
 from .load import Load, expected_behind
 from .equal_time_search import EqualCounts
@@ -186,11 +187,11 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
     pace = lambda L, x: np.asarray(_times(cost, L, x), float)  # noqa: E731  the slowest stage
     t_lo = float(min(alone.pred_ms)) if alone.pred_ms else float(pace(prefix_len, cfg.lo))
     t_hi = float(pace(prefix_len + R - hi, hi))
-    targets = np.geomspace(max(t_lo, 1e-9), max(t_hi, t_lo * 1.0001, 1e-9), N_GRID)
+    targets = detmath.geomspace(max(t_lo, 1e-9), max(t_hi, t_lo * 1.0001, 1e-9), N_GRID)
     own = EqualCounts(cost, prefix_len, R, cfg, targets)
     # this prompt: the single-prompt plan, fixed chunks, and equal-time cuts into fewer chunks than it (a busy
     # pipe wants bigger chunks), counts from the fewest possible up, geometrically spaced
-    counts = np.unique(np.geomspace(own.k_min, max(own.k_min, len(alone.chunks)), N_COUNTS).round().astype(int))
+    counts = np.unique(detmath.geomspace(own.k_min, max(own.k_min, len(alone.chunks)), N_COUNTS).round().astype(int))
     mine = [list(alone.chunks)] + [fixed_split(R, c) for c in fixed_candidates(cfg, R)
                                    if -(-R // c) <= len(alone.chunks)]  # never more chunks than alone
     mine += [ch for ch in (own.at_count(int(K)) for K in counts) if ch is not None]
@@ -204,7 +205,7 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
         if Rb <= cfg.lo:
             behind_of[(n, p)] = [[Rb]] * len(mine)
             continue
-        theirs = EqualCounts(cost, p, Rb, cfg, np.geomspace(targets[0], max(targets[-1], max(pacing)), N_GRID))
+        theirs = EqualCounts(cost, p, Rb, cfg, detmath.geomspace(targets[0], max(targets[-1], max(pacing)), N_GRID))
         behind_of[(n, p)] = [theirs.at_target(T) or fixed_split(Rb, cfg.hi) for T in pacing]
     cands = [(ch, [behind_of[w][i] for w in view.waiting]) for i, ch in enumerate(mine)]
     done = completions(cands, prefix_len, view, cost, P)

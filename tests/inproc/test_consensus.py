@@ -71,13 +71,23 @@ def test_a_server_argument_that_differs_fails_naming_it():
 
 
 def test_a_node_with_another_numpy_or_cpu_type_fails_naming_what_differs():
-    """Issue 45 item 9: the planner's inputs besides its settings (numpy / scipy / libc builds, the planner's own
-    code, numpy's SIMD paths on this CPU) must agree, or a near-tie rounded the other way on one stage cuts
-    another chunk there."""
+    """Issue 45 item 9, issue 56: the planner's inputs besides its settings (numpy / scipy / libc builds, the
+    planner's own code, a probe of the libm its logs and exponentials come from) must agree, or a near-tie
+    rounded the other way on one stage cuts another chunk there. numpy's SIMD dispatch is no longer one of them
+    (the planner is bit-identical across it: tests/unit/test_bit_identity.py), so nodes of two CPU types agree."""
     mine = consensus.planner_inputs()
-    assert {"numpy", "scipy", "sglang-cpp code", "python", "libc", "arch", "numpy SIMD"} <= set(mine)
-    assert mine["numpy SIMD"] != "unknown"
+    assert {"numpy", "scipy", "sglang-cpp code", "python", "libc", "arch", "libm probe"} <= set(mine)
+    assert "numpy SIMD" not in mine
     assert mine == consensus.planner_inputs()  # stable within a process
+    import os
+    import subprocess
+    import sys
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    on = " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f))
+    code = "from sglang_cpp.plugin.startup import consensus; print(consensus.planner_inputs()['libm probe'])"
+    other_cpu = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300,
+                               env={**os.environ, "NPY_DISABLE_CPU_FEATURES": on}).stdout.strip()
+    assert other_cpu == mine["libm probe"]  # numpy on its baseline SIMD path: the same probe
     import hashlib  # the code hashed is the whole package: the planner (core) and the sizer (plugin) alike
     from pathlib import Path
 
@@ -88,14 +98,14 @@ def test_a_node_with_another_numpy_or_cpu_type_fails_naming_what_differs():
         h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
     assert mine["sglang-cpp code"] == h.hexdigest()[:12]
     assert (pkg / "core" / "planner.py").is_file() and (pkg / "plugin" / "serving" / "sizer.py").is_file()
-    other = mine["numpy SIMD"] + ",EXTRA"
+    other = mine["libm probe"] + "0"
     ranks = [{"env": snap(), "planner": mine, "config": {}, "error": ""},
-             {"env": snap(), "planner": {**mine, "numpy SIMD": other}, "config": {}, "error": ""}]
-    with pytest.raises(ValueError, match=r"planner's numpy SIMD differs between ranks.*,EXTRA'"):
+             {"env": snap(), "planner": {**mine, "libm probe": other}, "config": {}, "error": ""}]
+    with pytest.raises(ValueError, match=r"planner's libm probe differs between ranks.*0'"):
         consensus.check_agreement(ranks)
     consensus.check_agreement([ranks[0], dict(ranks[0])])  # the same everywhere: agreed
     ranks[1]["planner"] = {**mine, "numpy": "0.0.1"}
-    with pytest.raises(ValueError, match=r"planner's numpy differs.*'0.0.1'.*same numpy, scipy and sglang-cpp"):
+    with pytest.raises(ValueError, match=r"planner's numpy differs.*'0.0.1'.*same numpy, scipy, sglang-cpp and C"):
         consensus.check_agreement(ranks)
 
 
