@@ -281,6 +281,7 @@ class EqualCounts:
         trap = getattr(np, "trapezoid", None) or np.trapz
         self.counts = np.maximum(trap(1.0 / self.x, self.Lg, axis=1), 1.0)  # falls as the target grows
         self.k_min = max(1, -(-R // cfg.hi))
+        self._cuts: dict[tuple[int, int], list[int] | None] = {}  # (grid target, count) -> its cut: pacings repeat
 
     def at_count(self, K: int) -> list[int] | None:
         """K chunks of equal time, on the profile of the target whose continuous count is nearest K."""
@@ -295,7 +296,10 @@ class EqualCounts:
     def cut(self, i: int, K: int) -> list[int] | None:
         if K <= 1:
             return [self.R] if self.R <= self.cfg.hi else None
-        return _equal_count_chunks(self.Lg, self.x[i], self.L0, self.R, K, self.cfg)
+        if (i, K) not in self._cuts:
+            self._cuts[i, K] = _equal_count_chunks(self.Lg, self.x[i], self.L0, self.R, K, self.cfg)
+        got = self._cuts[i, K]
+        return None if got is None else list(got)
 
 
 def search_rows(cost, L0: int, R: int):

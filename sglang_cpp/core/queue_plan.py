@@ -85,16 +85,17 @@ class QueueView:
 
 def _times_of(chunks: list[list], starts: list[int], cost, P: int) -> np.ndarray:
     """Stage times (n, P, K) of n chunk lists, each after its own prefix, zero-padded to the longest (a
-    zero-time job is transparent in the flow shop)."""
-    K = max(len(ch) for ch in chunks)
-    x = np.zeros((len(chunks), K))
-    L = np.zeros((len(chunks), K))
-    for i, (ch, p) in enumerate(zip(chunks, starts)):
-        x[i, :len(ch)] = ch
-        L[i, :len(ch)] = p + np.concatenate([[0], np.cumsum(ch)[:-1]])
-    real = x > 0
+    zero-time job is transparent in the flow shop). Prefixes in integers (exact), one numpy pass for all."""
+    lens = np.array([len(ch) for ch in chunks], np.int64)
+    K = int(lens.max())
+    flat = np.array([c for ch in chunks for c in ch], np.int64)
+    row = np.repeat(np.arange(len(chunks)), lens)
+    first = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    col = np.arange(len(flat)) - np.repeat(first, lens)
+    before = np.cumsum(flat) - flat  # tokens before each chunk over the concatenation: less its list's start
+    L = np.asarray(starts, np.int64)[row] + before - np.repeat(before[first], lens)
     t = np.zeros((len(chunks), P, K))
-    t.transpose(1, 0, 2)[:, real] = stage_times(cost, L[real], x[real], P)  # priced once per real chunk
+    t[row, :, col] = stage_times(cost, L.astype(float), flat.astype(float), P).T  # priced once per real chunk
     return t
 
 
@@ -130,16 +131,14 @@ def completions(cands: list[tuple[list, list[list]]], L0: int, view: QueueView, 
         G[group] = advance(_times_of([cands[i][0] for i in group], [L0] * len(group), cost, P), state)
     out, memo = [G[:, -1]], {}
     for i, (n, p) in enumerate(view.waiting):
-        key = (p, tuple(tuple(b[i]) for _, b in cands))  # a burst's prompts share their chunk lists
+        lists = [tuple(b[i]) for _, b in cands]
+        key = (p, tuple(lists))  # a burst's prompts share their chunk lists
         if key not in memo:
-            lists = list(dict.fromkeys(key[1]))
-            D = np.empty((len(lists), P, P))
-            for group in _by_length([len(ch) for ch in lists]):
-                D[group] = _transfer([list(lists[j]) for j in group], p, cost, P)
-            which = {ch: j for j, ch in enumerate(lists)}
-            memo[key] = D[[which[ch] for ch in key[1]]]  # (n, P, P)
-        Dc = memo[key]
-        G = np.max(G[:, :, None] + Dc, axis=1)
+            uniq = list(dict.fromkeys(lists))
+            t = _times_of([list(u) for u in uniq], [p] * len(uniq), cost, P)  # priced once per distinct list
+            which = {ch: j for j, ch in enumerate(uniq)}
+            memo[key] = t[[which[ch] for ch in lists]]  # (candidates, P, K), zero-padded
+        G = advance(memo[key], G)  # the flow-shop recurrence through this prompt's chunks, every candidate at once
         out.append(G[:, -1])
     return np.stack(out, axis=1)
 
