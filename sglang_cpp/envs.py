@@ -117,7 +117,9 @@ DECISION_LOG = EnvVar("SGLANG_CPP_DECISION_LOG", str, "",
                       "JSONL file each scheduler appends its chunk decisions and measured forward times to "
                       "({rank}: world rank, {pp_rank}, {tp_rank}): decision, batch, forward (timed over "
                       "ModelRunner.forward alone, on CUDA events on GPUs), decode_forward, host_hit, kv_send, "
-                      "refit, plan_kept / plan_moved, queue_plan and the PD ring's events; written on a thread of "
+                      "refit, plan_kept / plan_moved, plan (each plan made: a prompt's first, then one per replan), "
+                      "queue_plan, arrival (each prompt's relayed stamp) and the PD ring's events; written on a "
+                      "thread of "
                       "its own, never on the scheduler's.", node_local=True)
 ASYNC_RECV = EnvVar("SGLANG_CPP_ASYNC_RECV", _bool, False,
                     "Post all PP proxy irecvs of a message at once and wait only before the forward. Gains only "
@@ -153,6 +155,10 @@ CALIB_FAULT_IN = EnvVar("SGLANG_CPP_CALIB_FAULT_IN", str, "level",
                         "Fault injection for tests: where the fault is raised, level (before the level's forwards, "
                         "sent to every rank at the level's gather) or forward (inside the model's forward, before "
                         "the stage's last layer, while the TP peers are in its collectives).", ("level", "forward"))
+CUT_FAULT_RANK = EnvVar("SGLANG_CPP_CUT_FAULT_RANK", int, -1,
+                        "Fault injection for tests: this PP rank cuts every planned chunk that is longer than one "
+                        "alignment unit one unit short, so the run-time guard (plugin/serving/guard.py) sees a stage "
+                        "cut another chunk than the stage before it (-1: never).")
 FAST_EXTEND = EnvVar("SGLANG_CPP_FAST_EXTEND", _bool, True,
                      "torch_native backend: attend only a chunk's new queries over its cached prefix (0: upstream's "
                      "redundant (L+x)^2 query).")
@@ -170,7 +176,7 @@ PD_EARLY_KV = EnvVar("SGLANG_CPP_PD_EARLY_KV", _bool, False,
 
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER, QUEUE_AWARE,
        DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, ONLINE, CALIB_DEADLINE_S,
-       CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN, PD_FAST_RING, PD_EARLY_KV)
+       CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN, CUT_FAULT_RANK, PD_FAST_RING, PD_EARLY_KV)
 
 
 # read by the plugin, but SGLang's own: listed beside ours in docs/env.md

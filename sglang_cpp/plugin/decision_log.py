@@ -161,7 +161,8 @@ class DecisionLog:
             self._open.pop(rec["rid"], None)
             self.finished[rec["rid"]] = {"policy": rec.get("policy"), "prefix": ent[0], "chunks": list(ent[1]),
                                          "predicted_ms": round(ent[2], 3),
-                                         **({"load": rec["load"]} if rec.get("load") is not None else {})}
+                                         **({"load": rec["load"]} if rec.get("load") is not None else {}),
+                                         **({"plans": rec["plans"]} if rec.get("plans") is not None else {})}
             while len(self.finished) > self._max_open:
                 self.finished.popitem(last=False)
             logger.info("[sglang-cpp] PP%d request rid=%s prompt=%d prefix=%d chunks=%s predicted_ms=%.1f (%s)",

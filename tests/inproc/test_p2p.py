@@ -123,12 +123,13 @@ def _receiver(grp, msgs) -> None:
     c = p2p.receive(batched())
     assert len(p2p._PENDING) == 2
 
-    def launch(_self, *args):
+    def launch(_self, mb_id, cur_batch, proxy, *rest):
         assert not p2p._PENDING, "forward ran before the deferred receives completed"
-        _assert_same(args[0], msgs[0])
+        _assert_same(proxy, msgs[0])
         return "ran"
 
-    assert p2p.Scheduler__pp_launch_batch(launch, None, a) == "ran"
+    last = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True))  # SGLang's _pp_launch_batch arguments:
+    assert p2p.Scheduler__pp_launch_batch(launch, last, 0, None, a, [None], None) == "ran"  # no batch rows here
     _assert_same(c, msgs[2])
 
     _assert_same(gc.recv_tensor_dict(src=0), msgs[1])  # plain sends (AG size 1 path)
@@ -166,7 +167,11 @@ def test_switch_off_calls_original(monkeypatch):
                                                  all_gather_group=None) == ("orig", (1,), {"all_gather_group": None})
     monkeypatch.setenv("SGLANG_CPP_ASYNC_RECV", "0")
     assert p2p.GroupCoordinator_recv_tensor_dict(lambda self, *a, **k: "orig", "gc") == "orig"
-    assert p2p.Scheduler__pp_launch_batch(lambda self, *a: a, "sched", 1, 2) == (1, 2)
+    # the launch hook calls the original with SGLang's arguments (and, on a stage with no prefill batch and no
+    # proxy, checks and attaches nothing)
+    last = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True))
+    assert p2p.Scheduler__pp_launch_batch(lambda self, *a: a, last, 0, None, None, "md", "q") == (0, None, None,
+                                                                                               "md", "q")
 
 
 def test_gathered_or_unhooked_proxies_are_not_deferred(monkeypatch):

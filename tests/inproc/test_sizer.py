@@ -29,9 +29,13 @@ def test_two_stages_decide_identically(tmp_path):
         s = CppChunkSizer(cfg(r), cost=COST, log=DecisionLog(r, str(logs[r])))
         seqs.append([walk(s, f"req{i}", n, p) for i, (n, p) in enumerate([(200000, 0), (70000, 65536), (5000, 0)])])
     assert seqs[0] == seqs[1]
-    recs = [[(d["rid"], d["prefix"], d["chunk"]) for d in map(json.loads, f.read_text().splitlines())]
-            for f in logs]
+    recs = [[(d["rid"], d["prefix"], d["chunk"]) for d in map(json.loads, f.read_text().splitlines())
+             if d["event"] == "decision"] for f in logs]
     assert recs[0] == recs[1] and len(recs[0]) == sum(len(s) for s in seqs[0])
+    # one plan per prompt (nothing in view, nothing replans it), numbered in each decision
+    plans = [[(d["rid"], d["plans"]) for d in map(json.loads, f.read_text().splitlines()) if d["event"] == "plan"]
+             for f in logs]
+    assert plans[0] == plans[1] == [("req0", 1), ("req1", 1), ("req2", 1)]
 
 
 def test_plan_follows_planner_and_starts_from_cached_prefix():
@@ -413,3 +417,12 @@ def test_a_sizer_plans_on_its_arrival_clock_and_advances_it_once_per_chunk_it_de
     # the queue off: no clock is kept, no load planned or logged
     off = CppChunkSizer(cfg(queue_aware=False, **big), cost=fa, arrivals=ArrivalClock())
     assert off.arrivals is None
+
+
+def test_the_cut_fault_makes_one_stage_cut_one_alignment_unit_short():
+    """SGLANG_CPP_CUT_FAULT_RANK (a test of the run-time guard): the stage it names cuts each planned chunk longer
+    than one alignment unit one unit short; the others cut the plan."""
+    plain = CppChunkSizer(cfg(1), cost=COST)
+    faulty = CppChunkSizer(cfg(1), cost=COST, cut_fault=True)
+    first = plain.decide("r", 150000, 0, first=True)
+    assert first > 64 and faulty.decide("r", 150000, 0, first=True) == first - 64

@@ -281,7 +281,7 @@ def test_a_poisson_stream_is_planned_with_one_load_estimate_on_both_stages(plan_
     for rank in (0, 1):
         lines = (json.loads(x) for x in (d / f"dec_{rank}.jsonl").read_text().splitlines() if x.strip())
         ev = [{k: v for k, v in e.items() if k not in ("t", "pp_rank")} for e in lines
-              if e["event"] in ("arrival", "decision", "queue_plan")]
+              if e["event"] in ("arrival", "plan", "decision", "queue_plan")]
         logs.append(ev)
     assert logs[0] == logs[1], "PP stages saw different arrivals or made different decisions"
     arrivals = [e for e in logs[0] if e["event"] == "arrival"]
@@ -305,6 +305,13 @@ def test_a_poisson_stream_is_planned_with_one_load_estimate_on_both_stages(plan_
     for r in st["burst"]:
         (plan,) = r.meta["sglang_cpp_plan"]
         assert plan["load"] == last[r.meta["id"]]["load"] and sum(plan["ran"]) == r.meta["prompt_tokens"]
+    # issue 56 item 4: a plan is made at a prompt's admission and again only after an arrival, never per step:
+    # the count each decision carries is the `plan` events' count, at most 1 + the arrivals during its prompt
+    for rid, dec in last.items():
+        mine = [i for i, e in enumerate(logs[0]) if e.get("rid") == rid]
+        made = [e for e in logs[0] if e["event"] == "plan" and e["rid"] == rid]
+        during = sum(e["event"] == "arrival" for e in logs[0][mine[0]:mine[-1]])
+        assert dec["plans"] == len(made) and 1 <= len(made) <= 1 + during, (rid, made, during)
     later = sorted(st["burst"], key=lambda r: [e.get("rid") for e in logs[0]].index(r.meta["id"]))[1:]
     for r in later:
         load = r.meta["sglang_cpp_plan"][0]["load"]
@@ -631,6 +638,36 @@ def test_dp_planner_on_the_server_plans_what_plan_method_dp_plans(tiny, tmp_path
 
     dp = cli_plan("dp")
     assert [x for _, x in decided[0]] == dp and dp != cli_plan("equal-time")
+
+
+def test_a_stage_that_cuts_another_chunk_fails_naming_the_request_both_stages_and_sizes(tiny, tmp_path):
+    """Issue 56 item 2, the run-time guard on the real PP=2 server: SGLANG_CPP_CUT_FAULT_RANK=1 makes stage 1
+    cut every planned chunk one alignment unit short of stage 0's. Stage 1 checks the rows stage 0 sent with its
+    proxy before its forward and fails with one line naming the request, both stages and both sizes, not with a
+    shape error inside the forward."""
+    from sglang_cpp.bench.client import random_ids
+
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [],
+                                "coeffs": {"c0": 2.0, "b": 0.02, "e": 1e-5, "f": 1e-6}}))
+    env = {"SGLANG_CPP_POLICY": "plan", "SGLANG_CPP_CACHE_DIR": str(tmp_path / "cache"),
+           "SGLANG_CPP_PROFILE": str(prof), "SGLANG_CPP_OVERHEAD_PROBE": "0", "SGLANG_CPP_ONLINE": "0",
+           "SGLANG_CPP_CUT_FAULT_RANK": "1", "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
+    with launched(ServerSpec(tiny, pp_size=2, chunk_size=2048, dynamic=True, env=env), TIMEOUT) as srv:
+        with pytest.raises(Exception):
+            generate(srv.base_url, input_ids=random_ids(4000, seed=82), max_new_tokens=1, timeout=300)
+        import time
+
+        deadline = time.monotonic() + 120
+        while "PP stages cut" not in srv.log() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        log = srv.log()
+    first = [e for e in read_events(tmp_path / "dec_0.jsonl", "decision") if e["prompt_len"] == 4000][0]
+    align = read_events(tmp_path / "dec_0.jsonl", "startup")[0]["config"]["align"]
+    lines = [ln for ln in log.splitlines() if "PP stages cut different chunks for request" in ln]
+    assert lines, log[-3000:]
+    assert (f"PP0 sent {first['chunk']} tokens after a prefix of 0, PP1 cut {first['chunk'] - align} tokens after "
+            f"a prefix of 0") in lines[0] and first["rid"] in lines[0]
 
 
 # -- issue 26: online refinement on the real PP=2 server ---------------------------------------------------

@@ -266,12 +266,23 @@ def _recv_tensor_dict_coordinator(self, src: Optional[int] = None, all_gather_gr
 _REPORT_AT = frozenset({16, 256, 4096})
 
 
-def Scheduler__pp_launch_batch(original, self, *args, **kwargs):
-    """AROUND Scheduler._pp_launch_batch: complete deferred proxy receives before the forward."""
+def Scheduler__pp_launch_batch(original, self, mb_id, cur_batch, pp_proxy_tensors, *args, **kwargs):
+    """AROUND Scheduler._pp_launch_batch: complete deferred proxy receives before the forward; the run-time
+    guard (guard.py): a later stage checks the chunks it cuts against the rows the previous stage sent with
+    the proxy, and every stage but the last sends its own rows on with its proxy."""
+    from . import guard
+    from .. import state
+
     if _PENDING:
         # GPU: the NCCL wait makes the forward stream (which runs run_batch) wait for the receives.
         # `forward_stream_ctx` is re-entered sequentially each iteration upstream too; CPU: a no-op.
         ctx = getattr(self, "forward_stream_ctx", None)
         with ctx if ctx is not None else nullcontext():
             wait_pending()
-    return original(self, *args, **kwargs)
+    rows = guard.rows_of(cur_batch)
+    if pp_proxy_tensors is not None:  # every stage after the first
+        guard.check(pp_proxy_tensors, rows, state.PP_RANK)
+    out = original(self, mb_id, cur_batch, pp_proxy_tensors, *args, **kwargs)
+    if not self.pp_group.is_last_rank:
+        guard.attach(out[0], rows)
+    return out

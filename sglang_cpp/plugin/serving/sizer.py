@@ -115,7 +115,7 @@ class CppChunkSizer:
                  current_req: Callable[[], Optional[tuple]] = lambda: None, log: DecisionLog | None = None,
                  max_plans: int = 4096, calibrated_len: int = 0, align_source: Callable[[], int] | None = None,
                  queue_view: Callable[[str], Optional[QueueView]] = lambda rid: None,
-                 arrivals: ArrivalClock | None = None):
+                 arrivals: ArrivalClock | None = None, cut_fault: bool = False):
         if cfg.policy == "plan" and cost is None:
             raise ValueError("plan policy needs a cost model")
         if cfg.policy == "quadratic" and upstream is None:
@@ -138,6 +138,8 @@ class CppChunkSizer:
         self.arrivals = arrivals if cfg.policy == "plan" and cfg.queue_aware else None
         self._loads: dict[str, dict] = {}  # rid -> the load estimate its plan in force was made with
         self._issued: dict[str, int] = {}  # rid -> the prefix whose chunk the clock was last advanced by
+        self._made: dict[str, int] = {}  # rid -> plans made for it (its first, then one per replan), in its log
+        self.cut_fault = cut_fault  # SGLANG_CPP_CUT_FAULT_RANK names this stage: a test of the run-time guard
 
     def _settle_align(self) -> None:
         """SGLang sets the scheduler's truncation alignment (deterministic inference's split tiles, DSA's
@@ -184,12 +186,16 @@ class CppChunkSizer:
             self._waiting[rid] = view.queue_key if view is not None else ()
             if view is not None and view.load is not None:
                 self._loads[rid] = plan.meta.get("queue", {}).get("load") or view.load.to_dict()
+            self._made[rid] = self._made.get(rid, 0) + 1
+            self.log.write("plan", rid=rid, prompt_len=prompt_len, prefix=prefix_len, replan=bool(replan),
+                           chunks=len(plan.chunks), plans=self._made[rid])
             self._plans[rid] = plan
             self._plans.move_to_end(rid)
             while len(self._plans) > self._max_plans:
                 gone = self._plans.popitem(last=False)[0]
                 self._waiting.pop(gone, None)
                 self._loads.pop(gone, None)
+                self._made.pop(gone, None)
         return plan
 
     def _view(self, rid: str) -> Optional[QueueView]:
@@ -255,6 +261,8 @@ class CppChunkSizer:
             plan = self.plan_for(rid, prompt_len, prefix_len)
             chunk = plan.next_chunk(prefix_len)
             pred = plan.pred_ms[plan.index_of(prefix_len)]
+            if self.cut_fault and chunk > self.cfg.align:  # fault injection: this stage cuts one unit short
+                chunk -= self.cfg.align
             size = chunk
             if self.arrivals is not None and self._issued.get(rid) != prefix_len:
                 # the shared clock moves by what this chunk is predicted to take, once: an admission SGLang
@@ -263,14 +271,16 @@ class CppChunkSizer:
                 self.arrivals.issue(pred)
                 while len(self._issued) > self._max_plans:
                     self._issued.pop(next(iter(self._issued)))
-            load = self._loads.get(rid)
+            load, made = self._loads.get(rid), self._made.get(rid)
             if prefix_len + chunk >= prompt_len:
                 self._plans.pop(rid, None)
                 self._waiting.pop(rid, None)
                 self._loads.pop(rid, None)
+                self._made.pop(rid, None)
         self.log.write("decision", rid=rid, prefix=prefix_len, chunk=chunk, prompt_len=prompt_len,
                        predicted_ms=pred, policy=self.cfg.policy, first=first,
-                       **({"load": load} if self.cfg.policy == "plan" and load is not None else {}))
+                       **({"load": load} if self.cfg.policy == "plan" and load is not None else {}),
+                       **({"plans": made} if self.cfg.policy == "plan" and made is not None else {}))
         return size
 
     # -- the DynamicChunkSizer interface ------------------------------------------------------------

@@ -159,7 +159,8 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     sizer = CppChunkSizer(cfg, cost=cost, upstream=upstream, current_req=lambda: _current_chunked_req(self),
                           log=state.LOG, calibrated_len=calibrated_len, align_source=lambda: _align(self),
                           queue_view=lambda rid: _queue_view(self, rid, int(par.pp_size)),
-                          arrivals=ArrivalClock())  # kept only by a queue-aware plan policy
+                          arrivals=ArrivalClock(),  # kept only by a queue-aware plan policy
+                          cut_fault=envs.CUT_FAULT_RANK.get() == par.pp_rank)
     self.dynamic_chunk_sizer = sizer
     state.ACTIVE = sizer
     if state.BATCH is not None:
