@@ -30,9 +30,11 @@ def test_a_prefill_batch_sends_its_prompt_rows_and_nothing_else_sends_any():
     assert guard.rows_of(b) == [("a", 4096, 2048), ("b", 0, 500)]
     assert guard.rows_of(batch([("d", 100, 100, 1)], prefill=False)) is None  # decode or a speculative verify
     assert guard.rows_of(None) is None and guard.rows_of(NS(reqs=[], forward_mode=Mode())) is None
-    result = NS(pp_hidden_states_proxy_tensors=NS(tensors={"hidden_states": 1, "__msg_type__": "proxy"}))
+    out = {"hidden_states": 1, "__msg_type__": "proxy"}  # a graph backend may hand out this dict on every replay
+    result = NS(pp_hidden_states_proxy_tensors=NS(tensors=out))
     guard.attach(result, guard.rows_of(b))
     assert result.pp_hidden_states_proxy_tensors.tensors[guard.KEY] == [("a", 4096, 2048), ("b", 0, 500)]
+    assert guard.KEY not in out  # a new dict is sent: the model's own output dict keeps no entry
     quiet = NS(pp_hidden_states_proxy_tensors=NS(tensors={"hidden_states": 1}))
     guard.attach(quiet, None)
     assert guard.KEY not in quiet.pp_hidden_states_proxy_tensors.tensors
@@ -52,6 +54,9 @@ def test_the_next_stage_takes_the_rows_out_and_passes_when_it_cut_the_same():
                                                           "PP3 cut no chunk of it"),
     (None, [("c", 0, 64)], "request c: PP2 sent no chunk of it, PP3 cut 64 tokens after a prefix of 0"),
     ([("a", 0, 8), ("b", 0, 8)], [("b", 0, 8), ("a", 0, 8)], "the same chunks in another order"),
+    # not the planner: the stages' prefix caches differ
+    ([("a", 4096, 2048)], [("a", 2048, 4096)], "hold different cached prefixes for request a: PP2 sent 2048 tokens "
+                                                "after a prefix of 4096, PP3 cut 4096 tokens after a prefix of 2048"),
 ])
 def test_a_stage_that_cut_another_chunk_fails_with_one_line_naming_the_request_both_stages_and_sizes(sent, mine,
                                                                                                        needle):

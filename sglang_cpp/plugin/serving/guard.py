@@ -9,8 +9,13 @@ How: the stage that forwards a prefill batch adds its rows, (request id, prefix,
 to the proxy dict it sends on (`attach`, a non-tensor entry: SGLang's `send_tensor_dict` pickles it with the
 metadata, as it does `__msg_type__`, parallel_state.py `_split_tensor_dict`). The next stage takes it out
 before its own forward and compares it with its batch (`check`); a difference fails that stage with one line
-naming the request, both stages and both sizes. A batch that is no prefill (decode, a speculative verify)
-sends no rows; a stage whose batch has prefill rows where the previous stage sent none fails the same way.
+naming the request, both stages and both sizes (or, where the prefixes differ, saying the stages' caches
+diverged, which no plan does). A batch that is no prefill (decode, a speculative verify) sends no rows; a
+stage whose batch has prefill rows where the previous stage sent none fails the same way. Only with the
+plugin's sizer installed (SGLANG_CPP_POLICY plan or quadratic): with the policy off the plugin observes only.
+Limit: SGLang answers the exception by killing the failing node's process tree; on a multi-node server the
+other nodes' ranks wait in their collectives until SGLang's scheduler watchdog ends them (300 s by default)
+or a peer's closed socket does.
 """
 from __future__ import annotations
 
@@ -35,11 +40,12 @@ def rows_of(batch) -> list | None:
 
 
 def attach(result, rows: list | None) -> None:
-    """The forwarding stage: its batch's rows ride in the proxy dict it sends to the next stage."""
+    """The forwarding stage: its batch's rows ride in the proxy dict it sends to the next stage (a new dict: a
+    graph backend may hand out one cached output dict on every replay, which must not keep the entry)."""
     proxy = getattr(result, "pp_hidden_states_proxy_tensors", None)
     tensors = getattr(proxy, "tensors", None)
     if rows is not None and isinstance(tensors, dict):
-        tensors[KEY] = rows
+        proxy.tensors = {**tensors, KEY: rows}
 
 
 def check(proxy, rows: list | None, pp_rank: int) -> None:
@@ -57,17 +63,37 @@ def check(proxy, rows: list | None, pp_rank: int) -> None:
     ours = {r[0]: r for r in mine}
     for rid in list(dict.fromkeys([r[0] for r in mine] + [r[0] for r in sent])):
         a, b = theirs.get(rid), ours.get(rid)
-        if a != b:
-            raise StageMismatch(
-                f"[sglang-cpp] PP stages cut different chunks for request {rid}: PP{pp_rank - 1} sent "
-                f"{_desc(a)}, PP{pp_rank} cut {_desc(b)}; every stage must plan alike (see the startup agreement "
-                "check and the decision logs of both stages)")
-    raise StageMismatch(f"[sglang-cpp] PP stages cut the same chunks in another order: PP{pp_rank - 1} sent "
-                        f"{sent}, PP{pp_rank} cut {mine}")
+        if a == b:
+            continue
+        if a is not None and b is not None and a[1] != b[1]:  # not the planner: the stages' caches differ
+            fail(f"[sglang-cpp] PP stages hold different cached prefixes for request {rid}: PP{pp_rank - 1} sent "
+                 f"{_desc(a)}, PP{pp_rank} cut {_desc(b)}; their prefix caches or retractions diverged")
+        fail(f"[sglang-cpp] PP stages cut different chunks for request {rid}: PP{pp_rank - 1} sent {_desc(a)}, "
+             f"PP{pp_rank} cut {_desc(b)}; every stage must plan alike (see the startup agreement check and the "
+             "decision logs of both stages)")
+    fail(f"[sglang-cpp] PP stages cut the same chunks in another order: PP{pp_rank - 1} sent {sent}, "
+         f"PP{pp_rank} cut {mine}")
+
+
+def fail(msg: str) -> None:
+    """Log the line and get the decision log onto disk before raising: SGLang answers a scheduler exception by
+    killing the process tree (scheduler.py's SIGQUIT to its parent), racing the log's writer thread."""
+    import logging
+
+    from .. import state
+    from ..decision_log import _WRITER
+
+    logging.getLogger("sglang_cpp").error(msg)
+    log = state.LOG
+    if log is not None and log.path:
+        log.write("stage_mismatch", message=msg)
+        log.flush()
+        _WRITER.drain(2.0)
+    raise StageMismatch(msg)
 
 
 def _desc(row) -> str:
     return "no chunk of it" if row is None else f"{row[2]} tokens after a prefix of {row[1]}"
 
 
-__all__ = ["KEY", "StageMismatch", "attach", "check", "rows_of"]
+__all__ = ["KEY", "StageMismatch", "attach", "check", "fail", "rows_of"]

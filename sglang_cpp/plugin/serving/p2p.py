@@ -279,6 +279,8 @@ def Scheduler__pp_launch_batch(original, self, mb_id, cur_batch, pp_proxy_tensor
         ctx = getattr(self, "forward_stream_ctx", None)
         with ctx if ctx is not None else nullcontext():
             wait_pending()
+    if state.ACTIVE is None:  # the policy off (or no dynamic chunking): the plugin only observes
+        return original(self, mb_id, cur_batch, pp_proxy_tensors, *args, **kwargs)
     rows = guard.rows_of(cur_batch)
     if pp_proxy_tensors is not None:  # every stage after the first
         guard.check(pp_proxy_tensors, rows, state.PP_RANK)

@@ -271,12 +271,9 @@ class CppChunkSizer:
                 self.arrivals.issue(pred)
                 while len(self._issued) > self._max_plans:
                     self._issued.pop(next(iter(self._issued)))
+            # a prompt's plan stays after its last chunk is decided (evicted with the oldest, _max_plans): SGLang
+            # may refuse that admission (no KV room, a batch policy's budget) and decide the same chunk again
             load, made = self._loads.get(rid), self._made.get(rid)
-            if prefix_len + chunk >= prompt_len:
-                self._plans.pop(rid, None)
-                self._waiting.pop(rid, None)
-                self._loads.pop(rid, None)
-                self._made.pop(rid, None)
         self.log.write("decision", rid=rid, prefix=prefix_len, chunk=chunk, prompt_len=prompt_len,
                        predicted_ms=pred, policy=self.cfg.policy, first=first,
                        **({"load": load} if self.cfg.policy == "plan" and load is not None else {}),
