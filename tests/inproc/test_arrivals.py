@@ -92,7 +92,7 @@ def test_every_rank_takes_the_stamps_out_and_feeds_its_clock_with_what_was_ahead
         assert c.recent == [(5.0, 4, True)]
     # PD prefill: a prompt still bootstrapping (prefill.py:203); without PP, the prefill batch that just ran
     ext = SimpleNamespace(is_extend_without_speculative=lambda: True)
-    ran = SimpleNamespace(reqs=[SimpleNamespace(origin_input_ids=[0] * 900)], prefix_lens=[0], extend_lens=[512],
+    ran = SimpleNamespace(reqs=[SimpleNamespace(rid="r", origin_input_ids=[0] * 900)], prefix_lens=[0], extend_lens=[512],
                           forward_mode=ext)
     for sched, pp, want in ((SimpleNamespace(waiting_queue=[], chunked_req=None,
                                              disagg_prefill_bootstrap_queue=SimpleNamespace(queue=[a])), 2, True),

@@ -8,6 +8,7 @@ import functools
 import logging
 
 from .. import state
+from . import guard
 from .batch import slot_loads
 
 logger = logging.getLogger("sglang_cpp")
@@ -56,15 +57,9 @@ def _inflight(sched, pp_size: int) -> list:
 
 
 def prefill_rows(b) -> list:
-    """(prefix, new prompt tokens) of each prompt row of a prefill batch, [] for any other batch. A speculative
-    verify batch is no prefill (SGLang's `is_extend` counts TARGET_VERIFY, and under PP a running batch keeps
-    the prefill batch's stale prefix and extend lengths: scheduler.py:3958)."""
-    if b is None or not b.reqs or b.forward_mode is None or not b.forward_mode.is_extend_without_speculative():
-        return []
-    prefix, ext = getattr(b, "prefix_lens", None), getattr(b, "extend_lens", None)
-    if not isinstance(prefix, list) or not isinstance(ext, list):
-        return []
-    return [(int(p), int(x)) for r, p, x in zip(b.reqs, prefix, ext) if int(x) > 0 and int(p) < len(r.origin_input_ids)]
+    """(prefix, new prompt tokens) of each prompt row of a prefill batch, [] for any other batch: the rows the
+    run-time guard compares (guard.rows_of, one filter for both; a speculative verify batch is no prefill)."""
+    return [(p, x) for _, p, x in guard.rows_of(b) or ()]
 
 
 def _queue_view(sched, rid: str, pp_size: int):
