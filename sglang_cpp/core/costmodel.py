@@ -114,6 +114,18 @@ def _rows_at(coefs: np.ndarray, L, x) -> np.ndarray:
     return t.reshape((len(c),) + L.shape)
 
 
+def _undominated(coefs: np.ndarray) -> np.ndarray:
+    """The rows no other row dominates, first occurrences in order: with every coefficient and L, x >= 0, a
+    row whose coefficients are all <= another's is never above it, in exact and in rounded arithmetic (each
+    IEEE step of `_rows_at` is monotone), so the maximum over the rest is the maximum over all, bit for bit.
+    Equal stages price as one row."""
+    keep = []
+    for i, r in enumerate(coefs):
+        if not any((coefs[j] >= r).all() and ((coefs[j] > r).any() or j < i) for j in range(len(coefs)) if j != i):
+            keep.append(i)
+    return coefs[keep]
+
+
 @dataclass(frozen=True)
 class PipelineCost:
     """The slowest of several models for every (L, x): a pipeline runs at the pace of its slowest stage,
@@ -145,6 +157,7 @@ class PipelineCost:
                    for m in self.stages)
         object.__setattr__(self, "_coefs", np.array([[getattr(m, k) for k in COEFS] for m in self.rows])
                            if poly else None)
+        object.__setattr__(self, "_pace", None if self._coefs is None else _undominated(self._coefs))
 
     @property
     def kernel(self) -> "PipelineCost":
@@ -174,7 +187,7 @@ class PipelineCost:
         if len(stages) <= 2 and all(isinstance(m, CostModel) for m in stages):
             out = stages[0].time(L, x)
             return out if len(stages) == 1 else np.maximum(out, stages[1].time(L, x))
-        return _rows_at(self._coefs, L, x).max(axis=0)
+        return _rows_at(self._pace, L, x).max(axis=0)
 
     def stage_times(self, L, x) -> np.ndarray:
         """Every stage's time, stacked on a leading axis (a nested stage at its own maximum)."""

@@ -15,7 +15,7 @@ from scipy.optimize import brentq  # imported with the module: never a first-pla
 from .costmodel import CostModel, PipelineCost, split_uniform_overhead
 from .equal_time_search import (_REGIMES, EqualCounts, _as_coefs, _boundary, _equal_count_chunks, _estimate,
                                 _n_cont, _pacing_rows, _targets, _threshold_walks, _x_of, search_rows, walks)
-from .objective import PlanConfig, _check, _times, _ttft, fixed_candidates, fixed_split, make_plan, makespan
+from .objective import PlanConfig, _check, _times, _ttft, _ttfts, fixed_candidates, fixed_split, make_plan, makespan
 from .plan import ChunkPlan
 from .regimes import XRegimeRows, is_piecewise, regime_rows
 
@@ -107,17 +107,21 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
         # count from the continuous optimum in steps that halve, each count at its own equal-time target:
         # alignment and the clamps move the discrete optimum off the continuous one (seeded test: 76
         # chunks against the exact DP's 64)
-        def count_k(k: int) -> float:
-            if k not in seen:
-                ch = _equal_count_chunks(Lg, xg if k == k0 else x_for(k), prefix_len, R, k, cfg) \
-                    if k_min <= k <= k_max else None
-                seen[k] = (math.inf if ch is None else _ttft(ch, prefix_len, cost, P, o), ch)
-            return seen[k][0]
+        def count_ks(ks: tuple) -> None:  # each count's cut and TTFT, the counts not seen priced together
+            new = [k for k in dict.fromkeys(ks) if k not in seen and k_min <= k <= k_max]
+            others = [k for k in new if k != k0]
+            xs = dict(zip(others, x_for(others))) if others else {}
+            cut = {k: _equal_count_chunks(Lg, xg if k == k0 else xs[k], prefix_len, R, k, cfg) for k in new}
+            ok = [k for k in new if cut[k] is not None]
+            js = dict(zip(ok, _ttfts([cut[k] for k in ok], prefix_len, cost, P, o)))
+            for k in ks:
+                seen.setdefault(k, (js.get(k, math.inf), cut.get(k)))
 
         best_k, step = k0, max(1, k0 // 4)
-        count_k(k0)
+        count_ks((k0,))
         while step >= 1:
-            nb = min((best_k - step, best_k + step), key=count_k)
+            count_ks((best_k - step, best_k + step))
+            nb = min((best_k - step, best_k + step), key=lambda k: seen[k][0])
             if seen[nb][0] < seen[best_k][0] * (1 - 1e-9):
                 best_k = nb
             else:
@@ -148,7 +152,8 @@ def plan_equal_time(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0)
             cands += _threshold_walks(cost, coefs, prefix_len, R, cfg, t_hi, 2 * len(ch0) + 2, n=128, o=o,
                                       span=(float(t0.max()) / t_hi, 1.0))
     sizes = fixed_candidates(cfg, R)
-    fixed = sorted((_ttft(fx, prefix_len, cost, P, o), fx) for fx in (fixed_split(R, c) for c in sizes))
+    fixed = [fixed_split(R, c) for c in sizes]
+    fixed = sorted(zip(_ttfts(fixed, prefix_len, cost, P, o), fixed))
     cands += fixed  # a grid from the bounds alone: never predicted worse than fixed chunks of the grid
     for c in sizes:  # and the same chunks with the short one first, where its prefix is
         K = -(-R // c)                  # shortest (a prefix-squared cost re-pays every prefix)

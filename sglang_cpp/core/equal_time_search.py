@@ -10,7 +10,7 @@ import numpy as np
 
 from . import detmath
 from .costmodel import _rows_at
-from .objective import PlanConfig, _times, _ttft
+from .objective import PlanConfig, _times, _ttft, _ttfts
 from .regimes import RegimeRows, XRegimeRows, largest_x, is_piecewise, regime_rows
 
 _REGIMES = (RegimeRows, XRegimeRows)  # a piecewise model's rows: searched regime by regime
@@ -143,12 +143,12 @@ def _estimate(cost, rows: list[tuple], L0: int, R: int, cfg: PlanConfig, o: floa
     J, n, x, arg = on(T)
     i = int(np.argmin(J))
 
-    def x_for(K: int) -> np.ndarray:  # x(L, T_K) on the grid, T_K where the continuous count is K
+    def x_for(Ks: list[int]) -> np.ndarray:  # x(L, T_K) on the grid per K, T_K where the continuous count is K
         if not hasattr(x_for, "ln"):
             Ts = detmath.geomspace(max(t_min, 1e-9), max(t_max, t_min * 1.0001, 1e-9), 256)
             x_for.ln, x_for.lt = detmath.log(on(Ts[:, None])[1])[::-1], detmath.log(Ts)[::-1]  # n falls as T grows
-        TK = float(detmath.exp(np.interp(math.log(K), x_for.ln, x_for.lt)))
-        return on(np.array([[TK]]))[2][0]
+        TK = [float(detmath.exp(np.interp(math.log(K), x_for.ln, x_for.lt))) for K in Ks]
+        return on(np.array(TK)[:, None])[2]  # row by row: the same values as one K at a time
 
     binding = () if isinstance(rows, _REGIMES) else sorted(set(np.unique(arg).tolist()))
     return float(n[i]), float(T[i, 0]), L, x[i], binding, (t_min, t_max), x_for
@@ -239,8 +239,8 @@ def _threshold_walks(cost, coefs, L0: int, R: int, cfg: PlanConfig, T_hi: float,
     walk of the largest aligned chunks whose time stays <= M (`walks`), scored on sum + (P-1) max.
     Equal-time boundaries rounded to the nearest aligned point can put one chunk a unit above the target,
     which the (P-1) max term then multiplies; rounding down under a threshold never does."""
-    walked = walks(coefs, L0, R, cfg, T_hi * np.linspace(*span, n), k_cap)
-    return [(_ttft(ch, L0, cost, cfg.pp_size, o), ch) for ch in walked if ch is not None]
+    walked = [ch for ch in walks(coefs, L0, R, cfg, T_hi * np.linspace(*span, n), k_cap) if ch is not None]
+    return list(zip(_ttfts(walked, L0, cost, cfg.pp_size, o), walked))
 
 
 def walks(coefs, L0: int, R: int, cfg: PlanConfig, M, k_cap: int) -> list[list[int] | None]:

@@ -122,6 +122,24 @@ def _ttft(chunks, prefix_len: int, cost, pp_size: int, o: float = 0.0) -> float:
     return makespan_equal(t.tolist(), pp_size)
 
 
+def _ttfts(lists: list, prefix_len: int, cost, pp_size: int, o: float = 0.0) -> list[float]:
+    """`_ttft` of many chunk lists, every chunk priced in one cost call (the same element-wise values, so the
+    same floats as one call per list): the threshold walks and the fixed grid score dozens of lists a plan."""
+    if not lists:
+        return []
+    lens = np.array([len(ch) for ch in lists], np.int64)
+    flat = np.concatenate([np.asarray(ch, np.int64) for ch in lists])
+    first = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    before = np.cumsum(flat) - flat  # tokens before each chunk over the concatenation, less its list's start
+    starts = prefix_len + before - np.repeat(before[first], lens)
+    t = _times(cost, starts, flat, o).tolist()
+    out, k = [], 0
+    for n in lens.tolist():
+        out.append(makespan_equal(t[k:k + n], pp_size))
+        k += n
+    return out
+
+
 def flow_shop(t, start=None) -> np.ndarray:
     """Completion times on the last stage of jobs run in order through P stages: the permutation flow shop
     C[k, s] = max(C[k-1, s], C[k, s-1]) + t[s, k], for `t` shaped (..., P, K) (leading axes: independent

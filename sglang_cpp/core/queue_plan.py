@@ -9,12 +9,17 @@ work. A prompt that starts while the pipe is busy, or with prompts queued behind
 that minimise the mean completion of the prompts in view; only the last of a burst shrinks its tail. ROCm
 ATOM's dynamic chunking, which plans every prompt alone, loses 10-15% throughput at concurrency 4-16.
 
-The objective is the flow-shop recurrence (`objective.flow_shop`) over per-stage models, with the
-per-chunk overhead, over: the chunks in flight (priced, their work already committed), this prompt's
-candidate chunks, and the prompts behind it, each cut at the pacing time of this prompt's candidate (its
-running max: chunks up to it add no drain). Candidates: the single-prompt plan, fixed chunks and
-equal-time cuts into fewer chunks (`equal_time_search.EqualCounts`). With nothing in view, or a one-chunk plan, the
-single-prompt plan is returned as it is. Pure numpy; every stage derives the same plan from the same view.
+The objective is the flow-shop recurrence (`objective.flow_shop`) with the per-chunk overhead over: the
+chunks in flight (priced, their work already committed) and this prompt's candidate chunks, every stage
+priced apart, then the prompts behind it, each cut into equal-time chunks at the pacing time of this
+prompt's candidate (its running max: chunks up to it add no drain). Those are plans not yet made, so they
+are modelled, not cut: as a fluid (`behind.Behind`: chunk count, paced total and largest chunk from integrals
+over the prefix, one grid for all of them) on stages that all take the slowest stage's time, whose state
+advances in closed form (`advance_paced`, O(P) per candidate and prompt: exact for equal stages, an upper
+bound otherwise). That keeps a decision with 16 prompts behind within issue 56's 20 ms. Candidates: the
+single-prompt plan, fixed chunks and equal-time cuts into fewer chunks (`equal_time_search.EqualCounts`).
+With nothing in view, or a one-chunk plan, the single-prompt plan is returned as it is. Pure numpy,
+element-wise in a fixed order; every stage derives the same plan from the same view.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import numpy as np
 from . import detmath
 from .equal_time import plan_equal_time
 from .load import Load, expected_behind
+from .behind import Behind, advance_paced, paced_totals
 from .equal_time_search import EqualCounts
 from .plan import ChunkPlan
 from .objective import PlanConfig, _check, _times, advance, fixed_candidates, fixed_split, make_plan, stage_times
@@ -33,6 +39,7 @@ from .objective import PlanConfig, _check, _times, advance, fixed_candidates, fi
 MAX_WAITING = 16  # prompts behind the current one that a plan looks at (planning time is linear in them)
 N_GRID = 64  # target times on which the equal-time cuts are read
 N_COUNTS = 20  # chunk counts tried for this prompt, from the fewest possible to the single-prompt plan's
+N_BEHIND = 32  # target times on which the prompts behind are tabled (read between them in log-log)
 
 
 @dataclass(frozen=True)
@@ -108,39 +115,47 @@ def _by_length(lengths: list[int]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _transfer(chunks: list[list], start: int, cost, P: int) -> np.ndarray:
-    """Each chunk list's max-plus transfer matrix D (n, P, P): from a state F (per-stage free times) the
-    stages end at max_s' (F[s'] + D[s', s]) after it (`advance` from a start 0 at stage s' only)."""
-    t = _times_of(chunks, [start] * len(chunks), cost, P)
-    unit = np.where(np.eye(P, dtype=bool), 0.0, -np.inf)  # row s': stage s' free at 0, the others never busy
-    return advance(t[:, None], unit[None])
-
-
-def completions(cands: list[tuple[list, list[list]]], L0: int, view: QueueView, cost, P: int) -> np.ndarray:
-    """For each candidate (this prompt's chunks, the chunks of each prompt behind), the completion times on
-    the last stage of this prompt and of every prompt behind it, shaped (candidates, 1 + waiting), measured
-    from the start of the first chunk in flight (the flow-shop recurrence over every chunk in order). The
-    prompts behind enter through their max-plus transfer matrices, one per distinct chunk list."""
+def _states(mine: list[list], L0: int, view: QueueView, cost, P: int) -> np.ndarray:
+    """Each candidate's flow-shop state (candidates, P) after the chunks in flight and then its own chunks
+    (from the start of the first chunk in flight), every stage priced apart: the exact recurrence."""
     if view.inflight:
         L, x = np.array(view.inflight, float).T
         state = advance(stage_times(cost, L, x, P))
     else:
         state = np.zeros(P)
-    G = np.empty((len(cands), P))
-    for group in _by_length([len(c) for c, _ in cands]):  # padded to their own longest, not the longest of all
-        G[group] = advance(_times_of([cands[i][0] for i in group], [L0] * len(group), cost, P), state)
-    out, memo = [G[:, -1]], {}
+    G = np.empty((len(mine), P))
+    for group in _by_length([len(c) for c in mine]):  # padded to their own longest, not the longest of all
+        G[group] = advance(_times_of([mine[i] for i in group], [L0] * len(group), cost, P), state)
+    return G
+
+
+def _through(G: np.ndarray, behind: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The last-stage completion of each candidate's own chunks and of every prompt behind, (S, M) per
+    prompt (each candidate's paced total and largest chunk), shaped (candidates, 1 + len(behind))."""
+    out = [G[:, -1]]
+    for S, M in behind:
+        G = advance_paced(G, S, M)
+        out.append(G[:, -1])
+    return np.stack(out, axis=1)
+
+
+def completions(cands: list[tuple[list, list[list]]], L0: int, view: QueueView, cost, P: int) -> np.ndarray:
+    """For each candidate (this prompt's chunks, the chunks of each prompt behind), the completion times on
+    the last stage of this prompt and of every prompt behind it, shaped (candidates, 1 + waiting), measured
+    from the start of the first chunk in flight: the flow-shop recurrence over the chunks in flight and this
+    prompt's, every stage apart, then each prompt behind at the pipeline's pace (`advance_paced`)."""
+    behind, memo = [], {}
     for i, (n, p) in enumerate(view.waiting):
         lists = [tuple(b[i]) for _, b in cands]
         key = (p, tuple(lists))  # a burst's prompts share their chunk lists
         if key not in memo:
             uniq = list(dict.fromkeys(lists))
-            t = _times_of([list(u) for u in uniq], [p] * len(uniq), cost, P)  # priced once per distinct list
-            which = {ch: j for j, ch in enumerate(uniq)}
-            memo[key] = t[[which[ch] for ch in lists]]  # (candidates, P, K), zero-padded
-        G = advance(memo[key], G)  # the flow-shop recurrence through this prompt's chunks, every candidate at once
-        out.append(G[:, -1])
-    return np.stack(out, axis=1)
+            S, M = paced_totals([list(u) for u in uniq], [p] * len(uniq), cost)  # priced once per distinct list
+            at = {u: j for j, u in enumerate(uniq)}
+            which = np.array([at[ch] for ch in lists])
+            memo[key] = (S[which], M[which])
+        behind.append(memo[key])
+    return _through(_states([list(c) for c, _ in cands], L0, view, cost, P), behind)
 
 
 def _with_expected(view: QueueView, alone: list, L0: int, cost, cfg: PlanConfig) -> tuple[QueueView, list, float]:
@@ -198,16 +213,10 @@ def plan_in_queue(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, v
     # each prompt behind is cut into equal-time chunks at this candidate's pacing time (its running max)
     pacing = [float(np.max(pace(prefix_len + np.concatenate([[0], np.cumsum(ch)[:-1]]), np.asarray(ch))))
               for ch in mine]
-    behind_of = {}
-    for n, p in dict.fromkeys(view.waiting):
-        Rb = n - p
-        if Rb <= cfg.lo:
-            behind_of[(n, p)] = [[Rb]] * len(mine)
-            continue
-        theirs = EqualCounts(cost, p, Rb, cfg, detmath.geomspace(targets[0], max(targets[-1], max(pacing)), N_GRID))
-        behind_of[(n, p)] = [theirs.at_target(T) or fixed_split(Rb, cfg.hi) for T in pacing]
-    cands = [(ch, [behind_of[w][i] for w in view.waiting]) for i, ch in enumerate(mine)]
-    done = completions(cands, prefix_len, view, cost, P)
+    uniq = list(dict.fromkeys(view.waiting))
+    grid = detmath.geomspace(targets[0], max(targets[-1], max(pacing)), N_BEHIND)
+    tables = dict(zip(uniq, Behind(cost, cfg, uniq, grid).at(np.array(pacing)))) if uniq else {}
+    done = _through(_states(mine, prefix_len, view, cost, P), [tables[w] for w in view.waiting])
     total = np.zeros(done.shape[0])
     for j, w in enumerate(weights):  # column by column: a fixed order of additions
         total = total + done[:, j] * w

@@ -181,3 +181,18 @@ def test_one_profile_check_for_every_command_names_the_file_the_field_and_the_fl
         with pytest.raises(ValueError, match=needle):
             check_profile(doc, "SGLANG_CPP_PROFILE=x", **kw)
     check_profile(doc, "x", pp_size=2, tp_size=8, dtype="torch.bfloat16", model="/elsewhere/Qwen3-8B/")
+
+
+def test_a_pipeline_prices_on_its_undominated_rows_bit_for_bit():
+    """`PipelineCost.time` takes the maximum over the rows no other row dominates (equal stages price as one):
+    the same floats as the maximum over every row, for equal stages, dominated ones and rows that cross."""
+    from sglang_cpp.core.costmodel import _rows_at
+
+    rng = np.random.default_rng(5)
+    base = [CostModel.fa(a=1e-6, b=0.05, c0=20.0), CostModel.fa(a=1.3e-6, b=0.04, c0=25.0),
+            CostModel(c0=3.0, g=1e-4, b=0.02, d=1e-9, e=2e-6, f=1e-6)]
+    stages = tuple(base[i] for i in rng.integers(0, 3, size=12)) + (CostModel.fa(a=0.5e-6, b=0.01, c0=1.0),)
+    cost = PipelineCost(stages, tuple(float(o) for o in rng.choice([0.0, 2.0, 5.0], size=len(stages))))
+    L, x = rng.integers(0, 1 << 20, size=500).astype(float), rng.integers(1, 32768, size=500).astype(float)
+    assert np.array_equal(cost.time(L, x), _rows_at(cost._coefs, L, x).max(axis=0))
+    assert len(cost._pace) < len(cost._coefs)  # duplicates and the dominated stage dropped

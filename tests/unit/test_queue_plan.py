@@ -1,5 +1,6 @@
 """Queue-aware plans (core/queue_plan.py): the flow-shop objective over the chunks in flight, this prompt
-and the prompts behind it, checked against a plain double loop written here; alone, today's plan exactly."""
+and the prompts behind it (those at the pipeline's pace: every stage takes the slowest stage's time),
+checked against a plain double loop written here; alone, today's plan exactly."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_cpp.core.costmodel import CostModel, PipelineCost, with_overheads
+from sglang_cpp.core.equal_time_search import EqualCounts
 from sglang_cpp.core.planner import PlanConfig, fixed_split, plan_equal_time
 from sglang_cpp.core.objective import advance, flow_shop
+from sglang_cpp.core.behind import Behind, advance_paced
 from sglang_cpp.core.queue_plan import QueueView, completions, mean_completion, plan_in_queue
 
 GPU = CostModel.fa(a=1e-6, b=0.05, c0=20.0)
@@ -17,13 +20,17 @@ UNEVEN = PipelineCost((CostModel.fa(a=1e-6, b=0.05, c0=20.0), CostModel.fa(a=1.3
                        CostModel.fa(a=0.9e-6, b=0.04, c0=15.0), CostModel.fa(a=1.1e-6, b=0.05, c0=30.0)))
 
 
-def naive_ends(jobs, cost, P, o=0.0):
-    """Completion on the last stage of every job (L, x), by the textbook double loop."""
+def naive_ends(jobs, cost, P, o=0.0, paced_from=None):
+    """Completion on the last stage of every job (L, x), by the textbook double loop; jobs from index
+    `paced_from` on take the slowest stage's time on every stage."""
     stages = getattr(cost, "stages", None) or (cost,) * P
     C = [[0.0] * P for _ in jobs]
     for k, (L, x) in enumerate(jobs):
         for s in range(P):
-            t = float(stages[s].time(L, x)) + o
+            if paced_from is not None and k >= paced_from:
+                t = max(float(m.time(L, x)) for m in stages) + o
+            else:
+                t = float(stages[s].time(L, x)) + o
             C[k][s] = max(C[k - 1][s] if k else 0.0, C[k][s - 1] if s else 0.0) + t
     return [c[-1] for c in C]
 
@@ -36,13 +43,15 @@ def jobs_of(chunks, start):
     return out
 
 
-def naive_completions(inflight, segments, cost, P, o=0.0):
-    """The completion of each segment (start, chunks) run after the chunks in flight, one after another."""
+def naive_completions(inflight, segments, cost, P, o=0.0, paced=True):
+    """The completion of each segment (start, chunks) run after the chunks in flight, one after another: the
+    first segment (this prompt) on every stage apart, the segments behind it at the pipeline's pace (the
+    objective's model of prompts not yet planned; `paced=False`: every stage apart, as a run prices them)."""
     jobs, ends = list(inflight), []
     for start, chunks in segments:
         jobs += jobs_of(chunks, start)
         ends.append(len(jobs) - 1)
-    C = naive_ends(jobs, cost, P, o)
+    C = naive_ends(jobs, cost, P, o, paced_from=ends[0] + 1 if paced else None)
     return [C[e] for e in ends]
 
 
@@ -66,6 +75,43 @@ def test_flow_shop_and_advance_match_the_double_loop_from_any_start():
         assert np.allclose(advance(t[i], F[i]), C[-1])
 
 
+def test_the_paced_closed_form_is_the_flow_shop_of_equal_stages_and_bounds_uneven_ones():
+    """`advance_paced` from any state a flow shop leaves (non-decreasing over the stages): on equal stages the
+    double loop's state exactly; on stages that differ, at or above it (each stage charged the slowest)."""
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        P, K = int(rng.integers(1, 9)), int(rng.integers(1, 12))
+        F = np.cumsum(rng.uniform(0, 30, size=P))  # a flow-shop state: each stage free no earlier than the last
+        u = rng.uniform(0.5, 10, size=K)
+        got = advance_paced(F[None], np.array([np.cumsum(u)[-1]]), np.array([u.max()]))[0]
+        assert np.allclose(got, advance(np.tile(u, (P, 1)), F))
+        t = u * rng.uniform(0.6, 1.0, size=(P, K))  # stages that differ, none above the pace
+        assert (got >= advance(t, F) - 1e-9).all()
+
+
+@pytest.mark.parametrize("Rb,p", [(300000, 0), (120000, 40000), (900000, 100000), (20000, 4096)])
+def test_a_prompt_behind_is_priced_as_its_equal_time_cut_to_within_a_few_percent(Rb, p):
+    """The fluid `Behind` against the chunk lists `EqualCounts` cuts at pacing times from a few chunks to
+    hundreds, each priced chunk by chunk at the pace: for the same chunk count, the total within 4% (the
+    clamps and the alignment are what a fluid cannot see) and the largest chunk no larger than the cut's,
+    whose rounding to 64 tokens puts a few chunks up to 1.5x the target when they are 64-128 tokens; the count at a
+    pacing time within 1% and one of the cut's. Three more prompts share the grid (prefix ranges of their own)."""
+    P = 8
+    cfg, cost = PlanConfig(pp_size=P, max_chunk=16384), with_overheads(GPU, 5.0, P)
+    grid = np.geomspace(20.0, 2000.0, 32)
+    prompts = [(p + Rb, p), (1_000_000, 0), (70000, 65000), (500_000, 250_000)]
+    b = Behind(cost, cfg, prompts, grid)
+    ec = EqualCounts(cost, p, Rb, cfg, np.geomspace(20.0, 2000.0, 1024))  # fine: it cuts at the target above T
+    for t in np.geomspace(200.0, 1500.0, 8):  # above a minimum chunk's time at the longest prefix: no clamp at lo
+        ch = ec.at_target(float(t))
+        want = naive_ends(jobs_of(ch, p), GPU, 1, 5.0)  # one stage: the running sum of the paced times
+        K = b.counts(np.array([t]))[0, 0]
+        assert abs(K - len(ch)) <= 0.01 * len(ch) + 1
+        S, M = b.read(np.full((1, len(prompts)), float(len(ch))))[0]
+        assert S[0] == pytest.approx(want[-1], rel=0.04)
+        assert 0.65 <= M[0] / max(np.diff([0.0] + want)) <= 1.01
+
+
 @pytest.mark.parametrize("cost,P", [(GPU, 4), (UNEVEN, 4)])
 def test_the_objective_is_the_flow_shop_over_every_chunk_in_order(cost, P):
     cfg = PlanConfig(pp_size=P, max_chunk=8192)
@@ -82,7 +128,7 @@ def test_the_objective_is_the_flow_shop_over_every_chunk_in_order(cost, P):
 @pytest.mark.parametrize("cost,P", [(GPU, 4), (UNEVEN, 4)])
 def test_candidates_of_very_different_lengths_are_each_priced_as_the_double_loop(cost, P):
     """Candidates are padded per length group (a 512-chunk fixed cut beside 3-chunk ones): each one's
-    completions are still its own flow shop."""
+    completions are still its own flow shop (the prompts behind at the pipeline's pace)."""
     view = QueueView(inflight=((0, 4096),), waiting=((9000, 1024), (9000, 1024)))
     cands = [([8192, 8192, 1616], [[7976], [7976]]), (fixed_split(18000, 64), [fixed_split(7976, 512)] * 2),
              ([4096] * 4 + [1616], [[4096, 3880], fixed_split(7976, 64)])]
@@ -116,7 +162,7 @@ def test_a_burst_planned_queue_aware_finishes_sooner_and_with_more_throughput_th
     queue = StreamPolicy("plan", lambda m, p, v: plan_in_queue(m, charged, cfg, p, v).chunks, queue_aware=True)
     alone = StreamPolicy("plan-alone", lambda m, p, v: plan_equal_time(m, charged, cfg, p).chunks)
     runs = {pol.name: plan_stream([n] * 8, pol, charged, P) for pol in (queue, alone)}
-    ends = {k: naive_completions((), [(0, ch) for ch in r.chunks], cost, P, o) for k, r in runs.items()}
+    ends = {k: naive_completions((), [(0, ch) for ch in r.chunks], cost, P, o, paced=False) for k, r in runs.items()}
     assert np.mean(ends["plan"]) < 0.99 * np.mean(ends["plan-alone"])
     assert ends["plan"][-1] < ends["plan-alone"][-1]  # the burst's makespan: more input tokens per second
     q, a = runs["plan"].chunks, runs["plan-alone"].chunks
