@@ -4,7 +4,9 @@ A decision is what the plugin's sizer runs when a prompt starts: the single-prom
 plan with the chunks in flight (P - 1 of them), the prompts waiting behind it (queue depth 0, 1, 4 or 16, each
 of 32K-1M tokens) and a known load estimate (16 arrivals, most of them busy), core/queue_plan.py. The prompt is
 32K-1M tokens, PP 4, 8 and 16, on the H100-measured check-llama stage (results/gpu-h100/, 8 decoder layers
-per stage) with 20 ms per chunk and stage. Seeded: every run plans the same decisions. Times are the thread's
+per stage) with 20 ms per chunk and stage: every stage that model ("equal"), and every stage its own copy
+with each coefficient and the overhead scaled by a seeded factor in [0.9, 1.1] ("uneven": a served model
+refitted per stage, where no stage's rows can be shared). Seeded: every run plans the same decisions. Times are the thread's
 CPU time (time.thread_time) with OpenBLAS on one thread; p50, p99 and max per cell.
 
 `--avx2`: numpy's AVX-512 paths turned off (NPY_DISABLE_CPU_FEATURES), for a host that has AVX-512 and no
@@ -25,6 +27,7 @@ from pathlib import Path
 
 PROFILE = "results/gpu-h100/gpu_kernels-check-llama.profile.json"
 DEPTHS = (0, 1, 4, 16)
+STAGES = ("equal", "uneven")
 PPS = (4, 8, 16)
 OVERHEAD_MS = 20.0
 BUDGET_P99, BUDGET_MAX = 20.0, 50.0
@@ -41,7 +44,7 @@ def measure(decisions: int, seed: int = 56) -> list[dict]:
 
     import numpy as np
 
-    from sglang_cpp.core.costmodel import per_stage, with_overheads
+    from sglang_cpp.core.costmodel import COEFS, CostModel, PipelineCost, per_stage, with_overheads
     from sglang_cpp.core.load import Load
     from sglang_cpp.core.planner import PlanConfig, plan
     from sglang_cpp.core.profile_io import cost_from_profile, load_profile
@@ -50,8 +53,13 @@ def measure(decisions: int, seed: int = 56) -> list[dict]:
     stage = cost_from_profile(load_profile(PROFILE), PROFILE)
     rng = np.random.default_rng(seed)
     rows = []
-    for P in PPS:
-        cost = with_overheads(per_stage(stage, P), [OVERHEAD_MS] * P, P)
+    for kind, P in ((k, P) for k in STAGES for P in PPS):
+        if kind == "equal":
+            cost = with_overheads(per_stage(stage, P), [OVERHEAD_MS] * P, P)
+        else:
+            f = rng.uniform(0.9, 1.1, size=(P, 7))
+            models = tuple(CostModel(**{k: getattr(stage, k) * f[s, i] for i, k in enumerate(COEFS)}) for s in range(P))
+            cost = with_overheads(PipelineCost(models), [OVERHEAD_MS * f[s, 6] for s in range(P)], P)
         cfg = PlanConfig(pp_size=P, max_chunk=32768)
         for depth in DEPTHS:
             for k in range(decisions):
@@ -65,7 +73,7 @@ def measure(decisions: int, seed: int = 56) -> list[dict]:
                 alone = plan(n, cost, cfg, 0)
                 got = plan_in_queue(n, cost, cfg, 0, view, alone=alone)
                 ms = (time.thread_time() - t0) * 1e3
-                rows.append({"pp_size": P, "depth": depth, "prompt_len": n, "ms": round(ms, 3),
+                rows.append({"stages": kind, "pp_size": P, "depth": depth, "prompt_len": n, "ms": round(ms, 3),
                              "chunks": len(got.chunks), "expected": got.meta.get("queue", {}).get("load", {})
                              .get("expected_prompts")})
     return rows
@@ -114,14 +122,16 @@ def write(rows: list[dict], args, disabled: str) -> None:
              __doc__.split("\n\n")[1].replace("\n", " "), "",
              f"Budget (issue 56): p99 <= {BUDGET_P99:g} ms and max <= {BUDGET_MAX:g} ms per decision at queue depth 16 "
              "on an AVX2 host.", "",
-             "| PP | queue depth | decisions | p50 (ms) | p99 (ms) | max (ms) | within budget |",
-             "|---:|---:|---:|---:|---:|---:|---|"]
-    for P in PPS:
-        for depth in DEPTHS:
-            ms = np.array([r["ms"] for r in rows if r["pp_size"] == P and r["depth"] == depth])
-            p50, p99, mx = np.percentile(ms, 50), np.percentile(ms, 99), ms.max()
-            ok = "yes" if p99 <= BUDGET_P99 and mx <= BUDGET_MAX else "no"
-            lines.append(f"| {P} | {depth} | {len(ms)} | {p50:.1f} | {p99:.1f} | {mx:.1f} | {ok} |")
+             "| stages | PP | queue depth | decisions | p50 (ms) | p99 (ms) | max (ms) | within budget |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for kind in STAGES:
+        for P in PPS:
+            for depth in DEPTHS:
+                ms = np.array([r["ms"] for r in rows if r.get("stages", "equal") == kind and r["pp_size"] == P
+                               and r["depth"] == depth])
+                p50, p99, mx = np.percentile(ms, 50), np.percentile(ms, 99), ms.max()
+                ok = "yes" if p99 <= BUDGET_P99 and mx <= BUDGET_MAX else "no"
+                lines.append(f"| {kind} | {P} | {depth} | {len(ms)} | {p50:.1f} | {p99:.1f} | {mx:.1f} | {ok} |")
     Path(args.results).write_text("\n".join(lines) + "\n")
     with open(Path(args.results).with_suffix(".jsonl"), "w") as fh:
         fh.write(json.dumps({"provenance": head, "numpy": numpy_paths}) + "\n")
