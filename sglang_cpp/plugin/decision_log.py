@@ -1,5 +1,5 @@
 """The decision log: one JSON line per event a stage decides or measures (SGLANG_CPP_DECISION_LOG), per-
-decision lines at DEBUG and one INFO line per request.
+decision lines at DEBUG and one INFO line per request, from world rank 0 only (every stage plans alike).
 
 Why buffered: with a log path set, the scheduler writes a line on its hot path (every forward, decode
 step, micro-batch budget and admission cap). A server's log (`buffer_lines` > 0) keeps those lines in
@@ -84,6 +84,7 @@ class DecisionLog:
                  max_open: int = 4096, buffer_lines: int = 0):
         self.pp_rank = pp_rank
         rank = pp_rank if rank is None else rank
+        self.speaks = rank == 0  # the console lines (one per request, the extrapolation warning): world rank 0 only
         self.path = (path.replace("{rank}", str(rank)).replace("{pp_rank}", str(pp_rank))
                      .replace("{tp_rank}", str(tp_rank))) if path else ""
         self._lock = threading.Lock()
@@ -165,8 +166,9 @@ class DecisionLog:
                                          **({"plans": rec["plans"]} if rec.get("plans") is not None else {})}
             while len(self.finished) > self._max_open:
                 self.finished.popitem(last=False)
-            logger.info("[sglang-cpp] PP%d request rid=%s prompt=%d prefix=%d chunks=%s predicted_ms=%.1f (%s)",
-                        self.pp_rank, rec["rid"], rec["prompt_len"], ent[0], ent[1], ent[2], rec.get("policy"))
+            if self.speaks:  # every stage plans alike: one rank says it (the files keep every rank's lines)
+                logger.info("[sglang-cpp] PP%d request rid=%s prompt=%d prefix=%d chunks=%s predicted_ms=%.1f (%s)",
+                            self.pp_rank, rec["rid"], rec["prompt_len"], ent[0], ent[1], ent[2], rec.get("policy"))
 
 
 __all__ = ["DecisionLog", "HOT"]

@@ -293,6 +293,14 @@ def test_one_info_line_per_request_and_decisions_at_debug(tmp_path, caplog):
     assert info == ["[sglang-cpp] PP0 request rid=r prompt=200 prefix=0 chunks=[100, 80, 20] predicted_ms=3.0 (plan)"]
     assert len(debug) == 3
     assert len((tmp_path / "d.jsonl").read_text().splitlines()) == 3
+    caplog.clear()
+    other = DecisionLog(1, str(tmp_path / "d1.jsonl"), rank=1)  # the next stage: its file, no console line
+    with caplog.at_level(logging.DEBUG, logger="sglang_cpp"):
+        for prefix, chunk in ((0, 100), (100, 80), (180, 20)):
+            other.write("decision", rid="r", prefix=prefix, chunk=chunk, prompt_len=200, predicted_ms=1.0,
+                        policy="plan")
+    assert [r for r in caplog.records if r.levelno == logging.INFO] == []
+    assert len((tmp_path / "d1.jsonl").read_text().splitlines()) == 3
 
 
 def test_a_servers_decision_log_buffers_hot_path_lines_and_flushes_them_in_order(tmp_path):

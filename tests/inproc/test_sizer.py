@@ -165,6 +165,24 @@ def test_warns_when_the_plan_extrapolates_beyond_the_calibrated_length(tmp_path,
     assert "extrapolates the cost model 5.0x beyond its calibrated length (8192 tokens" in caplog.text
 
 
+def test_the_extrapolation_warning_is_said_once_per_doubling_and_by_world_rank_0_only(tmp_path, caplog):
+    """Issue 57 item 7: every rank logs each long request as an event; the console hears of it from world rank
+    0, once per doubling of the factor (1.5x and 1.9x share a band; 5.0x is another)."""
+    said = {}
+    for rank in (0, 1):
+        log = tmp_path / f"d{rank}.jsonl"
+        s = CppChunkSizer(cfg(), cost=COST, log=DecisionLog(rank, str(log), rank=rank), calibrated_len=8192)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="sglang_cpp"):
+            for rid, n in (("a", 12288), ("b", 15565), ("c", 40960), ("d", 40961)):
+                s.decide(rid, n, 0, first=True)
+        said[rank] = [r.getMessage().split("rid=")[1].split()[0] for r in caplog.records
+                      if "extrapolates" in r.getMessage()]
+        events = [d["rid"] for d in map(json.loads, log.read_text().splitlines()) if d["event"] == "extrapolation"]
+        assert events == ["a", "b", "c", "d"]
+    assert said == {0: ["a", "c"], 1: []}
+
+
 def test_the_env_table_in_docs_is_the_registry_and_names_every_variable():
     from pathlib import Path
 

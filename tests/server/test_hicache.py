@@ -13,6 +13,8 @@ the files, again computed only past the cached length with the same decisions on
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -29,10 +31,14 @@ L3_ARGS = ("--hicache-storage-backend", "file", "--hicache-storage-prefetch-poli
 pytestmark = pytest.mark.server
 
 
+PROFILE = {"format": "sglang-cpp-profile", "samples": [], "coeffs": {"c0": 20.0, "b": 0.05, "e": 2e-5, "f": 1e-5}}
+CAP = 1024  # the profile's measured_chunk (a served profile's cap): below the plan's first chunk for 6K tokens
+
+
 def _profile(path) -> str:
-    """A plan cost model in a file: no start-up calibration in the test."""
-    path.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [],
-                                "coeffs": {"c0": 20.0, "b": 0.05, "e": 2e-5, "f": 1e-5}}))
+    """A plan cost model in a file (no start-up calibration in the test), as a served profile: its server measured
+    no chunk above CAP, so plans cut none (issue 57 item 2)."""
+    path.write_text(json.dumps({**PROFILE, "meta": {"measured_chunk": CAP}}))
     return str(path)
 
 
@@ -89,6 +95,23 @@ def test_host_tier_hit_is_served_from_the_cached_length_on_both_stages(request, 
     # and the outputs follow the document's KV: the same question after another document (HICACHE_PROMPTS[1])
     # gets other tokens, so a host-tier load of wrong or stale KV would not give the reference's
     assert reference[0] != reference[1]
+
+
+def test_a_profiles_measured_chunk_caps_the_served_plans_as_plan_profile_does(plan_run, tmp_path):
+    """Issue 57 item 2: the server honours a profile's `measured_chunk` as `sglang-cpp plan --profile` does. The
+    same model without the cap plans a first chunk above it for these prompts; the server cut none above it."""
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(PROFILE))
+    cli = subprocess.run([sys.executable, "-m", "sglang_cpp.cli", "plan", "--profile", str(bare), "--input-len",
+                          str(len(HICACHE_PROMPTS[0])), "--pp-size", "2", "--chunked-prefill-size", "2048", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert max(json.loads(cli.stdout)["chunks"]) > CAP
+    logs = [plan_run["dir"] / f"dec_{r}.jsonl" for r in (0, 1)]
+    for p in logs:
+        assert read_events(p, "startup")[0]["config"]["measured_chunk"] == CAP
+    chunks = [[e["chunk"] for e in read_events(p, "decision")] for p in logs]
+    assert chunks[0] and chunks[0] == chunks[1] and max(chunks[0]) <= CAP
+    assert f"plans cut no chunk above {CAP} tokens, the profile's measured_chunk" in plan_run["log"]
 
 
 def test_l3_file_backend_hit_is_served_from_the_cached_length_on_both_stages(plan_run, reference):

@@ -318,6 +318,20 @@ def test_a_poisson_stream_is_planned_with_one_load_estimate_on_both_stages(plan_
         assert load["n"] >= 2 and load["busy"] >= 1, load
 
 
+def test_the_console_gets_one_line_per_request_from_world_rank_0_only(plan_run):
+    """Issue 57 item 7: both stages plan every request alike and both log it to their files; the console
+    line for a request comes from world rank 0 (PP0), once, never from PP1."""
+    import re
+
+    lines = re.findall(r"\[sglang-cpp\] PP(\d+) request rid=(\S+) ", plan_run["log"])
+    done = {e["rid"] for e in read_events(plan_run["dir"] / "dec_1.jsonl", "decision")
+            if e["prefix"] + e["chunk"] >= e["prompt_len"]}  # every request PP1 ran to its last chunk
+    assert len(done) >= 10
+    assert {pp for pp, _ in lines} == {"0"}
+    rids = [rid for _, rid in lines]
+    assert len(rids) == len(set(rids)) and done <= set(rids)
+
+
 def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_run):
     """Issue 25: the startup pipelined probe measures each stage's overhead beyond its forward (>= 0),
     world rank 0's figures reach both stages, and each stage's planning model is its calibrated model
@@ -382,9 +396,19 @@ def test_plan_chunks_outside_the_calibrated_range_are_measured_before_serving(ti
     first = json.loads(calib.read_text())["samples"]
     assert max(s["x"] for s in first) <= 128
     env = {**base, "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
+    # issue 57 item 2: a tuned file for this server's name, tuned under another layer partition, is not applied
+    from sglang_cpp.files import device_file_name
+    from sglang_cpp.plugin.startup.profiles import device_name
+
+    tuned = cache / "tuned" / device_file_name(Path(str(tiny)).name, 2, 1, device_name("cpu"), "float32")
+    tuned.parent.mkdir(parents=True)
+    tuned.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [], "meta": {"layer_partition": "3,1"},
+                                 "coeffs": {"c0": 2.0, "b": 0.02, "e": 1e-5, "f": 1e-6}}))
     with launched(ServerSpec(tiny, pp_size=2, chunk_size=1024, dynamic=True, env=env, extra_args=args), TIMEOUT) as srv:
         out = generate(srv.base_url, input_ids=random_ids(2000, seed=91), max_new_tokens=1)
         log = srv.log()
+    assert (f"tuned config {tuned} was measured under other settings than this server's: layer_partition='3,1' "
+            "there, '' here; not applied: this server's calibration is used instead") in log
     for r in (0, 1):  # coverage computed prefixes up to ~1900 tokens: walked under the 1280-token ceiling
         (st,) = read_events(tmp_path / f"dec_{r}.jsonl", "startup_forwards")
         assert st["ceiling"] == 1280 and 128 < st["largest"] <= 1280, st

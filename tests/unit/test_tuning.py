@@ -380,3 +380,55 @@ def test_tune_chunk_names_and_labels_the_file_for_the_server_it_is_given(tmp_pat
     written = load_profile(tuned_path(server))
     check_profile(written, "tuned", pp_size=2, tp_size=1, dtype="bfloat16", model="Qwen3-8B")
     assert written["meta"]["device_name"] == "NVIDIA_H200"
+
+
+def test_a_profile_tuned_under_other_key_settings_is_not_applied_and_the_warning_names_the_field(tmp_path, monkeypatch,
+                                                                                                   caplog):
+    """Issue 57 item 2: a tuned file or SGLANG_CPP_PROFILE is matched on every field of the calibration cache's
+    key it holds (layer partition, attention backend, KV-cache dtype, quantization, page size, versions, the MLA
+    switches), not on the file name's five: a mismatch is one WARNING naming the field and both values, then this
+    server's calibration. Fields a profile cannot know (an HF profile's page size, a backend left on auto, a
+    remote 'cuda') are not compared. A profile's measured_chunk is its cap."""
+    from types import SimpleNamespace
+
+    from sglang_cpp.core.costmodel import CostModel
+    from sglang_cpp.core.profile_io import save_profile
+    from sglang_cpp.plugin.startup.profiles import key_mismatches, resolve_source, tuned_path
+
+    monkeypatch.setenv("SGLANG_CPP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SGLANG_CPP_PROFILE", raising=False)
+    meta = {"model": "DeepSeek-V3", "pp": 4, "tp": 8, "device_name": "NVIDIA_H200", "dtype": "bfloat16",
+            "layer_partition": "", "attention_backend": "fa3:FlashAttentionBackend", "kv_cache_dtype": "auto",
+            "quantization": "fp8", "page_size": 64, "sglang_version": "0.5.23", "torch_version": "2.14.1",
+            "kernel_switches": [2048], "server_args": {"enable_dp_attention": "false", "ep_size": "8"}}
+    cfg = SimpleNamespace(pp_size=4, context_len=131072)
+    m = CostModel(c0=1.0, b=0.01, e=2e-6, f=1e-6)
+    same = {k: meta[k] for k in ("layer_partition", "quantization", "page_size", "sglang_version", "kernel_switches",
+                                 "server_args")}
+    for field, value, said in (("layer_partition", "15,16,15,15", "layer_partition='15,16,15,15' there, '' here"),
+                               ("attention_backend", "flashinfer", "attention_backend='flashinfer' there"),
+                               ("kernel_switches", [4096], "kernel_switches=[4096] there, [2048] here"),
+                               ("server_args", {"enable_dp_attention": "true"}, "server_args.enable_dp_attention=true "
+                                                                               "there, false here")):
+        save_profile(tuned_path(meta), cost=m, meta={**same, "attention_backend": "fa3", field: value})
+        caplog.clear()
+        with caplog.at_level("INFO", logger="sglang_cpp"):
+            assert resolve_source(meta, cfg)["kind"] == "calibrate"
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and said in warned[0] and f"remove {tuned_path(meta)}" in warned[0], warned
+    save_profile(tuned_path(meta), cost=m, meta={**same, "attention_backend": "fa3", "measured_chunk": 4096})
+    got = resolve_source(meta, cfg)
+    assert got["kind"] == "profile" and got["cap"] == 4096  # every key field agrees: applied, with its cap
+    # SGLANG_CPP_PROFILE under another KV-cache dtype: the same WARNING and a calibration, not a dead server
+    prof = tmp_path / "p.json"
+    save_profile(prof, cost=m, meta={**same, "kv_cache_dtype": "fp8_e4m3"})
+    monkeypatch.setenv("SGLANG_CPP_PROFILE", str(prof))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sglang_cpp"):
+        assert resolve_source(meta, cfg)["kind"] == "calibrate"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "kv_cache_dtype='fp8_e4m3' there, 'auto' here" in warned[0]
+    assert "unset SGLANG_CPP_PROFILE" in warned[0]
+    # what a profile cannot know is not compared
+    assert key_mismatches({"page_size": 1, "attention_backend": None, "device_name": "cuda"}, meta) == []
+    assert key_mismatches({"page_size": 1, "base_url": "http://h:30000"}, meta) == ["page_size=1 there, 64 here"]

@@ -126,6 +126,7 @@ class CppChunkSizer:
         self.current_req = current_req
         self.queue_view = queue_view  # rid -> what is in the pipe ahead of it and waiting behind it (admission._queue_view)
         self.log = log or DecisionLog(cfg.pp_rank)
+        self._extrapolation_bands: set[int] = set()
         self._plans: OrderedDict[str, ChunkPlan] = OrderedDict()
         self._waiting: dict[str, tuple] = {}  # rid -> the waiting prompts its plan saw (a change replans)
         self._max_plans = max_plans
@@ -222,10 +223,14 @@ class CppChunkSizer:
                            prefix=prefix_len, **{k: v for k, v in weighed.items() if k != "kept"})
         if self.calibrated_len and prompt_len > self.calibrated_len:  # any prefix past the samples is a guess
             factor = prompt_len / self.calibrated_len
-            logger.warning("[sglang-cpp] PP%d plan for rid=%s extrapolates the cost model %.1fx beyond its "
-                           "calibrated length (%d tokens, prompt %d); calibrate longer "
-                           "(SGLANG_CPP_CALIB_MAX_LEN, SGLANG_CPP_CALIB_BUDGET_S) or pass SGLANG_CPP_PROFILE",
-                           self.cfg.pp_rank, rid, factor, self.calibrated_len, prompt_len)
+            band = int(math.log2(factor))  # said once per doubling of the factor, by world rank 0 (the log: every one)
+            if self.log.speaks and band not in self._extrapolation_bands:
+                self._extrapolation_bands.add(band)
+                logger.warning("[sglang-cpp] PP%d plan for rid=%s extrapolates the cost model %.1fx beyond its "
+                               "calibrated length (%d tokens, prompt %d); calibrate longer "
+                               "(SGLANG_CPP_CALIB_MAX_LEN, SGLANG_CPP_CALIB_BUDGET_S) or pass SGLANG_CPP_PROFILE; said "
+                               "once per doubling of the factor, every request is an `extrapolation` event",
+                               self.cfg.pp_rank, rid, factor, self.calibrated_len, prompt_len)
             self.log.write("extrapolation", rid=rid, prompt_len=prompt_len, calibrated_len=self.calibrated_len,
                            factor=round(factor, 3))
         return plan

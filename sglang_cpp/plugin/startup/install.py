@@ -148,9 +148,11 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
             if probe:  # every rank: a pipelined run through the real P2P path
                 cost, over = measure_overhead(self, cfg, cost, probe, log=state.LOG)
             # the chunks the served plans run, measured where the calibration did not reach (plugin/startup/coverage.py)
+            fit = refit if refit and "meta" in refit else None  # a calibration's; a profile's carries its cap only
             cost, samples, measured_chunk = cover_plan(self, cfg, cost, over, samples, calibrated_len,
-                                                       refit and refit["meta"], log=state.LOG, save=refit and refit["save"])
-            cfg = replace(cfg, measured_chunk=measured_chunk)  # no plan cuts a chunk bigger than was measured
+                                                       fit and fit["meta"], log=state.LOG, save=fit and fit["save"])
+            # no plan cuts a chunk bigger than was measured: the calibration's, else a served profile's cap
+            cfg = replace(cfg, measured_chunk=measured_chunk or int((refit or {}).get("cap") or 0))
             if probe:
                 save_served(self, cfg, cost, calibrated_len)
         from .harness import STARTUP_FORWARDS

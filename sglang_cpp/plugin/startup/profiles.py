@@ -132,6 +132,51 @@ def check_matches(doc: dict, meta: dict, where: str, pp_size: int) -> None:
                   fix="profile this server (`sglang-cpp profile`, `sglang-cpp tune chunk`) or unset SGLANG_CPP_PROFILE")
 
 
+# the fields of a profile's meta that, where it holds them, must be this server's (issue 57 item 2): what keys the
+# calibration cache (KEY_FIELDS) beyond check_profile's model, TP, PP, dtype, width and depth
+PROFILE_KEY = ("device_name", "layer_partition", "attention_backend", "kv_cache_dtype", "quantization",
+               "moe_runner_backend", "page_size", "fast_extend", "sglang_version", "torch_version", "kernel_switches",
+               "chunk_switches", "regime_names")
+_UNKNOWN = (None, "", "None", "none")
+
+
+def _key_value(field: str, value, held: dict):
+    """A key field's value as compared, or None where a side does not know it: an unset backend ("None", SGLang's
+    auto), a generic device name a remote profile reports, an HF profile's page size (no SGLang pool)."""
+    if field == "layer_partition":
+        return None if value is None else (str(value) or "default")
+    if field == "device_name" and str(value).lower() in ("cuda", "cpu", "unknown", "gpu"):
+        return None
+    if field == "page_size" and "server_args" not in held and "base_url" not in held:
+        return None
+    if value in _UNKNOWN:
+        return None
+    if field == "attention_backend":
+        return str(value).split(":")[0] or None  # the plugin's "arg:BackendClass", a profiler's "arg"
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def key_mismatches(held: dict, meta: dict) -> list[str]:
+    """The key fields a profile's meta holds with another value than this server's (`server_meta`), named with
+    both values; a field either side leaves out or cannot know is not compared."""
+    out = []
+    for k in PROFILE_KEY:
+        a, b = _key_value(k, held.get(k), held), _key_value(k, meta.get(k), meta)
+        if a is not None and b is not None and a != b:
+            out.append(f"{k}={held[k]!r} there, {meta[k]!r} here")
+    ha, ma = held.get("server_args"), meta.get("server_args")
+    if isinstance(ha, dict) and isinstance(ma, dict):
+        out += [f"server_args.{f}={ha[f]} there, {ma[f]} here" for f in sorted(set(ha) & set(ma)) if ha[f] != ma[f]]
+    return out
+
+
+def profile_cap(doc: dict) -> int:
+    """A served profile's `measured_chunk`: the largest chunk its server measured, which its plans never exceed
+    (plugin/startup/coverage.py); the server honours it as `sglang-cpp plan --profile` does (0: none)."""
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    return int((meta or {}).get("measured_chunk") or 0) if isinstance(meta, dict) else 0
+
+
 def covered_len(doc: dict) -> int:
     """Longest prefix+chunk a profile measured (0: unknown, e.g. coefficients only)."""
     if doc.get("samples"):
@@ -173,13 +218,23 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
             msg = what if what.startswith(where) else f"{where}: {what}"
             if path != str(tuned):
                 raise ValueError(msg) from None
-            logger.warning("[sglang-cpp] %s; calibrating instead. Remove %s, or write it again with `sglang-cpp "
+            logger.warning("[sglang-cpp] %s; not applied: this server's calibration is used instead (cached, or "
+                           "measured now). Remove %s, or write it again with `sglang-cpp "
                            "tune chunk` from a profile of this server", msg, tuned)
         else:
-            if path == str(tuned):
-                logger.info("[sglang-cpp] cost model from the tuned config %s (written by `sglang-cpp tune chunk` for "
-                            "this model, PP and TP size, device and dtype; SGLANG_CPP_PROFILE would win)", tuned)
-            return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc), "model": model}
+            other = key_mismatches(doc.get("meta") or {}, meta)
+            if other:  # measured under another layout, backend, cache dtype, version...: not this server's times
+                logger.warning("[sglang-cpp] %s was measured under other settings than this server's: %s; not applied: "
+                               "this server's calibration is used instead (cached, or measured now). Profile this "
+                               "server (`sglang-cpp profile`, `sglang-cpp tune chunk`), or %s",
+                               where, "; ".join(other), f"remove {tuned}" if path == str(tuned) else
+                               "unset SGLANG_CPP_PROFILE")
+            else:
+                if path == str(tuned):
+                    logger.info("[sglang-cpp] cost model from the tuned config %s (written by `sglang-cpp tune chunk` "
+                                "for this model, PP and TP size, device and dtype; SGLANG_CPP_PROFILE would win)", tuned)
+                return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc), "model": model,
+                        "cap": profile_cap(doc)}
     max_len, bound = calibration_target(envs.CALIB_MAX_LEN.get(), cfg.context_len, max_context or cfg.context_len + 1,
                                         kv_tokens or 1 << 62)
     budget_s = envs.CALIB_BUDGET_S.get()
@@ -197,7 +252,7 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     """(cost model, calibrated length, samples, refit) for this server; the samples (what online refinement
     starts from) and `refit` are world rank 0's only, [] and None elsewhere. `refit` is what the plan
     coverage (plugin/startup/coverage.py) needs to refit a calibration with more samples and keep it: {"meta": the
-    fit's meta, "save": save(samples, cost)}; None for a profile the user gave (never refitted). World rank
+    fit's meta, "save": save(samples, cost)}; for a profile the user gave (never refitted) {"cap": its measured_chunk}. World rank
     0 resolves the source (its own profile file or cache), fits it, and every rank receives the
     coefficients: no rank fits alone, so
     BLAS or scipy differences between nodes cannot give two stages different plans. A calibration runs
@@ -217,7 +272,10 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     if src["kind"] == "profile":
         cost = model_from_dict(src["model"], f"SGLANG_CPP_PROFILE={src['where']}")
         logger.info("[sglang-cpp] cost model from %s (world rank 0's fit): %s", src["where"], cost)
-        return cost, src["covered"], kept.get("samples", []), None
+        if src.get("cap"):
+            logger.info("[sglang-cpp] plans cut no chunk above %d tokens, the profile's measured_chunk (what its "
+                        "server measured), as `sglang-cpp plan --profile` does", src["cap"])
+        return cost, src["covered"], kept.get("samples", []), {"cap": int(src.get("cap") or 0)}
     if src["kind"] == "cache":
         reached = src["covered"]
         logger.info("[sglang-cpp] cost model from calibration cache %s on world rank 0 (measured up to %d tokens)",
