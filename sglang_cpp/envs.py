@@ -146,6 +146,11 @@ CALIB_DEADLINE_S = EnvVar("SGLANG_CPP_CALIB_DEADLINE_S", float, 600.0,
                           "in the startup calibration and overhead probe before it ends the server with the reason "
                           "(a rank that failed inside a forward leaves its peers in a collective with no timeout); "
                           "0: no deadline.")
+TRANSFER_TIMEOUT_S = EnvVar("SGLANG_CPP_TRANSFER_TIMEOUT_S", float, 60.0,
+                            "Seconds the overhead probe waits for one hidden-state send or receive to complete on the "
+                            "device before it names the transfer and fails (a peer that failed after this rank queued "
+                            "its side leaves the stream waiting forever); every rank then fails at the next gather. "
+                            "0: wait without a bound (the startup deadline still applies).")
 CALIB_FAULT_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_RANK", int, -1,
                           "Fault injection for tests: the startup calibration raises on this PP rank (-1: never).")
 CALIB_FAULT_TP_RANK = EnvVar("SGLANG_CPP_CALIB_FAULT_TP_RANK", int, -1,
@@ -176,7 +181,7 @@ PD_EARLY_KV = EnvVar("SGLANG_CPP_PD_EARLY_KV", _bool, False,
 
 ALL = (POLICY, PROFILE, CACHE_DIR, CALIB_MAX_LEN, CALIB_PREFIX, CALIB_BUDGET_S, CALIB_REPEATS, CHUNK_OVERHEAD_MS, OVERHEAD_PROBE, MIN_CHUNK, MAX_CHUNK, PLANNER, QUEUE_AWARE,
        DECISION_LOG, ASYNC_RECV, FAST_EXTEND, BATCH_POLICY, EVEN_DECODES, ONLINE, CALIB_DEADLINE_S,
-       CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN, CUT_FAULT_RANK, PD_FAST_RING, PD_EARLY_KV)
+       TRANSFER_TIMEOUT_S, CALIB_FAULT_RANK, CALIB_FAULT_TP_RANK, CALIB_FAULT_IN, CUT_FAULT_RANK, PD_FAST_RING, PD_EARLY_KV)
 
 
 # read by the plugin, but SGLang's own: listed beside ours in docs/env.md

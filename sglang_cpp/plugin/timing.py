@@ -19,27 +19,46 @@ class DeviceTimer:
     """start()/stop() around work; wait_ms() after stop(). The device's events on an accelerator (CUDA, NPU,
     XPU, MUSA: SGLang's `get_device_module()`), perf_counter on CPU, where a forward is synchronous."""
 
-    def __init__(self, device: str, event_factory: Callable | None = None):
+    def __init__(self, device: str, event_factory: Callable | None = None, module=None):
         self.cuda = not device.startswith("cpu")  # device events, resolved lazily (the name is historical)
         self._event = event_factory
+        self._module = module  # the device module (SGLang's get_device_module()), resolved on first use
         if self.cuda and event_factory is None:
-            from sglang.srt.utils.common import get_device_module
-
-            mod = get_device_module()
+            mod = self._mod()
             self._event = lambda: mod.Event(enable_timing=True)
         self._t0 = self._t1 = 0.0
         self._e0 = self._e1 = None
 
-    def sync(self) -> None:
-        """Wait for the work queued on the current stream, not the whole device. The overhead probe calls it
-        right after a receive and after the commit of the previous send (on NCCL both only queue a wait on
-        the stream), inside its blocked time, so a wait on a peer is counted as one."""
-        if self.cuda:
+    def _mod(self):
+        if self._module is None:
             from sglang.srt.utils.common import get_device_module
 
-            mod = get_device_module()
-            stream = getattr(mod, "current_stream", None)
-            (stream().synchronize if stream is not None else mod.synchronize)()
+            self._module = get_device_module()
+        return self._module
+
+    def sync(self, timeout_s: float = 0.0, what: str = "") -> None:
+        """Wait for the work queued on the current stream, not the whole device. The overhead probe calls it
+        right after a receive and after the commit of the previous send (on NCCL both only queue a wait on
+        the stream), inside its blocked time, so a wait on a peer is counted as one. With `timeout_s`, an
+        event recorded on the stream is polled instead and TimeoutError names `what` past the timeout: a
+        peer that failed after this rank queued its receive or send leaves the stream waiting forever, and
+        `synchronize()` has no timeout (issue 57 item 4)."""
+        if not self.cuda:
+            return
+        mod = self._mod()
+        if timeout_s > 0 and hasattr(mod, "Event"):
+            done = mod.Event()
+            done.record()
+            deadline = time.monotonic() + timeout_s
+            while not done.query():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{what or 'the queued device work'} did not complete within {timeout_s:g} s "
+                                       "(SGLANG_CPP_TRANSFER_TIMEOUT_S): the peer stage failed or never posted its "
+                                       "side of the transfer")
+                time.sleep(0.0002)
+            return
+        stream = getattr(mod, "current_stream", None)
+        (stream().synchronize if stream is not None else mod.synchronize)()
 
     def start(self) -> None:
         if self._event is not None:

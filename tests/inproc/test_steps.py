@@ -173,7 +173,7 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
     monkeypatch.setattr(overhead, "tick", lambda what: None)
     from sglang_cpp.plugin import timing
 
-    monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(sync=lambda: order.append("sync")))
+    monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(sync=lambda *a: order.append("sync")))
     got = overhead.probe_stage(SimpleNamespace(tree_cache=None), pp_rank=1, pp_size=3, n_chunks=2, chunk=128)
     assert len(got["steps"]) == 2 and got["transfer"] == {}  # no sizes given: no receive timed alone
     # on NCCL a receive and a commit only queue a wait on the stream: the stream sync right after each, inside
@@ -209,7 +209,7 @@ def test_a_rank_failing_in_the_probe_tells_its_peers_before_the_transfer_timing(
     monkeypatch.setattr(harness, "synthetic_req", lambda sched, rng, n, rid: Req())
     monkeypatch.setattr(overhead, "tick", lambda what: None)
     monkeypatch.setattr(overhead, "_rank", lambda: 3)
-    monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(sync=lambda: None))
+    monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(sync=lambda *a: None))
     ok = lambda sched, req, cache, received: (1.0, SimpleNamespace(logits_output=SimpleNamespace(tensors={})))  # noqa: E731
 
     def oom(sched, req, cache, received):
@@ -251,7 +251,7 @@ def test_each_hop_is_timed_alone_at_two_sizes_after_a_gather_of_every_rank(monke
     monkeypatch.setattr(overhead, "_rank", lambda: 1)
     template = {"hidden_states": torch.zeros(128, 8), "residual": torch.zeros(128, 8)}
     barrier = lambda e: order.append("barrier") or [e]  # noqa: E731
-    got = overhead.time_transfers(pp, 1, 3, template, (128, 2048), SimpleNamespace(sync=lambda: None), ag, agree=barrier)
+    got = overhead.time_transfers(pp, 1, 3, template, (128, 2048), SimpleNamespace(sync=lambda *a: None), ag, agree=barrier)
     assert sorted(got) == [128, 2048] and all(len(v) == 3 and min(v) >= 0 for v in got.values())
     one_size = ["barrier", ("recv", True)] * 4 + ["barrier", ("send", True)] * 4
     assert order == one_size * 2 + ["barrier"]  # and one at the end: a rank that failed the last transfer says so
@@ -262,10 +262,45 @@ def test_each_hop_is_timed_alone_at_two_sizes_after_a_gather_of_every_rank(monke
         raise RuntimeError("recv timed out")
     pp.recv_tensor_dict, said = lost, []
     with pytest.raises(RuntimeError, match="transfer timing failed: world rank 1: RuntimeError: recv timed out"):
-        overhead.time_transfers(pp, 1, 3, template, (128,), SimpleNamespace(sync=lambda: None), ag,
+        overhead.time_transfers(pp, 1, 3, template, (128,), SimpleNamespace(sync=lambda *a: None), ag,
                                 agree=lambda e: said.append(e) or [e])
     assert said[0] == "" and said[1].startswith("world rank 1: RuntimeError: recv timed out (in the transfer PP0")
     assert len(said) == 2  # raised at the gather after the failed receive, on every rank alike
+
+
+def test_a_transfer_a_failed_peer_strands_fails_within_its_timeout_naming_it(monkeypatch):
+    """Issue 57 item 4: on a GPU a receive queued on the stream waits forever for a peer that failed after
+    posting nothing (`synchronize()` has no timeout; only the 600 s startup deadline or NCCL's watchdog ended
+    it). The probe's wait polls an event on the stream instead: past SGLANG_CPP_TRANSFER_TIMEOUT_S it raises
+    naming the transfer, this rank says so at the next gather, and every rank raises there."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglang_cpp.plugin.startup import overhead
+    from sglang_cpp.plugin.timing import DeviceTimer
+
+    class Stuck:  # an event behind a receive that never completes
+        def record(self):
+            pass
+
+        def query(self):
+            return False
+
+    mod = SimpleNamespace(Event=lambda enable_timing=False: Stuck(),
+                          current_stream=lambda: pytest.fail("an unbounded stream synchronize"))
+    timer = DeviceTimer("cuda:0", module=mod)
+    monkeypatch.setenv("SGLANG_CPP_TRANSFER_TIMEOUT_S", "0.05")
+    monkeypatch.setattr(overhead, "tick", lambda what: None)
+    monkeypatch.setattr(overhead, "_rank", lambda: 1)
+    pp = SimpleNamespace(recv_tensor_dict=lambda all_gather_group=None: {})
+    said, t0 = [], time.monotonic()
+    with pytest.raises(RuntimeError, match=r"transfer timing failed: world rank 1: TimeoutError: the receive of the "
+                                           r"transfer PP0 -> PP1 of 128 tokens did not complete within 0.05 s"):
+        overhead.time_transfers(pp, 1, 2, {"hidden_states": torch.zeros(128, 8)}, (128,), timer, None,
+                                agree=lambda e: said.append(e) or [e])
+    assert time.monotonic() - t0 < 5 and len(said) == 2  # the warm-up's receive timed out; said at the next gather
 
 
 def test_a_startup_forward_waits_for_its_stream_not_the_device(monkeypatch):

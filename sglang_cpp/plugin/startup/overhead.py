@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from ...core.costmodel import ChunkOverhead, with_overheads
+from ... import envs
 from .deadline import note_error, tick
 
 logger = logging.getLogger("sglang_cpp")
@@ -118,6 +119,7 @@ def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=No
     if not sizes or pp_size < 2:
         return got
     error = ""
+    limit = envs.TRANSFER_TIMEOUT_S.get()
 
     def step(what: str) -> None:
         _agree(agree, error, f"before {what}", "the hidden-state transfer timing failed")
@@ -134,14 +136,15 @@ def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=No
             for r in range(repeats + 1):
                 step(f"the transfer PP{hop} -> PP{hop + 1} of {x} tokens")
                 try:
+                    what = f"the transfer PP{hop} -> PP{hop + 1} of {x} tokens"
                     if pp_rank == hop:
                         time.sleep(SEND_DELAY_S)  # the receive is posted first: no small send lands early (NCCL eager)
                         pp.send_tensor_dict(payloads[x], all_gather_group=ag)
-                        timer.sync()
+                        timer.sync(limit, f"the send of {what}")  # bounded: a failed peer never strands this rank
                     elif pp_rank == hop + 1:
                         t0 = time.perf_counter()
                         pp.recv_tensor_dict(all_gather_group=ag)
-                        timer.sync()  # NCCL: the receive is queued on the stream
+                        timer.sync(limit, f"the receive of {what}")  # NCCL: the receive is queued on the stream
                         if r:
                             got.setdefault(x, []).append(max((time.perf_counter() - t0 - SEND_DELAY_S) * 1e3, 0.0))
                 except Exception as exc:
@@ -186,12 +189,16 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
             if pp_rank > 0:
                 tb = time.perf_counter()
                 received = pp.recv_tensor_dict()
-                timer.sync()  # NCCL: the receive is queued on the stream; its wait on the peer lands here
+                # NCCL: the receive is queued on the stream; its wait on the peer lands here, bounded
+                timer.sync(envs.TRANSFER_TIMEOUT_S.get(), f"step {k}'s receive PP{pp_rank - 1} -> PP{pp_rank} in "
+                           "the pipelined overhead probe")
                 blocked += time.perf_counter() - tb
             if pp_rank < pp_size - 1:  # the previous chunk's send, committed before this forward as
                 tb = time.perf_counter()  # SGLang's PP loop does (_pp_commit_proxy_send_work): a wait on a peer
                 _commit(pending)
-                timer.sync()  # NCCL: wait() makes the stream wait for the next stage; that wait lands here
+                # NCCL: wait() makes the stream wait for the next stage; that wait lands here, bounded
+                timer.sync(envs.TRANSFER_TIMEOUT_S.get(), f"step {k}'s send PP{pp_rank} -> PP{pp_rank + 1} in the "
+                           "pipelined overhead probe")
                 blocked += time.perf_counter() - tb
             req.extend_end = req.prefix_len + chunk
             fwd_ms, out = forward(sched, req, cache, received)
