@@ -154,6 +154,12 @@ STATE_READS = {
         "so the events are recorded on the forward stream), managers/tp_worker.py:622-680 and 755-787 "
         "(ForwardBatch.init_new, then model_runner.forward on every stage; sampling after it on the last); "
         "timing.FORWARD times ModelRunner.forward alone, as harness.forward does",
+    "Scheduler.draft_worker, EAGLEWorkerV2._draft_worker.draft_runner, draft_runner_list": "managers/scheduler.py:"
+        "1037-1064 (draft_worker: None without speculative decoding and on PP stages that host no draft), 1203-1208 "
+        "(model_worker = draft_worker), speculative/eagle_worker_v2.py:235 (draft_runner), 1334-1340 (_draft_worker "
+        "on the last PP rank), 1416-1490 (the target's extend, then the draft's on draft_runner), "
+        "multi_layer_eagle_worker_v2.py:189-191 (one runner per step); forwards.draft_runners arms the window with "
+        "them, so a served chunk on that stage is timed with the draft's extend",
     "get_parallel(): attn_dp_enabled, attn_tp_rank, attn_cp_rank, enable_dp_attention_local_control_broadcast; "
     "get_exec().moe.is_ep_scale_joiner": "managers/scheduler_components/request_receiver.py:112-125 (PP0's "
         "attention TP/CP rank 0 pulls each DP group's requests), 167-200 (under local control broadcast, or as an "

@@ -111,18 +111,21 @@ class LazyTimes:
 
 class ForwardWindow:
     """The serving side of the one timed window: the run_batch hook arms it with its timer and the scheduler's
-    own model runner; the ModelRunner.forward hook starts that timer before the first forward of that runner
-    while armed and stops it after each (a batch whose worker runs the model twice, e.g. an encoder-SWA
-    replay before the extend, tp_worker.py:639-650, is timed from the first start to the last end). A draft
-    model's runner, or a forward outside run_batch: untimed."""
+    own model runner (and a speculative draft model's runners, `draft_runners`); the ModelRunner.forward hook
+    starts that timer before the first forward of those runners while armed and stops it after each (a batch
+    whose worker runs the model twice, e.g. an encoder-SWA replay before the extend, tp_worker.py:639-650, or
+    the target's extend and then the draft's, eagle_worker_v2.py:1416-1490, is timed from the first start to
+    the last end). Any other runner, or a forward outside run_batch: untimed."""
 
     def __init__(self):
-        self._runner = self._timer = None
+        self._runners: tuple = ()
+        self._timer = None
         self._started = False
         self.marks: set = set()  # what else ran inside the armed window (e.g. an EPLB rebalance step)
 
-    def arm(self, runner, timer: DeviceTimer) -> None:
-        self._runner, self._timer, self._started = runner, timer, False
+    def arm(self, runner, timer: DeviceTimer, also: tuple = ()) -> None:
+        self._runners = tuple(r for r in (runner, *also) if r is not None)
+        self._timer, self._started = timer, False
         self.marks = set()
 
     def mark(self, what: str) -> None:
@@ -133,12 +136,12 @@ class ForwardWindow:
 
     def disarm(self) -> bool:
         """Whether the armed forward ran (its timer started and stopped)."""
-        started, self._runner, self._timer, self._started = self._started, None, None, False
+        started, self._runners, self._timer, self._started = self._started, (), None, False
         return started
 
     def run(self, runner, call: Callable, *args, **kwargs):
         timer = self._timer
-        if timer is None or runner is not self._runner:
+        if timer is None or not any(runner is r for r in self._runners):
             return call(*args, **kwargs)
         if not self._started:
             self._started = True

@@ -74,8 +74,9 @@ def test_every_step_path_hook_is_a_target():
 def test_a_served_forward_is_timed_over_model_runner_forward_alone(fake, monkeypatch, tmp_path):
     """Issue 45 item 5: serving times the window calibration times, ModelRunner.forward alone. SGLang 0.5.23's
     run_batch -> TpModelWorker.forward_batch_generation builds the ForwardBatch, runs the runner's forward,
-    then samples on the last stage (managers/tp_worker.py:622-680); a draft runner's forward is not timed.
-    The fake clock drives the host timer (timing.py), so the logged ms is exact."""
+    then samples on the last stage (managers/tp_worker.py:622-680); a runner that is neither the scheduler's nor
+    its speculative draft's is not timed. The fake clock drives the host timer (timing.py), so the logged ms is
+    exact."""
     import json
     import time
     from types import SimpleNamespace
@@ -93,7 +94,7 @@ def test_a_served_forward_is_timed_over_model_runner_forward_alone(fake, monkeyp
 
     def run_batch(sched, batch):  # SGLang's run_batch, as the worker calls it
         fake.tick(5)  # ForwardBatch.init_new
-        hooks.ModelRunner_forward(model_forward, draft)  # a draft model: not this scheduler's runner
+        hooks.ModelRunner_forward(model_forward, draft)  # another runner (no draft worker here): untimed
         hooks.ModelRunner_forward(model_forward, runner)
         fake.tick(4)  # sampling
         return "out"
@@ -110,6 +111,51 @@ def test_a_served_forward_is_timed_over_model_runner_forward_alone(fake, monkeyp
     fwd = [r for r in recs if r["event"] == "forward"]
     assert [r["ms"] for r in fwd] == [pytest.approx(30.0), None]
     assert fwd[1]["timing"] == "none"
+
+
+def test_with_speculative_decoding_the_served_window_holds_the_drafts_extend_too(fake, monkeypatch, tmp_path):
+    """Issue 57 item 1: with speculative decoding on the stage that hosts the draft, SGLang's run_batch runs the
+    target's extend and then the draft model's (scheduler.py:1203-1208, model_worker = draft_worker;
+    eagle_worker_v2.py:1416-1490 on `_draft_worker.draft_runner`, eagle_worker_v2.py:235, 1335-1340). A chunk
+    there costs both, so the logged window runs from the target's start to the draft's end; a runner of
+    neither stays untimed. Multi-layer EAGLE's runners (draft_runner_list) count alike."""
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from sglang_cpp.plugin.serving import forwards
+    from sglang_cpp.plugin import hooks, state
+    from sglang_cpp.plugin.decision_log import DecisionLog
+
+    monkeypatch.setattr(time, "perf_counter", fake)
+    log = DecisionLog(0, str(tmp_path / "dec_{rank}.jsonl"), rank=0)
+    monkeypatch.setattr(state, "LOG", log)
+    monkeypatch.setattr(state, "ONLINE", None)
+    runner, draft, step2, other = object(), object(), object(), object()
+    model_forward = lambda self: fake.tick(30)  # noqa: E731  each model's own 30 ms
+
+    def run_batch(sched, batch):
+        fake.tick(5)  # ForwardBatch.init_new
+        hooks.ModelRunner_forward(model_forward, other)  # neither the target nor the draft: untimed
+        hooks.ModelRunner_forward(model_forward, runner)  # the target's extend
+        fake.tick(3)  # the draft's input prepared from the target's hidden states
+        hooks.ModelRunner_forward(model_forward, draft)  # the draft's extend
+        hooks.ModelRunner_forward(model_forward, step2)  # a multi-layer draft's next step
+        fake.tick(4)  # sampling
+        return "out"
+
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid="r1", origin_input_ids=[0] * 100)],
+                            forward_mode=SimpleNamespace(is_extend=lambda: True, is_decode=lambda: False),
+                            prefix_lens=[0], extend_lens=[64], hicache_consumer_index=-1)
+    eagle = SimpleNamespace(model_runner=runner,  # an alias of the target's, as some workers keep
+                            _draft_worker=SimpleNamespace(draft_runner=draft, draft_runner_list=[draft, step2]))
+    sched = SimpleNamespace(device="cpu", tp_worker=SimpleNamespace(model_runner=runner), draft_worker=eagle)
+    assert forwards.draft_runners(sched, runner) == (draft, step2)
+    assert forwards.draft_runners(SimpleNamespace(draft_worker=None), runner) == ()  # a stage without the draft
+    assert forwards._run_batch(run_batch, sched, batch) == "out"
+    log.flush()
+    fwd = [r for r in map(json.loads, (tmp_path / "dec_0.jsonl").read_text().splitlines()) if r["event"] == "forward"]
+    assert [r["ms"] for r in fwd] == [pytest.approx(30.0 + 3.0 + 30.0 + 30.0)]
 
 
 def test_without_a_log_path_or_online_refinement_a_forward_is_not_timed(fake, monkeypatch):

@@ -36,6 +36,27 @@ def Scheduler_on_idle(result, self, *args, **kwargs):
     return None
 
 
+def draft_runners(sched, target) -> tuple:
+    """The speculative draft model's runners on this stage (none without one, and on a PP stage that hosts no
+    draft): SGLang's scheduler runs them inside `run_batch` after the target's forward (scheduler.py:1203-1208:
+    model_worker = draft_worker), EAGLE v2's draft extend on `_draft_worker.draft_runner`
+    (eagle_worker_v2.py:235, 1335-1340, 1416-1490), v1 and the multi-layer workers on their own `model_runner`
+    or `draft_runner`. A chunk on that stage costs both forwards, so the served window holds both (issue 57 item 1)."""
+    worker = getattr(sched, "draft_worker", None)
+    if worker is None:
+        return ()
+    found = []
+    for holder in (worker, getattr(worker, "_draft_worker", None), getattr(worker, "draft_worker", None)):
+        if holder is None:
+            continue
+        # multi-layer EAGLE: one runner per draft step (multi_layer_eagle_worker_v2.py:189-191)
+        for r in (getattr(holder, "draft_runner", None), getattr(holder, "model_runner", None),
+                  *(getattr(holder, "draft_runner_list", None) or ())):
+            if r is not None and r is not target and not any(r is f for f in found):
+                found.append(r)
+    return tuple(found)
+
+
 def ModelRunner_forward(original, self, *args, **kwargs):
     """AROUND the model runner's forward: the timed window of a served forward (timing.FORWARD, armed by the
     run_batch hook for the scheduler's own runner), the same window calibration times. Unarmed, a pass."""
@@ -107,7 +128,8 @@ def _run_batch(original, self, batch, *args, **kwargs):
     else:
         return original(self, batch, *args, **kwargs)
     timer = DeviceTimer(str(self.device))
-    FORWARD.arm(getattr(getattr(self, "tp_worker", None), "model_runner", None), timer)
+    target = getattr(getattr(self, "tp_worker", None), "model_runner", None)
+    FORWARD.arm(target, timer, draft_runners(self, target))
     try:  # timed over ModelRunner.forward alone (ModelRunner_forward), the window calibration times
         out = original(self, batch, *args, **kwargs)
     finally:

@@ -27,8 +27,8 @@ logger = logging.getLogger("sglang_cpp")
 def speculative_warning(algorithm: str, pp_size: int, online: bool) -> str:
     """'' unless speculative decoding runs with PP: then the last stage's prefill forwards also run the
     draft model's extend (EAGLE/MTP), which the startup calibration does not time, so the plan under-costs
-    that stage. Served forwards are timed around the whole `run_batch`, draft included:
-    online refinement fits it after the first requests."""
+    that stage. A served forward's window spans the target's forward and the draft's (timing.ForwardWindow,
+    forwards.draft_runners): online refinement fits it after the first requests."""
     if pp_size <= 1 or algorithm.upper() in ("", "NONE"):
         return ""
     fix = ("online refinement (SGLANG_CPP_ONLINE, on) refits the last stage from served forwards, which include "
