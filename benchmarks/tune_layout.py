@@ -22,7 +22,7 @@ from sglang_cpp.core.costmodel import with_overheads
 from sglang_cpp.core.policy import chunks_for
 from sglang_cpp.whatif.analytic import DEVICES, MODELS
 from sglang_cpp.whatif.analytic_fit import BLOG_PP1, fit, stage_models
-from sglang_cpp.whatif.layout import crossovers, rank_layouts, winners
+from sglang_cpp.whatif.layout import crossovers, rank_layouts, ties, winners
 from sglang_cpp.whatif.simulator import SimConfig, simulate
 
 LENGTHS = (32768, 131072, 262144, 1048576)
@@ -93,7 +93,9 @@ def main() -> int:
            "", f"Efficiency {eff:.4f} (fitted on the blog's Qwen3-235B PP1 TP4 128K point), per-chunk (per-visit) "
            "overhead 2 ms, layer collectives on 450 GB/s with 20 us each, 0.88 of 96 GB per GPU for weights and KV. "
            "Predicted TTFT (s) of each layout's best policy (the plan, or fixed 4K-32K chunks). Attention CP "
-           f"{', '.join(map(str, CP_SIZES[1:]))} inside each TP group where it divides TP (SGLang's --attn-cp-size).",
+           f"{', '.join(map(str, CP_SIZES[1:]))} inside each TP group where it divides TP (SGLang's --attn-cp-size). "
+           "'tie': within 3% of the fastest (the model's error); '**best**': of those, the least memory per GPU "
+           "(`tune layout`'s pick).",
            ""]
     for name in ("qwen3-235b-a22b-fp8", "deepseek-v3"):
         ranked = rank_layouts(MODELS[name], dev, 32, LENGTHS, virtual_stages=(1, 2, 4), cp_sizes=CP_SIZES)
@@ -103,11 +105,14 @@ def main() -> int:
                 "|---|---:|" + "---:|" * len(LENGTHS)]
         for r in ok:
             out.append(f"| {r.layout.name} | {r.mem_gb:.1f} | " + " | ".join(
-                f"{r.best[S][2] / 1e3:.2f}{' **best**' if win[S] is r else ''}" for S in LENGTHS) + " |")
+                f"{r.best[S][2] / 1e3:.2f}{' **best**' if win[S] is r else ' tie' if r in ties(ranked, S) else ''}"
+                for S in LENGTHS) + " |")
         out += [""] + [f"- infeasible: {r.layout.name}: {r.reason}" for r in ranked if r.reason]
-        cross = crossovers(win)
+        cross = crossovers(win, ranked)  # a change of winner inside the model's 3% error is a tie, as `tune layout` says
         out += [f"- crossover between {a // 1024}K and {b // 1024}K: {w1} -> {w2}" for a, b, w1, w2 in cross] or \
-               [f"- one winner at every length: {win[LENGTHS[0]].layout.name}"]
+               [f"- no crossover beyond the model's error: {win[LENGTHS[0]].layout.name} wins or ties at every length"
+                if all(win[LENGTHS[0]] in ties(ranked, S) for S in LENGTHS) else
+                "- no crossover beyond the model's error between consecutive lengths"]
         by = {(r.layout.tp, r.layout.pp, r.layout.v): r for r in ok if r.layout.cp == 1}
         pairs = [((8, 4, 1), (4, 8, 1)), ((4, 8, 1), (2, 16, 1))]
         for a, b in pairs:

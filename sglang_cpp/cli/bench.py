@@ -91,16 +91,6 @@ def _seed(args) -> int:
     return 1 if args.seed is None else int(args.seed)  # bench_serving's default seed
 
 
-def _warn_outside(src: CostSource, lens) -> None:
-    """A WARNING, once, when a prompt reaches past what the profile measured: every policy is priced there
-    by extrapolation."""
-    hi = src.measured_len()
-    if hi is not None and max(lens) > hi:
-        print(f"WARNING: --input-len {max(lens)} is past the profile's measured range (prompt positions up to {hi}, "
-              f"{src.profile}): every policy is priced beyond it by extrapolation; measure a longer profile",
-              file=sys.stderr, flush=True)
-
-
 def simulate_ttft(args) -> list[dict]:
     """Same records as run_ttft, from the simulator, for every --policy, --request-rate and --input-len, FIFO.
     Prompts arrive as bench_serving sends them (gamma gaps of shape --burstiness at --request-rate; inf: all
@@ -117,7 +107,7 @@ def simulate_ttft(args) -> list[dict]:
                     hidden_size=src.hidden_size())
     records, n, C, seed = [], args.num_requests, args.max_concurrency, _seed(args)
     work = _workloads(args)
-    _warn_outside(src, [m for _, lens in work for m in lens])
+    src.check_lengths([m for _, lens in work for m in lens], "--input-len")
     check_sigma(args.sigma)
     for policy, pchunk in args.policy:
         chunk = pchunk or args.chunk_size or 8192

@@ -90,6 +90,33 @@ class CostSource:
         samples = load_profile(self.profile)["samples"]
         return int(max(s["L"] + s["x"] for s in samples)) if samples else None
 
+    def check_lengths(self, lens, flag: str = "--input-len") -> None:
+        """Prompt lengths against the source: past a model config's context length (as SGLang derives it) is
+        refused naming both, as SGLang refuses such a server, unless SGLang's own SGLANG_ALLOW_OVERWRITE_LONGER_
+        CONTEXT_LEN is set (then one WARNING); past a profile's measured prompt positions, one WARNING (every
+        policy is priced there by extrapolation). A preset is a shape, not a checkpoint: unchecked."""
+        import os
+        import sys
+
+        n = max(int(v) for v in lens)
+        if self.kind == "analytic":
+            from ..whatif.analytic import MODELS, model_of
+
+            ctx = 0 if self.analytic in MODELS else model_of(self.analytic, self.model_flag).max_context
+            if ctx and n > ctx:
+                said = (f"{flag} {n} is past the context length of {self.model_flag} {self.analytic} ({ctx} tokens, "
+                        "from its config.json as SGLang derives it)")
+                if os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() not in ("1", "true", "yes"):
+                    raise ValueError(f"{said}; SGLang refuses to serve it: give at most {ctx}, or set "
+                                     "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 as SGLang asks")
+                print(f"WARNING: {said}; priced anyway (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)", file=sys.stderr,
+                      flush=True)
+        hi = self.measured_len()
+        if hi is not None and n > hi:
+            print(f"WARNING: {flag} {n} is past the profile's measured range (prompt positions up to {hi}, "
+                  f"{self.profile}): every policy is priced beyond it by extrapolation; measure a longer profile",
+                  file=sys.stderr, flush=True)
+
     def overhead_ms(self) -> float:
         """--chunk-overhead-ms, or its default: the GPU preset's fixed per-chunk cost for an analytic model (a
         profile measured it already, coefficients carry none: 0)."""
@@ -123,6 +150,10 @@ class CostSource:
             parts = [0]
         if parts is not None and (len(parts) != P or any(n < 1 for n in parts)):
             raise ValueError(f"--layers-per-stage {lps!r}: give one count >= 1, or {P} comma-separated counts")
+        if parts is not None and sum(parts) != model.num_layers:
+            raise ValueError(f"--layers-per-stage {lps!r} places {sum(parts)} layers over {P} stages, but "
+                             f"{model.name} has {model.num_layers}: give {P} counts that sum to {model.num_layers} "
+                             "(or leave it out for an even split)")
         models = stage_models(model, dev, tp, P, parts, dtype=GEMM_DTYPES[self.dtype],
                               attention_backend=self.attention_backend)
         return models

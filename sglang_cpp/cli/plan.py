@@ -47,6 +47,7 @@ def build_plan(args):
                          "SGLang refuses it at startup; give a multiple of the page size")
     src = CostSource.from_args(args)
     cost = src.cost(args.pp_size)  # carrying the per-chunk overhead
+    src.check_lengths([args.prompt_len])
     max_chunk = args.max_chunk or served_cap(args.profile)
     if args.policy == "fixed" and not args.chunk_size:
         raise ValueError("--policy fixed needs --chunked-prefill-size (the fixed chunk C)")

@@ -53,6 +53,7 @@ def run_simulate(args) -> int:
     cfg = SimConfig(p2p_latency_ms=args.p2p_latency_ms, p2p_bandwidth_gbps=args.p2p_bandwidth_gbps,
                     hidden_size=args.hidden_size if args.hidden_size is not None else src.hidden_size(),
                     send_mode=args.send_mode, recv_mode=args.recv_mode)
+    src.check_lengths([args.prompt_len])
     R = args.prompt_len - args.prefix_len
     if R < 1:
         raise ValueError(f"--input-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")

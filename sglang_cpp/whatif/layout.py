@@ -182,12 +182,14 @@ def decode_ms(model: ModelSpec, device: DeviceSpec, tp: int, pp: int, context: i
     return sum(float(s.time(context, 1)) for s in stages) + (pp - 1) * hop
 
 
-def winners(ranked: list[Ranked]) -> dict:
-    """{length: the feasible Ranked with the lowest TTFT there}."""
+def winners(ranked: list[Ranked], band: float | None = None) -> dict:
+    """{length: the layout to run there}: of the feasible layouts within the model's error (`band`, TIE_BAND) of
+    the fastest, the one with the least memory per GPU (its KV and activation headroom), then the faster."""
     ok = [r for r in ranked if not r.reason]
     if not ok:
         return {}
-    return {S: min(ok, key=lambda r: r.best[S][2]) for S in ok[0].best}
+    return {S: min(ties(ranked, S, TIE_BAND if band is None else band), key=lambda r: (r.mem_gb, r.best[S][2]))
+            for S in ok[0].best}
 
 
 # The analytic model's stated error: it predicts the blog's Table 1 within 0.99-1.03x (tests/unit/test_analytic.py

@@ -37,12 +37,11 @@ def weight_bytes(model: ModelSpec, first_layer: int, layers: int, tp: int, x_ref
     """Bytes of weights one GPU reads for a chunk of x_ref tokens: its attention-TP rank's attention weights
     (shards plus what is replicated, `ModelSpec.attn_rank_params`), and a TP shard of the dense FFN or of
     the router, the shared experts and the expected distinct routed experts."""
-    H, total = model.hidden_size, 0.0
+    total = 0.0
     attn = model.attn_rank_params(check_tp_cp(tp, cp))
     for i in range(first_layer, first_layer + layers):
         if model.is_moe_layer(i):
-            experts = expected_experts(model.num_experts, model.top_k, x_ref) + model.num_shared_experts
-            ffn = H * model.num_experts + experts * 3 * H * model.moe_intermediate_size
+            ffn = model.moe_params(expected_experts(model.num_experts, model.top_k, x_ref))
         else:
             ffn = model.ffn_params(i)
         total += (attn + ffn / tp) * model.weight_bytes

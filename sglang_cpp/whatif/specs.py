@@ -5,7 +5,7 @@ or into one line naming the flag. The time model itself is whatif/analytic.py.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     num_dense_layers: int = 0  # the first k layers are dense (DeepSeek first_k_dense_replace)
     num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0  # each shared expert's FFN size (Qwen2-MoE's); 0: moe_intermediate_size
     kv_lora_rank: int = 0  # > 0: MLA attention
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
@@ -32,6 +33,7 @@ class ModelSpec:
     weight_bytes: int = 2  # 2 bf16, 1 fp8
     tie_word_embeddings: bool = False
     name: str = "custom"
+    max_context: int = field(default=0, compare=False)  # a config's context length as SGLang derives it; 0: unknown
 
     def __post_init__(self):
         for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
@@ -93,11 +95,17 @@ class ModelSpec:
         return self.kv_lora_rank * self.num_heads * (self.qk_nope_head_dim + self.v_head_dim) if self.is_mla else 0
 
     def ffn_params(self, i: int, active: bool = True) -> int:
-        H = self.hidden_size
         if not self.is_moe_layer(i):
-            return 3 * H * self.intermediate_size
-        experts = (self.top_k if active else self.num_experts) + self.num_shared_experts
-        return H * self.num_experts + experts * 3 * H * self.moe_intermediate_size
+            return 3 * self.hidden_size * self.intermediate_size
+        return int(self.moe_params(self.top_k if active else self.num_experts))
+
+    def moe_params(self, routed: float) -> float:
+        """One MoE layer's FFN weights with `routed` routed experts: the router, those experts and every shared
+        expert (gated, 3 matrices each, at its own size)."""
+        H = self.hidden_size
+        shared = self.shared_expert_intermediate_size or self.moe_intermediate_size
+        return H * self.num_experts + routed * 3 * H * self.moe_intermediate_size + \
+            self.num_shared_experts * 3 * H * shared
 
     def layer_params(self, i: int, active: bool = True) -> int:
         return self.attn_params + self.ffn_params(i, active)
@@ -120,7 +128,11 @@ class ModelSpec:
     # -- HF config --------------------------------------------------------------------------------
     @classmethod
     def from_hf_config(cls, cfg: dict, name: str | None = None) -> "ModelSpec":
-        """From a HF config.json dict (llama, qwen2, qwen3, qwen3_moe, deepseek_v3 keys)."""
+        """From a HF config.json dict, by its family (`architectures`, else `model_type`: FAMILIES): the dense
+        fields every family shares, then that family's MoE fields (Mixtral's num_local_experts and expert-sized
+        intermediate_size, Qwen-MoE's num_experts and shared expert, DeepSeek's routed and shared experts and
+        dense first layers) and MLA's. An architecture it does not know is refused by name: a model priced as
+        dense because its expert count sits under another key is wrong by its whole expert weights."""
         if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
             cfg = cfg["text_config"]
         try:
@@ -134,21 +146,11 @@ class ModelSpec:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"HF config: missing or bad key {exc}; need num_hidden_layers, hidden_size, "
                              "num_attention_heads, vocab_size") from None
-        experts = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
-        if experts:
-            if int(cfg.get("decoder_sparse_step", 1)) != 1 or int(cfg.get("moe_layer_freq", 1)) != 1:
-                raise ValueError("HF config: MoE on every k-th layer (decoder_sparse_step / moe_layer_freq != 1) "
-                                 "is not modelled; only 'first k layers dense' is")
-            dense = int(cfg.get("first_k_dense_replace") or 0)
-            mlp_only = sorted(cfg.get("mlp_only_layers") or [])
-            if mlp_only:
-                if mlp_only != list(range(len(mlp_only))):
-                    raise ValueError(f"HF config: mlp_only_layers={mlp_only} are not the first k layers; "
-                                     "only a leading block of dense layers is modelled")
-                dense = max(dense, len(mlp_only))
-            kw.update(num_experts=experts, top_k=int(cfg["num_experts_per_tok"]),
-                      moe_intermediate_size=int(cfg["moe_intermediate_size"]), num_dense_layers=dense,
-                      num_shared_experts=int(cfg.get("n_shared_experts") or 0))
+        family = family_of(cfg)
+        try:
+            kw.update(_MOE[family](cfg))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"HF config ({family} family): missing or bad key {exc} among its expert fields") from None
         if cfg.get("kv_lora_rank"):
             kw.update(kv_lora_rank=int(cfg["kv_lora_rank"]), q_lora_rank=int(cfg.get("q_lora_rank") or 0),
                       qk_rope_head_dim=int(cfg["qk_rope_head_dim"]), qk_nope_head_dim=int(cfg["qk_nope_head_dim"]),
@@ -157,7 +159,99 @@ class ModelSpec:
         q = cfg.get("quantization_config") or {}
         if str(q.get("quant_method", "")).lower() == "fp8" or str(cfg.get("torch_dtype", "")).startswith("float8"):
             kw["weight_bytes"] = 1
-        return cls(**kw)
+        return cls(**kw, max_context=context_length(cfg))
+
+
+CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def context_length(cfg: dict) -> int:
+    """The context length SGLang derives from a HF config (utils/hf_transformers/common.py:667-693,
+    get_context_length): the first of its keys, times rope_scaling's factor unless the scaling names
+    original_max_position_embeddings or is llama3's; 0 where the config has none of the keys (SGLang assumes
+    2048; a hand-written config is not refused on that guess)."""
+    rope = cfg.get("rope_scaling") or {}
+    factor = rope.get("factor", 1) if isinstance(rope, dict) else 1
+    if not isinstance(rope, dict) or "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+        factor = 1
+    for key in CONTEXT_LENGTH_KEYS:
+        if cfg.get(key) is not None:
+            return int(float(factor or 1) * int(cfg[key]))
+    return 0
+
+
+def _dense(cfg: dict) -> dict:
+    return {}
+
+
+def _leading_dense(cfg: dict, dense: int = 0) -> int:
+    """The leading block of dense layers (Qwen-MoE's mlp_only_layers, DeepSeek's first_k_dense_replace); MoE on
+    every k-th layer is refused by name."""
+    if int(cfg.get("decoder_sparse_step", 1)) != 1 or int(cfg.get("moe_layer_freq", 1)) != 1:
+        raise ValueError("HF config: MoE on every k-th layer (decoder_sparse_step / moe_layer_freq != 1) is not "
+                         "modelled; only 'first k layers dense' is")
+    mlp_only = sorted(cfg.get("mlp_only_layers") or [])
+    if mlp_only and mlp_only != list(range(len(mlp_only))):
+        raise ValueError(f"HF config: mlp_only_layers={mlp_only} are not the first k layers; only a leading block "
+                         "of dense layers is modelled")
+    return max(dense, len(mlp_only))
+
+
+def _qwen_moe(cfg: dict) -> dict:
+    """Qwen2-MoE / Qwen3-MoE: num_experts of moe_intermediate_size; Qwen2-MoE adds one shared expert of
+    shared_expert_intermediate_size."""
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    return dict(num_experts=int(cfg["num_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg["moe_intermediate_size"]), num_dense_layers=_leading_dense(cfg),
+                num_shared_experts=1 if shared else 0, shared_expert_intermediate_size=shared)
+
+
+def _mixtral(cfg: dict) -> dict:
+    """Mixtral: num_local_experts experts of intermediate_size each, every layer; no dense FFN."""
+    return dict(num_experts=int(cfg["num_local_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg["intermediate_size"]))
+
+
+def _deepseek(cfg: dict) -> dict:
+    """DeepSeek-V2 / V3: n_routed_experts and n_shared_experts of moe_intermediate_size, the first
+    first_k_dense_replace layers dense (intermediate_size)."""
+    if not cfg.get("n_routed_experts"):
+        return {}
+    return dict(num_experts=int(cfg["n_routed_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                num_dense_layers=_leading_dense(cfg, int(cfg.get("first_k_dense_replace") or 0)),
+                num_shared_experts=int(cfg.get("n_shared_experts") or 0))
+
+
+_MOE = {"dense": _dense, "qwen_moe": _qwen_moe, "mixtral": _mixtral, "deepseek": _deepseek}
+# HF architectures (config.json `architectures`) and model types the analytic model prices, by family
+FAMILIES = {
+    "LlamaForCausalLM": "dense", "MistralForCausalLM": "dense", "Qwen2ForCausalLM": "dense",
+    "Qwen3ForCausalLM": "dense", "Qwen2MoeForCausalLM": "qwen_moe", "Qwen3MoeForCausalLM": "qwen_moe",
+    "MixtralForCausalLM": "mixtral", "DeepseekV2ForCausalLM": "deepseek", "DeepseekV3ForCausalLM": "deepseek",
+}
+MODEL_TYPES = {"llama": "dense", "mistral": "dense", "qwen2": "dense", "qwen3": "dense", "qwen2_moe": "qwen_moe",
+               "qwen3_moe": "qwen_moe", "mixtral": "mixtral", "deepseek_v2": "deepseek", "deepseek_v3": "deepseek"}
+
+
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def family_of(cfg: dict) -> str:
+    """The family of a HF config: its first known `architectures` entry, else its `model_type` (a config with
+    neither and no expert field: dense); ValueError naming what it says and the families supported."""
+    archs = cfg.get("architectures") or []
+    for a in archs if isinstance(archs, list) else [archs]:
+        if a in FAMILIES:
+            return FAMILIES[a]
+    if not archs and cfg.get("model_type") in MODEL_TYPES:
+        return MODEL_TYPES[cfg["model_type"]]
+    if not archs and not cfg.get("model_type") and not any(cfg.get(k) for k in _EXPERT_KEYS):
+        return "dense"  # a hand-written config of the dense fields alone
+    said = f"architectures {archs}" if archs else f"model_type {cfg.get('model_type')!r}"
+    raise ValueError(f"HF config: {said} is not a family the analytic model prices; supported: "
+                     f"{', '.join(sorted(FAMILIES))} (model types {', '.join(sorted(MODEL_TYPES))}). Give a "
+                     "profile measured on the model instead (`sglang-cpp profile`)")
 
 
 @dataclass(frozen=True)
@@ -285,4 +379,4 @@ DEVICES = {
 }
 
 
-__all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "model_of", "device_of", "check_tp"]
+__all__ = ["ModelSpec", "DeviceSpec", "MODELS", "DEVICES", "model_of", "device_of", "check_tp", "context_length"]

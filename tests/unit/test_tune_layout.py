@@ -80,8 +80,11 @@ def test_the_cli_ranks_writes_json_and_prints_the_winners_flags(tmp_path, capsys
     for S in ("32768", "131072"):
         w = doc["winners"][S]
         assert f"**best**" in text and "python -m sglang.launch_server" in text
-        best = min((d for d in doc["layouts"] if not d["infeasible"]), key=lambda d: d["best"][S]["ttft_ms"])
-        assert best["name"] == w
+        ok = [d for d in doc["layouts"] if not d["infeasible"]]
+        fastest = min(d["best"][S]["ttft_ms"] for d in ok)
+        tied = [d for d in ok if d["best"][S]["ttft_ms"] <= fastest * 1.03]  # the model's 3% error
+        best = min(tied, key=lambda d: (d["mem_gb"], d["best"][S]["ttft_ms"]))  # the least memory among ties
+        assert best["name"] == w and (len(tied) == 1 or "least memory per GPU" in text)
         assert min(best["ttft_ms"][S].values()) == best["best"][S]["ttft_ms"]  # its best policy is its minimum
 
 

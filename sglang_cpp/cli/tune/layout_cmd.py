@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -66,7 +67,10 @@ def launch_flags(cfg: LayoutConfig, r, S: int, num_layers: int) -> str:
     lay = r.layout
     env = "" if tuple(r.parts) == tuple(default_partition(num_layers, lay.pp)) or lay.pp == 1 else \
         f"SGLANG_PP_LAYER_PARTITION={format_partition(r.parts)} "
-    cmd = f"{env}python -m sglang.launch_server --model-path {shlex.quote('<' + cfg.analytic + ' checkpoint>')} --tp-size {lay.tp} " \
+    from ...whatif.analytic import MODELS
+
+    path = f"<{cfg.analytic} checkpoint>" if cfg.analytic in MODELS else cfg.analytic  # a folder given: itself
+    cmd = f"{env}python -m sglang.launch_server --model-path {shlex.quote(path)} --tp-size {lay.tp} " \
           f"--pp-size {lay.pp} --chunked-prefill-size {C}" + (" --enable-dynamic-chunking" if pol == "plan" else "") + \
         (f" --attn-cp-size {lay.cp} --enable-prefill-cp --cp-strategy zigzag" if lay.cp > 1 else "")
     return cmd + ("  # virtual PP: not in SGLang 0.5.23 (#39279)" if lay.v > 1 else "")
@@ -83,9 +87,9 @@ def render(cfg: LayoutConfig, ranked, win, cross, num_layers: int) -> str:
         cells = [f"{r.best[S][2] / 1e3:.2f} ({r.best[S][0]}{'' if r.best[S][0] == 'plan' else ' ' + _k(r.best[S][1])})"
                  + (" **best**" if win[S] is r else " tie" if r in tied[S] else "") for S in lens]
         out.append(f"| {r.layout.name} | {format_partition(r.parts)} | {r.mem_gb:.1f} | " + " | ".join(cells) + " |")
-    out += ["", f"'tie': within {TIE_BAND:.0%} of the best, inside the analytic model's error (it predicts the blog's "
-                "published TTFTs within 0.99-1.03x): pick among ties by what else matters (memory headroom, TP "
-                "inside a node)"]
+    out += ["", f"'tie': within {TIE_BAND:.0%} of the fastest, inside the analytic model's error (it predicts the "
+                "blog's published TTFTs within 0.99-1.03x); '**best**': of the fastest and its ties, the one with the "
+                "least memory per GPU (KV and activation headroom)"]
     bad = [r for r in ranked if r.reason]
     if bad:
         out += ["", "Infeasible:"] + [f"- {r.layout.name}: {r.reason}" for r in bad]
@@ -171,7 +175,17 @@ def run(args) -> int:
     from ...whatif.layout import crossovers, rank_layouts, winners
 
     cfg = config_from_args(LayoutConfig, args)
-    model = model_of(cfg.analytic, getattr(args, "model_flag", "--analytic"))
+    flag = getattr(args, "model_flag", "--analytic")
+    model = model_of(cfg.analytic, flag)
+    ctx = model.max_context
+    if ctx and max(cfg.input_lens) > ctx and cfg.input_lens == LayoutConfig.input_lens:  # the defaults: trimmed
+        kept = tuple(n for n in cfg.input_lens if n <= ctx) or (ctx,)
+        print(f"note: {flag} {cfg.analytic} serves at most {ctx} tokens (its config.json, as SGLang derives it): "
+              f"the default lengths past it are left out ({', '.join(map(str, kept))} ranked)", file=sys.stderr)
+        cfg = replace(cfg, input_lens=kept)
+    from ..cost_source import CostSource
+
+    CostSource(analytic=cfg.analytic, model_flag=flag).check_lengths(cfg.input_lens)
     dev = device_of(cfg.device)
     dev = replace(dev, **{k: v for k, v in (("efficiency", cfg.efficiency), ("mem_gb", cfg.mem_gb)) if v is not None})
     ranked = rank_layouts(model, dev, cfg.gpus, cfg.input_lens, virtual_stages=cfg.virtual_stages,
