@@ -1,5 +1,5 @@
 """The decision log: one JSON line per event a stage decides or measures (SGLANG_CPP_DECISION_LOG), per-
-decision lines at DEBUG and one INFO line per request, from world rank 0 only (every stage plans alike).
+decision lines at DEBUG and one INFO line per request, from one rank per request stream (every stage plans alike).
 
 Why buffered: with a log path set, the scheduler writes a line on its hot path (every forward, decode
 step, micro-batch budget and admission cap). A server's log (`buffer_lines` > 0) keeps those lines in
@@ -81,10 +81,12 @@ class DecisionLog:
     and `{tp_rank}` to this process's). With `buffer_lines`, hot-path events are buffered (module doc)."""
 
     def __init__(self, pp_rank: int, path: str = "", tp_rank: int = 0, rank: int | None = None,
-                 max_open: int = 4096, buffer_lines: int = 0):
+                 max_open: int = 4096, buffer_lines: int = 0, speaks: bool | None = None):
         self.pp_rank = pp_rank
         rank = pp_rank if rank is None else rank
-        self.speaks = rank == 0  # the console lines (one per request, the extrapolation warning): world rank 0 only
+        # the console lines (one per request, the extrapolation warning): one rank per request stream, world rank 0
+        # by default (the server: each DP group's leader on the first stage, install.py)
+        self.speaks = rank == 0 if speaks is None else bool(speaks)
         self.path = (path.replace("{rank}", str(rank)).replace("{pp_rank}", str(pp_rank))
                      .replace("{tp_rank}", str(tp_rank))) if path else ""
         self._lock = threading.Lock()

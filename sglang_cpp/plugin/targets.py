@@ -156,8 +156,9 @@ STATE_READS = {
         "timing.FORWARD times ModelRunner.forward alone, as harness.forward does",
     "Scheduler.draft_worker, EAGLEWorkerV2._draft_worker.draft_runner, draft_runner_list": "managers/scheduler.py:"
         "1037-1064 (draft_worker: None without speculative decoding and on PP stages that host no draft), 1203-1208 "
-        "(model_worker = draft_worker), speculative/eagle_worker_v2.py:235 (draft_runner), 1334-1340 (_draft_worker "
-        "on the last PP rank), 1416-1490 (the target's extend, then the draft's on draft_runner), "
+        "(model_worker = draft_worker), speculative/eagle_worker_v2.py:235 (draft_runner), 1334-1344 (_draft_worker "
+        "on the last PP rank), 1548-1602 and 1062 (a prefill batch: the target's extend, then the draft's on "
+        "draft_runner), arg_groups/validation_hook.py:119-160 (with PP: single-layer EAGLE only), "
         "multi_layer_eagle_worker_v2.py:189-191 (one runner per step); forwards.draft_runners arms the window with "
         "them, so a served chunk on that stage is timed with the draft's extend",
     "get_parallel(): attn_dp_enabled, attn_tp_rank, attn_cp_rank, enable_dp_attention_local_control_broadcast; "

@@ -15,6 +15,9 @@ from collections import deque
 from typing import Callable
 
 
+SPIN_S = 0.005  # a bounded wait polls its event without sleeping this long first
+
+
 class DeviceTimer:
     """start()/stop() around work; wait_ms() after stop(). The device's events on an accelerator (CUDA, NPU,
     XPU, MUSA: SGLang's `get_device_module()`), perf_counter on CPU, where a forward is synchronous."""
@@ -49,13 +52,16 @@ class DeviceTimer:
         if timeout_s > 0 and hasattr(mod, "Event"):
             done = mod.Event()
             done.record()
-            deadline = time.monotonic() + timeout_s
+            start = time.monotonic()
+            deadline = start + timeout_s
             while not done.query():
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now - start > SPIN_S:  # spin first: a timed receive must not read a sleep's length
+                    time.sleep(0.0002)
+                if now > deadline:
                     raise TimeoutError(f"{what or 'the queued device work'} did not complete within {timeout_s:g} s "
                                        "(SGLANG_CPP_TRANSFER_TIMEOUT_S): the peer stage failed or never posted its "
                                        "side of the transfer")
-                time.sleep(0.0002)
             return
         stream = getattr(mod, "current_stream", None)
         (stream().synchronize if stream is not None else mod.synchronize)()
@@ -114,7 +120,7 @@ class ForwardWindow:
     own model runner (and a speculative draft model's runners, `draft_runners`); the ModelRunner.forward hook
     starts that timer before the first forward of those runners while armed and stops it after each (a batch
     whose worker runs the model twice, e.g. an encoder-SWA replay before the extend, tp_worker.py:639-650, or
-    the target's extend and then the draft's, eagle_worker_v2.py:1416-1490, is timed from the first start to
+    the target's extend and then the draft's, eagle_worker_v2.py:1548-1602 and 1062, is timed from the first start to
     the last end). Any other runner, or a forward outside run_batch: untimed."""
 
     def __init__(self):

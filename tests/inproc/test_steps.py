@@ -219,13 +219,21 @@ def test_the_overhead_probe_commits_the_previous_send_before_its_forward(monkeyp
     monkeypatch.setattr(overhead, "tick", lambda what: None)
     from sglang_cpp.plugin import timing
 
-    monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(sync=lambda *a: order.append("sync")))
+    limits = []  # each wait's bound (issue 57 item 4): none until every stage has run a forward
+    monkeypatch.setattr(timing, "DeviceTimer", lambda device: SimpleNamespace(
+        sync=lambda *a: order.append("sync") or limits.append(a[0] if a else None)))
     got = overhead.probe_stage(SimpleNamespace(tree_cache=None), pp_rank=1, pp_size=3, n_chunks=2, chunk=128)
     assert len(got["steps"]) == 2 and got["transfer"] == {}  # no sizes given: no receive timed alone
     # on NCCL a receive and a commit only queue a wait on the stream: the stream sync right after each, inside
     # the blocked time, is where a wait on a peer shows
     assert order == ["recv", "sync", "sync", "forward", "send", "recv", "sync", "commit 0", "sync", "forward", "send",
                      "recv", "sync", "commit 1", "sync", "forward", "send", "commit 2"]
+    # a first forward may JIT-compile for minutes: the first WARM_STEPS steps wait unbounded (the startup deadline
+    # bounds them), later ones for SGLANG_CPP_TRANSFER_TIMEOUT_S
+    assert overhead.WARM_STEPS == 3 and limits == [0.0] * 6
+    limits.clear()
+    overhead.probe_stage(SimpleNamespace(tree_cache=None), pp_rank=1, pp_size=3, n_chunks=4, chunk=128)
+    assert limits == [0.0] * 6 + [60.0] * 4
 
 
 def test_a_rank_failing_in_the_probe_tells_its_peers_before_the_transfer_timing(monkeypatch, caplog):

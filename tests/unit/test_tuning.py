@@ -429,6 +429,22 @@ def test_a_profile_tuned_under_other_key_settings_is_not_applied_and_the_warning
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "kv_cache_dtype='fp8_e4m3' there, 'auto' here" in warned[0]
     assert "unset SGLANG_CPP_PROFILE" in warned[0]
-    # what a profile cannot know is not compared
+    # what a profile cannot know is not compared: an HF profile's page size, a backend left on auto on either
+    # side, a remote 'cuda'; a path by its last component
     assert key_mismatches({"page_size": 1, "attention_backend": None, "device_name": "cuda"}, meta) == []
     assert key_mismatches({"page_size": 1, "base_url": "http://h:30000"}, meta) == ["page_size=1 there, 64 here"]
+    assert key_mismatches({"attention_backend": "flashinfer"}, {"attention_backend": "None:FlashInferAttnBackend"}) == []
+    assert key_mismatches({"server_args": {"speculative_draft_model_path": '"/data/m/EAGLE3"'}},
+                          {"server_args": {"speculative_draft_model_path": '"/mnt/ckpt/EAGLE3"'}}) == []
+    assert key_mismatches({"regime_names": ["a"]}, {"regime_names": ["a", "b"]}) == []  # a calibration keeps what it reached
+    # a measured_chunk that is not a token count: the tuned file is not applied; SGLANG_CPP_PROFILE fails naming it
+    monkeypatch.delenv("SGLANG_CPP_PROFILE")
+    save_profile(tuned_path(meta), cost=m, meta={**same, "attention_backend": "fa3", "measured_chunk": "4k"})
+    caplog.clear()
+    with caplog.at_level("INFO", logger="sglang_cpp"):
+        assert resolve_source(meta, cfg)["kind"] == "calibrate"
+    assert "meta.measured_chunk='4k' must be a whole number of tokens >= 1" in caplog.text
+    save_profile(tmp_path / "p2.json", cost=m, meta={**same, "attention_backend": "fa3", "measured_chunk": -1})
+    monkeypatch.setenv("SGLANG_CPP_PROFILE", str(tmp_path / "p2.json"))
+    with pytest.raises(ValueError, match=r"SGLANG_CPP_PROFILE=.*meta.measured_chunk=-1 must be a whole number"):
+        resolve_source(meta, cfg)

@@ -39,9 +39,11 @@ def Scheduler_on_idle(result, self, *args, **kwargs):
 def draft_runners(sched, target) -> tuple:
     """The speculative draft model's runners on this stage (none without one, and on a PP stage that hosts no
     draft): SGLang's scheduler runs them inside `run_batch` after the target's forward (scheduler.py:1203-1208:
-    model_worker = draft_worker), EAGLE v2's draft extend on `_draft_worker.draft_runner`
-    (eagle_worker_v2.py:235, 1335-1340, 1416-1490), v1 and the multi-layer workers on their own `model_runner`
-    or `draft_runner`. A chunk on that stage costs both forwards, so the served window holds both (issue 57 item 1)."""
+    model_worker = draft_worker; with PP only single-layer EAGLE, validation_hook.py:119-160), EAGLE v2's draft
+    extend on `_draft_worker.draft_runner` (eagle_worker_v2.py:235, 1334-1344; the prefill path 1548-1602, its
+    draft extend at 1062), the multi-layer workers' per-step runners. A chunk on that stage costs both forwards,
+    so the served window holds both (issue 57 item 1). Not covered: a draft whose prefill KV is injected outside
+    any ModelRunner.forward (DSPARK on a PD prefill node, dspark_worker_v2.py:873-880)."""
     worker = getattr(sched, "draft_worker", None)
     if worker is None:
         return ()
@@ -129,7 +131,9 @@ def _run_batch(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)
     timer = DeviceTimer(str(self.device))
     target = getattr(getattr(self, "tp_worker", None), "model_runner", None)
-    FORWARD.arm(target, timer, draft_runners(self, target))
+    # a prefill chunk's window holds the draft's extend; a decode step's stays the target's (the draft's decode
+    # runs through its graph, outside ModelRunner.forward, at small batches: serving_sim's decode fit reads these)
+    FORWARD.arm(target, timer, draft_runners(self, target) if event == "forward" else ())
     try:  # timed over ModelRunner.forward alone (ModelRunner_forward), the window calibration times
         out = original(self, batch, *args, **kwargs)
     finally:

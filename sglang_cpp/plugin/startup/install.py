@@ -123,7 +123,11 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
     switches.CAPTURED = [g["captured"] for g in gathered]  # every stage's prefill graph, for the MLA switches
     policy = cfg.policy
     active = bool(sch.enable_dynamic_chunking)
-    state.LOG = DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank(), buffer_lines=LOG_BUFFER_LINES) \
+    # the console: each request stream's leader (PP0, attention TP and CP rank 0: world rank 0, or each DP group's)
+    speaks = int(par.pp_rank) == 0 and int(getattr(par, "attn_tp_rank", par.tp_rank) or 0) == 0 \
+        and int(getattr(par, "attn_cp_rank", 0) or 0) == 0
+    state.LOG = DecisionLog(par.pp_rank, path, tp_rank=par.tp_rank, rank=world_rank(), buffer_lines=LOG_BUFFER_LINES,
+                            speaks=speaks) \
         if (path or active or batch_cfg.policy != "sglang") else None
     if batch_cfg.policy != "sglang":  # the smallest pool of all ranks: the same KV fraction everywhere
         state.BATCH = BatchPolicy(batch_cfg, kv_capacity=min(g["kv_tokens"] for g in gathered), log=state.LOG,
@@ -149,10 +153,11 @@ def Scheduler_maybe_init_dynamic_chunk_sizer(original, self):
                 cost, over = measure_overhead(self, cfg, cost, probe, log=state.LOG)
             # the chunks the served plans run, measured where the calibration did not reach (plugin/startup/coverage.py)
             fit = refit if refit and "meta" in refit else None  # a calibration's; a profile's carries its cap only
+            cfg = replace(cfg, measured_chunk=int((refit or {}).get("cap") or 0))  # a served profile's, if any
             cost, samples, measured_chunk = cover_plan(self, cfg, cost, over, samples, calibrated_len,
                                                        fit and fit["meta"], log=state.LOG, save=fit and fit["save"])
             # no plan cuts a chunk bigger than was measured: the calibration's, else a served profile's cap
-            cfg = replace(cfg, measured_chunk=measured_chunk or int((refit or {}).get("cap") or 0))
+            cfg = replace(cfg, measured_chunk=measured_chunk or cfg.measured_chunk)
             if probe:
                 save_served(self, cfg, cost, calibrated_len)
         from .harness import STARTUP_FORWARDS

@@ -136,7 +136,7 @@ def check_matches(doc: dict, meta: dict, where: str, pp_size: int) -> None:
 # calibration cache (KEY_FIELDS) beyond check_profile's model, TP, PP, dtype, width and depth
 PROFILE_KEY = ("device_name", "layer_partition", "attention_backend", "kv_cache_dtype", "quantization",
                "moe_runner_backend", "page_size", "fast_extend", "sglang_version", "torch_version", "kernel_switches",
-               "chunk_switches", "regime_names")
+               "chunk_switches")  # not regime_names: a calibration keeps the regimes it reached
 _UNKNOWN = (None, "", "None", "none")
 
 
@@ -149,11 +149,21 @@ def _key_value(field: str, value, held: dict):
         return None
     if field == "page_size" and "server_args" not in held and "base_url" not in held:
         return None
+    if field == "attention_backend":  # the plugin's "arg:BackendClass" (arg None: SGLang's auto), a profiler's "arg"
+        arg = str(value).split(":")[0] if value is not None else None
+        return None if arg in _UNKNOWN else arg
     if value in _UNKNOWN:
         return None
-    if field == "attention_backend":
-        return str(value).split(":")[0] or None  # the plugin's "arg:BackendClass", a profiler's "arg"
     return json.dumps(value, sort_keys=True, default=str)
+
+
+def _arg_value(value):
+    """A server argument as compared: a path by its last component (a profile copied to a host that mounts the
+    draft model or the expert map elsewhere is the same)."""
+    text = str(value)
+    if "/" in text and " " not in text:
+        return text.strip('"').rstrip("/").rsplit("/", 1)[-1]
+    return text
 
 
 def key_mismatches(held: dict, meta: dict) -> list[str]:
@@ -166,15 +176,23 @@ def key_mismatches(held: dict, meta: dict) -> list[str]:
             out.append(f"{k}={held[k]!r} there, {meta[k]!r} here")
     ha, ma = held.get("server_args"), meta.get("server_args")
     if isinstance(ha, dict) and isinstance(ma, dict):
-        out += [f"server_args.{f}={ha[f]} there, {ma[f]} here" for f in sorted(set(ha) & set(ma)) if ha[f] != ma[f]]
+        out += [f"server_args.{f}={ha[f]} there, {ma[f]} here" for f in sorted(set(ha) & set(ma))
+                if _arg_value(ha[f]) != _arg_value(ma[f])]
     return out
 
 
-def profile_cap(doc: dict) -> int:
+def profile_cap(doc: dict, where: str) -> int:
     """A served profile's `measured_chunk`: the largest chunk its server measured, which its plans never exceed
-    (plugin/startup/coverage.py); the server honours it as `sglang-cpp plan --profile` does (0: none)."""
+    (plugin/startup/coverage.py); the server honours it as `sglang-cpp plan --profile` does (0: none). Anything
+    but a whole number >= 1 is a ValueError naming the file."""
     meta = doc.get("meta") if isinstance(doc, dict) else None
-    return int((meta or {}).get("measured_chunk") or 0) if isinstance(meta, dict) else 0
+    raw = meta.get("measured_chunk") if isinstance(meta, dict) else None
+    if raw in (None, 0):
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"{where}: meta.measured_chunk={raw!r} must be a whole number of tokens >= 1 (the largest "
+                         "chunk its server measured), or absent")
+    return raw
 
 
 def covered_len(doc: dict) -> int:
@@ -213,6 +231,7 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
             doc = load_profile(path)
             check_matches(doc, meta, where, cfg.pp_size)
             model = cost_from_profile(doc, where).to_dict()  # fitted here, so an error names the file
+            cap = profile_cap(doc, where)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # a hand-edited file: the fields' types
             what = str(exc) if isinstance(exc, ValueError) else f"a field of the wrong type ({type(exc).__name__}: {exc})"
             msg = what if what.startswith(where) else f"{where}: {what}"
@@ -234,7 +253,7 @@ def resolve_source(meta: dict, cfg, max_context: int = 0, kv_tokens: int = 0) ->
                     logger.info("[sglang-cpp] cost model from the tuned config %s (written by `sglang-cpp tune chunk` "
                                 "for this model, PP and TP size, device and dtype; SGLANG_CPP_PROFILE would win)", tuned)
                 return {"kind": "profile", "where": path, "doc": doc, "covered": covered_len(doc), "model": model,
-                        "cap": profile_cap(doc)}
+                        "cap": cap}
     max_len, bound = calibration_target(envs.CALIB_MAX_LEN.get(), cfg.context_len, max_context or cfg.context_len + 1,
                                         kv_tokens or 1 << 62)
     budget_s = envs.CALIB_BUDGET_S.get()
