@@ -170,3 +170,20 @@ def progress_bar(desc: str, unit: str, disable: bool = False):
     from tqdm import tqdm
 
     return lambda items: tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False)
+
+
+# SGLang 0.5.23's --attention-backend choices (arg_groups/choices.py:69-99, ATTENTION_BACKEND_CHOICES; kept equal to it
+# by tests/inproc/test_gpu_deployment_guards.py, which may import SGLang: the CLI does not)
+ATTENTION_BACKENDS = ("triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
+                      "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla",
+                      "trtllm_mha", "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx",
+                      "ascend", "intel_xpu")
+
+
+def parse_attention_backend(text: str) -> str:
+    """One of SGLang's --attention-backend choices."""
+    if text not in ATTENTION_BACKENDS:
+        raise ArgError(f"{text!r} is not one of SGLang's attention backends: "
+                                         f"{', '.join(ATTENTION_BACKENDS)}")
+    return text
+

@@ -38,7 +38,7 @@ class ServeBenchConfig:
         if not self.request_rate > 0:
             raise ValueError(f"--request-rate={self.request_rate} must be > 0 (inf: all at once)")
         LengthMix.parse(self.input_lens, "--input-len")
-        LengthMix.parse(self.output_lens, "--output-lens")
+        LengthMix.parse(self.output_lens, "--output-len")
 
 
 def word_ids(tokenizer) -> list[int]:
@@ -60,7 +60,7 @@ def write_dataset(cfg: ServeBenchConfig, tokenizer, path: str | Path) -> list[tu
     throughput and no output (an 8,162-token prompt did so in an earlier run)."""
     rng = np.random.default_rng(cfg.seed)
     ins = LengthMix.parse(cfg.input_lens, "--input-len").sample(rng, cfg.num_requests)
-    outs = LengthMix.parse(cfg.output_lens, "--output-lens").sample(rng, cfg.num_requests)
+    outs = LengthMix.parse(cfg.output_lens, "--output-len").sample(rng, cfg.num_requests)
     if cfg.context_length:
         if cfg.context_length <= outs.max() + CONTEXT_MARGIN:
             raise ValueError(f"--context-length {cfg.context_length} leaves no room for outputs of up to "

@@ -9,7 +9,8 @@ import argparse
 import math
 from dataclasses import dataclass, fields
 
-from ..args import GEMM_DTYPES, add_model_source, alias, parse_dtype, parse_fraction, positive_int
+from ..args import (GEMM_DTYPES, add_model_source, alias, parse_attention_backend, parse_dtype, parse_fraction,
+                    positive_int)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ def add_cost_source_args(p, *, profile_flag: str = "--profile", required: bool =
            "GEMMs); the analytic model's GEMM rate, a profile's is checked")
     a("--efficiency", type=parse_fraction, default=d.efficiency,
       help="fraction of peak reached (--model-path; e.g. what `tune analytic` fitted; default the preset's)")
-    a("--attention-backend", default=d.attention_backend,
+    a("--attention-backend", default=d.attention_backend, type=parse_attention_backend, metavar="BACKEND",
       help="SGLang's prefill attention backend (--model-path): an MLA model's stages are then piecewise in L "
            "where SGLang switches method on it (e.g. fa3: 8192); default: no switch")
     a("--layers-per-stage", default=d.layers_per_stage, help="N or N0,N1,... (--model-path; default an even split)")

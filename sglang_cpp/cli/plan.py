@@ -8,23 +8,33 @@ from .cost_source import CostSource, add_cost_source_args, alias_cost_source
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", choices=["plan", "quadratic", "fixed"], default="plan")
+    p.add_argument("--policy", choices=["plan", "quadratic", "fixed"], default="plan",
+                   help="plan: sglang-cpp's planner (default); quadratic: upstream's dynamic chunking from --coeffs "
+                        "A,B,C; fixed: chunks of --chunked-prefill-size")
     add_cost_source_args(p)
-    p.add_argument("--input-len", dest="prompt_len", type=parse_prompt_len, required=True, help="prompt tokens (8k, 1m)")
-    p.add_argument("--prefix-len", type=parse_len, default=0, help="tokens already cached (radix/HiCache hit)")
-    p.add_argument("--pp-size", type=int, default=2)
-    p.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None, help="the base chunk C")
+    p.add_argument("--input-len", dest="prompt_len", type=parse_prompt_len, required=True, metavar="LEN",
+                   help="prompt tokens (8k, 1m)")
+    p.add_argument("--prefix-len", type=parse_len, default=0, metavar="LEN",
+                   help="tokens already cached (radix/HiCache hit)")
+    p.add_argument("--pp-size", type=positive_int, default=2, metavar="N", help="pipeline stages (SGLang's --pp-size)")
+    p.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None, metavar="LEN",
+                   help="the base chunk C (SGLang's --chunked-prefill-size; a memory cap for the plan)")
     p.add_argument("--sigma", type=parse_sigma, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
-    p.add_argument("--page-size", type=positive_int, default=1)
-    p.add_argument("--context-length", dest="context_len", type=parse_len, default=None)
-    p.add_argument("--max-prefill-tokens", type=int, default=16384)
-    p.add_argument("--align", type=int, default=None, help="chunk alignment (default max(page-size, 64))")
-    p.add_argument("--min-chunk", type=int, default=None,
+    p.add_argument("--page-size", type=positive_int, default=1, metavar="N",
+                   help="KV page size (SGLang's --page-size): chunks align to it")
+    p.add_argument("--context-length", dest="context_len", type=parse_len, default=None, metavar="LEN",
+                   help="SGLang's --context-length (quadratic: its profiling range); default the prompt's")
+    p.add_argument("--max-prefill-tokens", type=parse_len, default=16384, metavar="LEN",
+                   help="SGLang's --max-prefill-tokens (the prefill-buffer ceiling's second term)")
+    p.add_argument("--align", type=parse_len, default=None, metavar="LEN",
+                   help="chunk alignment (default max(page-size, 64))")
+    p.add_argument("--min-chunk", type=parse_len, default=None, metavar="LEN",
                    help="smallest non-final chunk (default one alignment unit: the cost model decides)")
-    p.add_argument("--max-chunk", type=int, default=None,
+    p.add_argument("--max-chunk", type=parse_len, default=None, metavar="LEN",
                    help="largest chunk (default SGLang's prefill-buffer ceiling: max(C, --max-prefill-tokens, "
                         "1.25 C) with dynamic chunking on PP)")
-    p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time")
+    p.add_argument("--method", choices=["equal-time", "dp"], default="equal-time",
+                   help="the planner: equal-time (default) or the exact DP (slow past a few thousand aligned units)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--out", help="also write the plan JSON here")
     alias(p, "--input-len", "--prompt-len")
@@ -45,6 +55,9 @@ def build_plan(args):
     if args.chunk_size and args.page_size and args.chunk_size % args.page_size:  # validation_hook.py:243-246
         raise ValueError(f"--chunked-prefill-size {args.chunk_size} is not divisible by --page-size {args.page_size}: "
                          "SGLang refuses it at startup; give a multiple of the page size")
+    if args.min_chunk and args.max_chunk and args.min_chunk > args.max_chunk:
+        raise ValueError(f"--min-chunk {args.min_chunk} is above --max-chunk {args.max_chunk}: lower the first or "
+                         "raise the second")
     src = CostSource.from_args(args)
     cost = src.cost(args.pp_size)  # carrying the per-chunk overhead
     src.check_lengths([args.prompt_len])

@@ -108,7 +108,7 @@ def run(args) -> int:
         requests = load_trace(args.workload)
     else:
         requests = poisson(args.num_requests, args.request_rate, LengthMix.parse(args.input_lens),
-                           LengthMix.parse(args.output_lens, "--output-lens"), args.seed)
+                           LengthMix.parse(args.output_lens, "--output-len"), args.seed)
     if args.save_workload:
         save_trace(requests, args.save_workload)
     prefill = CostSource.from_args(args).stage_costs(args.pp_size, overhead=False)  # --batch-overhead-ms prices it

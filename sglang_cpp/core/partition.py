@@ -18,9 +18,11 @@ _RTOL = 1e-9  # float sums of the same stage differ in the last bits; ties withi
 
 def default_partition(num_layers: int, pp_size: int) -> tuple[int, ...]:
     """SGLang's get_pp_indices split: N // P each, the last N % P ranks get one more."""
-    if pp_size < 1 or num_layers < pp_size:
+    if pp_size < 1:
+        raise ValueError(f"--pp-size {pp_size}: give at least 1 stage")
+    if num_layers < pp_size:
         raise ValueError(f"cannot split {num_layers} layers into {pp_size} stages; "
-                         f"every stage needs >= 1 layer, so use --pp-size <= {num_layers}")
+                         f"every stage needs >= 1 layer, so use 1 <= --pp-size <= {num_layers}")
     base, rem = divmod(num_layers, pp_size)
     return tuple(base + (r >= pp_size - rem) for r in range(pp_size))
 

@@ -286,7 +286,8 @@ class DeviceSpec:
             return self.peak_bf16_tflops
         if dtype == "fp8":
             if self.peak_fp8_tflops <= 0:
-                raise ValueError(f"device {self.name} has no FP8 tensor cores; use dtype='bf16'")
+                raise ValueError(f"device {self.name} has no FP8 tensor cores: give --dtype bfloat16 (or auto for a "
+                                 "bf16 checkpoint)")
             return self.peak_fp8_tflops
         raise ValueError(f"dtype={dtype!r}: use 'bf16' or 'fp8'")
 
@@ -340,6 +341,9 @@ def model_of(source: str, flag: str = "--analytic") -> ModelSpec:
         return MODELS[source]
     p = Path(str(source)).expanduser()
     path = p / "config.json" if p.is_dir() else p
+    if p.is_dir() and not path.is_file():
+        raise ValueError(f"{flag} {source!r}: the folder has no config.json; give a HF model folder, its "
+                         f"config.json, or a preset ({', '.join(sorted(MODELS))})")
     if not path.is_file():
         raise ValueError(f"{flag} {source!r}: neither a preset ({', '.join(sorted(MODELS))}) nor a local HF model "
                          "folder or config.json")

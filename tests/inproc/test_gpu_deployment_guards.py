@@ -351,3 +351,12 @@ def test_startup_forwards_do_not_advance_the_eplb_rebalance_counter():
     assert fired == []
     mgr.on_forward_pass_end()  # the counter's fourth step: three iterations passed, the rebalance
     assert fired == [1]
+
+
+def test_the_clis_attention_backends_are_sglangs():
+    """args.ATTENTION_BACKENDS (the CLI does not import SGLang) is SGLang 0.5.23's ATTENTION_BACKEND_CHOICES."""
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES
+
+    from sglang_cpp.args import ATTENTION_BACKENDS
+
+    assert list(ATTENTION_BACKENDS) == list(ATTENTION_BACKEND_CHOICES)

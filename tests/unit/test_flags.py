@@ -176,3 +176,54 @@ def test_every_tune_command_writes_json_on_request(tmp_path, monkeypatch, capsys
         assert cli_main(["tune", name, *argv, "--json", str(out)]) == 0, capsys.readouterr().err[-2000:]
         doc = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"tune {name} wrote {c}"))
         assert isinstance(doc, dict) and doc, name
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["simulate", "--analytic", "llama3-8b", "--gpu", "H100", "--pp-size", "2", "--input-len", "8k",
+      "--attention-backend", "bogus"], "argument --attention-backend: 'bogus' is not one of SGLang's attention backends"),
+    (["plan", "--coeffs", "1,2,3", "--pp-size", "0", "--input-len", "8k"], "argument --pp-size: '0'"),
+])
+def test_issue_58_bad_flag_values_are_one_line_naming_the_flag(argv, needle, capsys):
+    from sglang_cpp.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as stop:
+        cli_main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "--coeffs", "2,0,0.01,0,1e-6,1e-7", "--pp-size", "4", "--input-len", "64k", "--min-chunk", "16k",
+      "--max-chunk", "4k"], "--min-chunk 16384 is above --max-chunk 4096"),
+    (["simulate", "--analytic", "llama3-8b", "--gpu", "A100", "--dtype", "fp8", "--pp-size", "2", "--input-len", "8k"],
+     "give --dtype bfloat16"),
+])
+def test_issue_58_bad_combinations_are_one_line_and_exit_2(argv, needle, capsys):
+    from sglang_cpp.cli import main as cli_main
+
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err and "dtype='bf16'" not in err
+
+
+def test_issue_58_every_plan_length_flag_takes_k_and_m(capsys):
+    """README says every length flag takes k/m suffixes: plan's --min-chunk, --max-chunk, --align and
+    --max-prefill-tokens refused '16k' before."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    base = ["plan", "--coeffs", "2,0,0.01,0,1e-6,1e-7", "--pp-size", "4", "--input-len", "64k", "--json"]
+    assert cli_main(base + ["--min-chunk", "1k", "--max-chunk", "4k", "--align", "128", "--max-prefill-tokens", "8k"]) == 0
+    short = json.loads(capsys.readouterr().out)["chunks"]
+    assert cli_main(base + ["--min-chunk", "1024", "--max-chunk", "4096", "--align", "128",
+                            "--max-prefill-tokens", "8192"]) == 0
+    assert json.loads(capsys.readouterr().out)["chunks"] == short and max(short) <= 4096
+
+
+def test_a_folder_without_config_json_is_named_so(tmp_path, capsys):
+    from sglang_cpp.cli import main as cli_main
+
+    assert cli_main(["simulate", "--model-path", str(tmp_path), "--gpu", "H100", "--pp-size", "2",
+                     "--input-len", "8k"]) == 2
+    assert "the folder has no config.json" in capsys.readouterr().err
