@@ -58,6 +58,10 @@ def build_plan(args):
     if args.min_chunk and args.max_chunk and args.min_chunk > args.max_chunk:
         raise ValueError(f"--min-chunk {args.min_chunk} is above --max-chunk {args.max_chunk}: lower the first or "
                          "raise the second")
+    if args.method == "dp" and args.policy == "plan":
+        from ..core.dp import check_dp_size
+
+        check_dp_size(args.prompt_len, args.prefix_len, args.align or max(args.page_size or 1, 64))
     src = CostSource.from_args(args)
     cost = src.cost(args.pp_size)  # carrying the per-chunk overhead
     src.check_lengths([args.prompt_len])

@@ -23,7 +23,8 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     a("--max-prefill-tokens", type=parse_len, default=16384, help="SGLang's --max-prefill-tokens")
     a("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,
       help="the base chunk C: the fixed chunk, or upstream's first chunk (default 8k)")
-    a("--method", default="equal-time", help="planner method for --policy plan (equal-time, dp)")
+    a("--method", default="equal-time", choices=["equal-time", "dp"],
+      help="planner method for --policy plan: equal-time (default) or the exact DP (at most 192 aligned units)")
     a("--max-chunk", type=parse_len, default=None, help="planner's largest chunk")
     add_cost_source_args(parser, required=True)
     a("--p2p-latency-ms", type=float, default=0.0)
@@ -54,6 +55,10 @@ def run_simulate(args) -> int:
                     hidden_size=args.hidden_size if args.hidden_size is not None else src.hidden_size(),
                     send_mode=args.send_mode, recv_mode=args.recv_mode)
     src.check_lengths([args.prompt_len])
+    if args.method == "dp" and args.policy == "plan":
+        from ..core.dp import check_dp_size
+
+        check_dp_size(args.prompt_len, args.prefix_len, 64)
     R = args.prompt_len - args.prefix_len
     if R < 1:
         raise ValueError(f"--input-len={args.prompt_len} must exceed --prefix-len={args.prefix_len}")

@@ -12,6 +12,19 @@ from .objective import PlanConfig, _check, _times, make_plan, ttft
 
 
 DP_MAX_UNITS = 4096  # the exact DP's table is units x band: past this many aligned units it is too big to plan in time
+# its time grows about as units^3 (one min-sum pass per threshold): 64 units take 0.3 s, 128 about 2 s and 256 about
+# 20 s on a 2-core AMD EPYC; the command line refuses more than this, naming the fix (a server plans at start-up)
+DP_CLI_UNITS = 192
+
+
+def check_dp_size(prompt_len: int, prefix_len: int, align: int) -> None:
+    """A command-line plan with the exact DP finishes in seconds or is refused with one line (issue 58)."""
+    n = -(-(prompt_len - prefix_len) // max(1, align))
+    if n > DP_CLI_UNITS:
+        need = -(-(prompt_len - prefix_len) // DP_CLI_UNITS)
+        raise ValueError(f"--method dp: {prompt_len - prefix_len} tokens at --align {align} are {n} aligned units, and "
+                         f"the exact DP's time grows as units^3 (about 20 s at 256 units): it takes at most "
+                         f"{DP_CLI_UNITS} here. Give --align >= {need}, or --method equal-time (within 1% of the DP)")
 
 
 def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_units: int = DP_MAX_UNITS) -> ChunkPlan:
@@ -70,4 +83,4 @@ def plan_dp(prompt_len: int, cost, cfg: PlanConfig, prefix_len: int = 0, max_uni
 
 
 
-__all__ = ["DP_MAX_UNITS", "plan_dp"]
+__all__ = ["DP_MAX_UNITS", "DP_CLI_UNITS", "check_dp_size", "plan_dp"]

@@ -227,3 +227,18 @@ def test_a_folder_without_config_json_is_named_so(tmp_path, capsys):
     assert cli_main(["simulate", "--model-path", str(tmp_path), "--gpu", "H100", "--pp-size", "2",
                      "--input-len", "8k"]) == 2
     assert "the folder has no config.json" in capsys.readouterr().err
+
+
+def test_issue_58_the_exact_dp_on_the_command_line_finishes_in_seconds_or_is_refused(capsys):
+    """`plan --method dp` at 128K ran over 10 minutes with no output: past DP_CLI_UNITS aligned units it is one line
+    naming the limit and the fixes; at 8K (128 units) it plans."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    base = ["plan", "--coeffs", "2,0,0.01,0,1e-6,1e-7", "--pp-size", "4", "--method", "dp", "--json"]
+    assert cli_main(base + ["--input-len", "128k"]) == 2
+    err = capsys.readouterr().err
+    assert "--method dp: 131072 tokens at --align 64 are 2048 aligned units" in err and "--align >= 683" in err
+    assert cli_main(base + ["--input-len", "8k"]) == 0
+    assert sum(json.loads(capsys.readouterr().out)["chunks"]) == 8192
