@@ -42,7 +42,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="chunk policy of the predictions")
     p.add_argument("--chunked-prefill-size", dest="chunk", type=parse_len, default=16384)
     p.add_argument("--sigma", type=parse_sigma, default=0.8, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
-    p.add_argument("--out-dir", default=".", help="folder for the per-device JSON")
+    p.add_argument("--out-dir", default=None, metavar="DIR",
+                   help="write the fitted model as a per-device profile JSON in this folder (none: nothing written)")
     p.add_argument("--json", default=None, metavar="OUT.json",
                    help="also write the fit (efficiency, overhead, each point measured vs predicted, the predictions "
                         "and the per-device file's path) as strict JSON")
@@ -89,15 +90,20 @@ def run(args) -> int:
             "pp": P, "backend": "analytic-fit", "efficiency": f.efficiency,
             "measured": [vars(p) for p in points if isinstance(p, Measured)],
             "measured_ratio": [vars(p) for p in points if isinstance(p, Ratio)]}
-    path = Path(args.out_dir) / device_file_name(model.name, P, args.tp, device.name, meta["dtype"])
-    save_profile(path, meta=meta, cost=cost)
-    print(f"wrote {path} (load it with simulate --profile, bench ttft --simulate or plan --profile)")
+    path = None
+    if args.out_dir:
+        path = Path(args.out_dir) / device_file_name(model.name, P, args.tp, device.name, meta["dtype"])
+        save_profile(path, meta=meta, cost=cost)
+        print(f"wrote {path} (load it with simulate --profile, bench ttft --simulate or plan --profile)")
+    else:
+        print("(--out-dir DIR writes the fitted model as a profile for simulate --profile, bench ttft --simulate or "
+              "plan --profile)")
     if args.json:
         from ...files import save_json
 
         doc = {"model": model.name, "gpu": device.name, "tp_size": args.tp, "pp_size": P, "dtype": meta["dtype"],
                "efficiency": f.efficiency, "chunk_overhead_ms": f.chunk_overhead_ms, "overhead_fitted": args.fit_overhead,
-               "points": rows, "predictions": preds, "profile": str(path)}
+               "points": rows, "predictions": preds, "profile": str(path) if path else None}
         print(f"wrote {save_json(args.json, doc)}")
     return 0
 
