@@ -202,6 +202,9 @@ def summary_table(records: list[dict]) -> str:
             "input tok/s"]
     out = [("SIMULATED " if sim else "") + "TTFT per input length (--detail: bench_serving's block for each)",
            "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    source = (records[0].get("simulated_setup") or {}).get("source") if records else None
+    if source:  # the cost the table rests on (an analytic model: its efficiency and where that came from)
+        out.insert(0, f"cost: {source}")
     fmt = lambda v: "n/a" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))  # noqa: E731
     for r in records:
         out.append("| " + " | ".join(fmt(v) for v in (_row(r), r.get("policy") or "-", r["completed"],

@@ -38,8 +38,23 @@ class CostSource:
         return "profile" if self.profile else "analytic" if self.analytic else "coeffs" if self.coeffs else None
 
     def describe(self) -> str:
-        return {"profile": f"profile {self.profile}", "coeffs": f"coeffs {self.coeffs}",
-                "analytic": f"analytic {self.analytic} on {self.gpu}"}.get(self.kind, "no cost source")
+        if self.kind == "analytic":
+            return f"analytic {self.analytic} on {self.gpu}, {self.efficiency_note()}"
+        return {"profile": f"profile {self.profile}", "coeffs": f"coeffs {self.coeffs}"}.get(self.kind, "no cost source")
+
+    def efficiency_used(self) -> tuple[float, str]:
+        """(the analytic model's GEMM efficiency, where it came from): --efficiency (e.g. what `tune analytic`
+        fitted), else the --gpu preset's default, the same in every command."""
+        from ..whatif.analytic import device_of
+
+        if self.efficiency is not None:
+            return float(self.efficiency), "--efficiency"
+        return float(device_of(self.gpu).efficiency), f"the {self.gpu} preset's default"
+
+    def efficiency_note(self) -> str:
+        e, where = self.efficiency_used()
+        return (f"efficiency {e:g} of peak ({where}" + ("; `tune analytic` fits it on measured TTFTs)"
+                                                         if where != "--efficiency" else ")"))
 
     def stage_costs(self, pp_size: int, overhead: bool = True) -> list:
         """One model per stage, each with its per-chunk overhead (for code that prices stages one by one);

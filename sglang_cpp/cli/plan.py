@@ -92,5 +92,8 @@ def run_plan(args) -> int:
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(plan.to_json(indent=1))
+    src = CostSource.from_args(args)
+    if not args.json and src.kind == "analytic":
+        print(f"cost: {src.describe()}")
     print(plan.to_json() if args.json else plan.timeline())
     return 0

@@ -81,9 +81,11 @@ def run_simulate(args) -> int:
         res = simulate(chunks, cost, P, cfg, prefix_len=args.prefix_len)
     trace = str(res.save_trace(args.trace)) if args.trace else None
     if args.json:
-        print(dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len,
-                     "policy": args.policy, "virtual_stages": args.virtual_stages, "trace": trace}, indent=1))
+        eff = dict(zip(("efficiency", "efficiency_source"), src.efficiency_used())) if src.kind == "analytic" else {}
+        print(dumps({**res.to_dict(), "chunks": chunks, "prefix_len": args.prefix_len, "source": src.describe(),
+                     "policy": args.policy, "virtual_stages": args.virtual_stages, "trace": trace, **eff}, indent=1))
     else:
+        print(f"cost: {src.describe()}")
         print(f"policy {args.policy}: {len(chunks)} chunks {chunks[:8]}{' ...' if len(chunks) > 8 else ''}")
         print(res.summary())
         if trace:

@@ -242,3 +242,24 @@ def test_issue_58_the_exact_dp_on_the_command_line_finishes_in_seconds_or_is_ref
     assert "--method dp: 131072 tokens at --align 64 are 2048 aligned units" in err and "--align >= 683" in err
     assert cli_main(base + ["--input-len", "8k"]) == 0
     assert sum(json.loads(capsys.readouterr().out)["chunks"]) == 8192
+
+
+def test_issue_58_every_analytic_output_says_its_efficiency_and_where_it_came_from(capsys):
+    """simulate and bench ttft on the same analytic model print the efficiency they used and its source, and with
+    the same flags give the same TTFT (one default: the --gpu preset's)."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    model = ["--analytic", "qwen3-235b-a22b-fp8", "--gpu", "H20", "--tp-size", "4", "--pp-size", "8"]
+    assert cli_main(["simulate", *model, "--input-len", "128k", "--policy", "fixed", "--chunked-prefill-size",
+                     "8k", "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert (sim["efficiency"], sim["efficiency_source"]) == (0.5, "the H20 preset's default")
+    assert cli_main(["bench", "ttft", *model, "--input-len", "128k", "--num-prompts", "1", "--policy", "fixed:8k"]) == 0
+    out = capsys.readouterr().out
+    assert "efficiency 0.5 of peak (the H20 preset's default" in out
+    row = out.split("SIMULATED TTFT per input length")[1].splitlines()[3]
+    assert float(row.split("|")[5]) == pytest.approx(sim["ttft_ms"], rel=1e-4)  # its median TTFT (ms), one default
+    assert cli_main(["simulate", *model, "--input-len", "128k", "--efficiency", "0.889"]) == 0
+    assert "efficiency 0.889 of peak (--efficiency)" in capsys.readouterr().out
