@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pp-size", default="4,8", help="comma list of PP sizes")
     ap.add_argument("--input-len", default="128k")
     ap.add_argument("--chunk-overhead-ms", type=float, default=2.0)
+    ap.add_argument("--results", default=None, help="the results file (default <folder>/measured_stages.md)")
     a = ap.parse_args(argv)
     folder = Path(a.folder).resolve()
     profiles = sorted(folder.glob("gpu_kernels-*.profile.json"))
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
             cmd, table = side_by_side(profile, pp, a.input_len, a.chunk_overhead_ms)
             lines += [f"## {shape}, PP{pp}", "", f"`{cmd}`", "", *table, ""]
             print(f"[measured-stages] {shape} PP{pp}: {table[-1]}", flush=True)
-    out = folder / "measured_stages.md"
+    out = Path(a.results) if a.results else folder / "measured_stages.md"
     out.write_text("\n".join(lines))
     print(f"[measured-stages] wrote {out}")
     return 0
