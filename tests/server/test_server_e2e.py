@@ -376,9 +376,11 @@ def _rows(model: dict) -> list:
 def test_plan_chunks_outside_the_calibrated_range_are_measured_before_serving(tiny, tmp_path):
     """Issue 25 (at 16K the plan's first chunk, 3x the largest sampled one, ran 1.13x its prediction): a
     calibration cached under SGLANG_CPP_MAX_CHUNK=128 sampled no chunk above 128 (prefixes computed, as
-    serving computes them: SGLANG_CPP_CALIB_PREFIX=computed). A start without that cap
-    plans bigger chunks, so before serving both stages measure the planned chunks that leave the samples,
-    at the prefixes where the plan runs them; the cache keeps them, and the chunks served lie among them."""
+    serving computes them: SGLANG_CPP_CALIB_PREFIX=computed). A start without that cap, and with
+    SGLANG_CPP_MIN_CHUNK=256 (issue 60: every non-final planned chunk then leaves the samples, whatever the host
+    measured, so a coverage round is certain, not a consequence of the calibrated times), plans bigger chunks, so
+    before serving both stages measure the planned chunks that leave the samples, at the prefixes where the plan
+    runs them; the cache keeps them, and the chunks served lie among them."""
     from sglang_cpp.bench.client import random_ids
 
     cache = tmp_path / "cache"
@@ -395,7 +397,7 @@ def test_plan_chunks_outside_the_calibrated_range_are_measured_before_serving(ti
     (calib,) = sorted((cache / "calibration").glob("*.json"))
     first = json.loads(calib.read_text())["samples"]
     assert max(s["x"] for s in first) <= 128
-    env = {**base, "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl")}
+    env = {**base, "SGLANG_CPP_DECISION_LOG": str(tmp_path / "dec_{rank}.jsonl"), "SGLANG_CPP_MIN_CHUNK": "256"}
     # issue 57 item 2: a tuned file for this server's name, tuned under another layer partition, is not applied
     from sglang_cpp.files import device_file_name
     from sglang_cpp.plugin.startup.profiles import device_name
