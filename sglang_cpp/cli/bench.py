@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 
-from ..args import alias, parse_chunk, parse_len, parse_lens, parse_sigma
+from ..args import alias, parse_chunk, parse_len, parse_lens, parse_sigma, positive_int
 from ..bench import experiment
 from ..bench import serve as serve_bench
 from ..bench.ttft import (BenchConfig, _log, any_failed, format_block, plot_ttft, run_meta, run_ttft, summarize,
@@ -221,10 +221,12 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
       help="prompt length, or several comma-separated, each its own run (8k = 8192); simulated, also a length "
            "mixture [WEIGHT:]LO[-HI],... whose prompts share one run (weights summing to 1, or none)")
     d = BenchConfig((1,))
-    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests, help="measured requests per length")
+    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests, metavar="N",
+      help="measured requests per length")
     a("--warmup-requests", dest="warmup", type=int, default=d.warmup,
       help="unmeasured requests per length, before the measured ones")
-    a("--max-concurrency", type=int, default=d.max_concurrency)
+    a("--max-concurrency", type=int, default=d.max_concurrency, metavar="N",
+      help="requests in flight at most (bench_serving's; default all)")
     a("--seed", type=int, default=d.seed, help="request i gets random ids from seed + i (default: a fresh seed per "
                                               "run, printed and recorded, so a rerun misses the radix cache)")
     a("--shared-prefix", type=parse_len, default=0, help="first LEN ids shared by all requests of a length")
@@ -240,8 +242,8 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--output-file", "--output-jsonl")
     g = p.add_argument_group("simulation (no server; output labelled SIMULATED)")
     add_cost_source_args(g, profile_flag="--simulate", exclusive=False)
-    g.add_argument("--pp-size", type=int, default=2)
-    g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,
+    g.add_argument("--pp-size", type=positive_int, default=2, metavar="N", help="pipeline stages (SGLang's --pp-size)")
+    g.add_argument("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None, metavar="LEN",
                    help="the base chunk C (default 8192)")
     g.add_argument("--policy", type=parse_policies, default=[("plan", None)],
                    help="chunk policy, or several side by side: NAME[:CHUNK],... with NAME plan, quadratic "
@@ -261,8 +263,10 @@ def add_ttft_args(p: argparse.ArgumentParser) -> None:
                    help="planning time charged to each decision of the sglang-cpp planner, delaying the chunk it cuts "
                         "on every stage: 'measured' (the default: the decision's own time on this machine) or a "
                         "fixed charge in ms (fixed and quadratic decisions then cost 0)")
-    g.add_argument("--p2p-latency-ms", type=float, default=0.0)
-    g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf)
+    g.add_argument("--p2p-latency-ms", type=float, default=0.0, metavar="MS",
+                   help="simulated: per hidden-state transfer between stages")
+    g.add_argument("--p2p-bandwidth-gbps", type=float, default=math.inf, metavar="GBPS",
+                   help="simulated: the link between stages (default free)")
     alias(p, "--chunked-prefill-size", "--chunk-size")
     alias_cost_source(p)
 
@@ -282,12 +286,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     d, a = serve_bench.ServeBenchConfig(), p.add_argument
     a("--base-url", required=True, help="a running SGLang server")
     a("--model-path", required=True, help="the served model's folder (its tokenizer writes the prompts)")
-    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests)
+    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests, metavar="N",
+      help="requests to send")
     a("--request-rate", type=float, default=d.request_rate, help="Poisson arrivals per second (inf: all at once)")
     a("--input-len", dest="input_lens", metavar="MIX", default=d.input_lens,
       help="length mixture [WEIGHT:]LO[-HI],... of the prompts")
     a("--output-len", dest="output_lens", metavar="MIX", default=d.output_lens, help="length mixture of the outputs")
-    a("--seed", type=int, default=d.seed)
+    a("--seed", type=int, default=d.seed, help="the random prompts (bench_serving's --seed)")
     a("--context-length", type=int, default=d.context_length,
       help="cut each prompt so it fits with its output (0: the model config's max_position_embeddings)")
     a("--label", default="run", help="this run's name in the table and the output file")

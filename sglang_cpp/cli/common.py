@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..args import alias, parse_floats, parse_ints, parse_len, parse_lens
+from ..args import alias, parse_floats, parse_ints, parse_len, parse_lens, positive_int
 
 
 def add_experiment_args(p, preset) -> None:
@@ -14,7 +14,7 @@ def add_experiment_args(p, preset) -> None:
 
     d, a = preset, p.add_argument
     a("--model-path", dest="model", default=d.model, help=f"model folder (default {experiment.DEFAULT_MODEL})")
-    a("--pp-size", type=int, default=d.pp_size)
+    a("--pp-size", type=positive_int, default=d.pp_size, metavar="N", help="pipeline stages (SGLang's --pp-size)")
     a("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens,
       default=d.input_lens, help="prompt length, or several comma-separated, e.g. 8k,16k")
     a("--fixed-chunks", type=parse_ints, default=d.fixed_chunks, help="the fixed-chunk sweep")
@@ -23,11 +23,11 @@ def add_experiment_args(p, preset) -> None:
       help="upstream dynamic chunking's --chunked-prefill-size as a multiple of the best fixed chunk")
     a("--plan", action=argparse.BooleanOptionalAction, default=d.plan, help="run the sglang-cpp plan server")
     a("--pp1", action=argparse.BooleanOptionalAction, default=d.pp1, help="run PP=1 on one core")
-    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests,
+    a("--num-prompts", dest="num_requests", type=int, default=d.num_requests, metavar="N",
       help="measured requests per length and server")
     a("--warmup-requests", dest="warmup", type=int, default=d.warmup, help="unmeasured requests per length and server")
     a("--warmup-len", type=parse_len, default=d.warmup_len, help="tokens per warmup request (0: the measured length)")
-    a("--seed", type=int, default=d.seed)
+    a("--seed", type=int, default=d.seed, help="the random prompts (bench_serving's --seed)")
     a("--profile", default=d.profile, help="SGLANG_CPP_PROFILE for the plan server and the simulator check "
                                             "(default: the plan server calibrates and reports its file)")
     a("--calib-max-len", type=parse_len, default=d.calib_max_len,

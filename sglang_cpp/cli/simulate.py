@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..args import alias, parse_chunk, parse_len, parse_prompt_len, parse_sigma
+from ..args import alias, parse_chunk, parse_len, parse_prompt_len, parse_sigma, positive_int
 from ..files import dumps
 from ..whatif.simulator import RECV_MODES, SEND_MODES, SimConfig, simulate
 from .cost_source import CostSource, add_cost_source_args, alias_cost_source
@@ -13,25 +13,27 @@ from .cost_source import CostSource, add_cost_source_args, alias_cost_source
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a = parser.add_argument
-    a("--input-len", dest="prompt_len", type=parse_prompt_len, required=True, help="prompt tokens (suffixes k, m: 128k, 1m)")
+    a("--input-len", dest="prompt_len", type=parse_prompt_len, required=True, metavar="LEN", help="prompt tokens (suffixes k, m: 128k, 1m)")
     a("--prefix-len", type=parse_len, default=0, help="cached prefix tokens (default 0)")
-    a("--pp-size", type=int, required=True)
+    a("--pp-size", type=positive_int, required=True, metavar="N", help="pipeline stages (SGLang's --pp-size)")
     a("--policy", choices=("fixed", "quadratic", "plan"), default="fixed",
       help="fixed C; quadratic: upstream's dynamic chunking (its fit emulated from the cost model unless "
            "--coeffs A,B,C or the profile's 'upstream'); plan: the sglang-cpp planner")
     a("--sigma", type=parse_sigma, default=0.75, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     a("--max-prefill-tokens", type=parse_len, default=16384, help="SGLang's --max-prefill-tokens")
-    a("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None,
+    a("--chunked-prefill-size", dest="chunk_size", type=parse_chunk, default=None, metavar="LEN",
       help="the base chunk C: the fixed chunk, or upstream's first chunk (default 8k)")
     a("--method", default="equal-time", choices=["equal-time", "dp"],
       help="planner method for --policy plan: equal-time (default) or the exact DP (at most 192 aligned units)")
     a("--max-chunk", type=parse_len, default=None, help="planner's largest chunk")
     add_cost_source_args(parser, required=True)
-    a("--p2p-latency-ms", type=float, default=0.0)
+    a("--p2p-latency-ms", type=float, default=0.0, metavar="MS", help="per hidden-state transfer between stages")
     a("--p2p-bandwidth-gbps", type=float, default=math.inf, help="GB/s (default: free)")
     a("--hidden-size", type=int, default=None, help="bytes per token = hidden * 2 (default: the model's)")
-    a("--send-mode", choices=SEND_MODES, default="deferred")
-    a("--recv-mode", choices=RECV_MODES, default="serial")
+    a("--send-mode", choices=SEND_MODES, default="deferred",
+      help="when a stage's send is committed (SGLang: deferred to before the next forward)")
+    a("--recv-mode", choices=RECV_MODES, default="serial",
+      help="how a stage receives (SGLang: serial, before each forward)")
     a("--virtual-stages", type=int, default=1,
       help="V model slices per rank (interleaved / virtual PP, whatif/virtual_pp.py): each chunk visits every "
            "rank V times; V > 1 simulates deferred sends with pre-posted receives")

@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from ..args import alias, parse_chunk, parse_len, progress_bar
+from ..args import alias, parse_chunk, parse_len, positive_int, progress_bar
 from ..files import dumps
 from .cost_source import CostSource, add_cost_source_args, alias_cost_source
 
@@ -14,22 +14,22 @@ from .cost_source import CostSource, add_cost_source_args, alias_cost_source
 def add_args(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     add_cost_source_args(p, required=True, overhead=False)
-    a("--pp-size", type=int, required=True)
+    a("--pp-size", type=positive_int, required=True, metavar="N", help="pipeline stages (SGLang's --pp-size)")
     w = p.add_argument_group("workload: a trace, or Poisson arrivals")
     w.add_argument("--workload", help="JSON lines / CSV with arrival_ms, input_len, output_len")
-    w.add_argument("--num-prompts", dest="num_requests", type=int, default=64)
+    w.add_argument("--num-prompts", dest="num_requests", type=int, default=64, metavar="N", help="requests")
     w.add_argument("--request-rate", type=float, default=math.inf, help="requests per second (inf: all at once)")
     w.add_argument("--input-len", dest="input_lens", metavar="MIX", default="0.9:200-2k,0.1:6k-8k",
                    help="prompt lengths: [WEIGHT:]LO-HI,... uniform mixture")
     w.add_argument("--output-len", dest="output_lens", metavar="MIX", default="32-128",
                    help="output lengths: [WEIGHT:]LO-HI,...")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=int, default=0, help="the random lengths and arrivals (bench_serving's --seed)")
     w.add_argument("--save-workload", help="write the generated requests as JSON lines (a --workload file)")
     a("--policies", default="sglang,gllm,time,tdpipe,sipipe",
       help="batch policies: sglang (SGLang's default), sarathi (--enable-mixed-chunk), gllm (Token "
            "Throttling), time (ours: throttling by predicted time), tdpipe, sipipe (SGLang's default with "
            "SiPipe's CPU sampling)")
-    a("--chunked-prefill-size", dest="chunk", type=parse_chunk, default=2048,
+    a("--chunked-prefill-size", dest="chunk", type=parse_chunk, default=2048, metavar="LEN",
       help="prefill token budget of sglang/sarathi/tdpipe; #MaxP of gllm/time")
     a("--kv-capacity", type=parse_len, default=parse_len("256k"), help="KV pool in tokens")
     a("--batch-overhead-ms", type=float, default=0.0, help="CPU prep per micro-batch and stage")

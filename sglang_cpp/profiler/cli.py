@@ -37,7 +37,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="hf: scale the layer time to an N-layer PP stage (default: the loaded layers)")
     p.add_argument("--include-embedding", action="store_true", help="hf: add the embedding (first stage)")
     p.add_argument("--include-head", action="store_true", help="hf: add final norm + lm_head (last stage)")
-    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="where the HF backend runs (auto: cuda if present)")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--out", default=None, help="profile JSON (default ./profile-<model>-<device>.json)")
     p.add_argument("--fit", action="store_true", help="also fit the cost model and store it in the JSON")

@@ -263,3 +263,31 @@ def test_issue_58_every_analytic_output_says_its_efficiency_and_where_it_came_fr
     assert float(row.split("|")[5]) == pytest.approx(sim["ttft_ms"], rel=1e-4)  # its median TTFT (ms), one default
     assert cli_main(["simulate", *model, "--input-len", "128k", "--efficiency", "0.889"]) == 0
     assert "efficiency 0.889 of peak (--efficiency)" in capsys.readouterr().out
+
+
+def test_issue_58_every_flag_of_every_command_says_what_it_is():
+    """Help text on every flag of every subcommand (an old spelling hidden from --help aside), and no metavar in an
+    old name (PROMPT_LEN, CHUNK_SIZE, NUM_REQUESTS, PP_SIZE: argparse's dest, not today's flag)."""
+    import importlib
+
+    from sglang_cpp.cli import SUBCOMMANDS
+
+    bare, old = [], []
+
+    def walk(p, path):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    walk(sp, path + [name])
+            elif not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS:
+                if not a.help:
+                    bare.append(" ".join(path + a.option_strings))
+                if a.option_strings and a.metavar is None and a.nargs != 0 and a.dest.upper() in (
+                        "PROMPT_LEN", "CHUNK_SIZE", "NUM_REQUESTS", "PP_SIZE", "CHUNK_SIZES"):
+                    old.append(" ".join(path + a.option_strings))
+
+    for name, (mod, add, _run, _help) in SUBCOMMANDS.items():
+        p = argparse.ArgumentParser()
+        getattr(importlib.import_module(mod), add)(p)
+        walk(p, [name])
+    assert bare == [] and old == []

@@ -14,13 +14,13 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from ...args import add_model_source, alias, parse_gemm_dtype, parse_len, parse_lens, parse_sigma
+from ...args import add_model_source, alias, parse_gemm_dtype, parse_len, parse_lens, parse_sigma, positive_int
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_model_source(p.add_argument, required=True)
     p.add_argument("--gpu", dest="device", required=True, help="GPU preset, e.g. H20 (any case)")
-    p.add_argument("--tp-size", dest="tp", type=int, default=1)
+    p.add_argument("--tp-size", dest="tp", type=positive_int, default=1, metavar="N", help="tensor parallel size")
     p.add_argument("--dtype", type=parse_gemm_dtype, default=None, metavar="DTYPE",
       help="GEMM dtype in SGLang's words: auto (the checkpoint's, the default), bfloat16, float16, fp8")
     p.add_argument("--measured", action="append", required=True, metavar="PP,INPUT_LEN,TTFT_S[,POLICY[,CHUNK[,SIGMA]]]",
@@ -33,14 +33,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-overhead-ms", type=float, default=None,
                    help="per-chunk overhead when it is not fitted (SGLANG_CPP_CHUNK_OVERHEAD_MS; default: the "
                         "device preset's)")
-    p.add_argument("--max-prefill-tokens", type=parse_len, default=16384)
-    p.add_argument("--pp-size", type=int, default=None, help="pipeline of the JSON and the predictions "
+    p.add_argument("--max-prefill-tokens", type=parse_len, default=16384, metavar="LEN",
+                   help="SGLang's --max-prefill-tokens")
+    p.add_argument("--pp-size", type=positive_int, default=None, metavar="N", help="pipeline of the JSON and the predictions "
                                                             "(default: the largest measured)")
     p.add_argument("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens,
                    default=(), help="predict this length (or these, comma-separated) at --pp-size")
     p.add_argument("--policy", choices=("fixed", "quadratic", "plan"), default="quadratic",
                    help="chunk policy of the predictions")
-    p.add_argument("--chunked-prefill-size", dest="chunk", type=parse_len, default=16384)
+    p.add_argument("--chunked-prefill-size", dest="chunk", type=parse_len, default=16384, metavar="LEN",
+                   help="the base chunk C of --policy's predictions (SGLang's --chunked-prefill-size)")
     p.add_argument("--sigma", type=parse_sigma, default=0.8, help="SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR (quadratic)")
     p.add_argument("--out-dir", default=None, metavar="DIR",
                    help="write the fitted model as a per-device profile JSON in this folder (none: nothing written)")

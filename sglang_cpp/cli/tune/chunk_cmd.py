@@ -113,14 +113,15 @@ def write_json(cfg, doc, samples, models, rec, P, overheads: tuple = ()) -> tupl
 
 # -- CLI -------------------------------------------------------------------------------------------------
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ...args import alias, parse_ints, parse_len, parse_lens
+    from ...args import alias, parse_ints, parse_len, parse_lens, positive_int
 
     p.add_argument("profile", help="profile JSON (sglang-cpp profile, or tune fit --out)")
-    p.add_argument("--pp-size", type=int, required=True)
+    p.add_argument("--pp-size", type=positive_int, required=True, metavar="N", help="pipeline stages (SGLang's --pp-size)")
     p.add_argument("--input-len", dest="input_lens", metavar="LEN[,LEN...]", type=parse_lens,
                    required=True, help="prompt length(s) to optimise, e.g. 32k,128k")
     p.add_argument("--page-size", type=int, default=1, help="server --page-size (alignment is max(page, 64))")
-    p.add_argument("--max-prefill-tokens", type=parse_len, default=SGLANG_MAX_PREFILL)
+    p.add_argument("--max-prefill-tokens", type=parse_len, default=SGLANG_MAX_PREFILL, metavar="LEN",
+                   help="SGLang's --max-prefill-tokens")
     p.add_argument("--model-name", default=None, help="model name in the output file name (default: profile meta)")
     p.add_argument("--device-name", default=None,
                    help="the server's device in the file name, as the plugin logs it (e.g. NVIDIA_H100_80GB_HBM3; "
@@ -137,7 +138,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--chunk-overhead-ms", "--p2p-ms")
     alias(p, "--input-len", "--input-lens")
     p.add_argument("--fixed-chunks", dest="chunk_sizes", type=parse_ints, default=DEFAULT_SIZES,
-                   help="C grid for fixed and upstream (default 1k..32k)")
+                   metavar="LEN[,LEN...]", help="C grid for fixed and upstream (default 1k..32k)")
     alias(p, "--fixed-chunks", "--chunk-sizes")
     p.add_argument("--form", choices=FORMS, default="full", help="cost-model form when refitting samples")
     p.add_argument("--json", default=None, metavar="OUT.json",

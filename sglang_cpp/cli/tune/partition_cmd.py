@@ -179,7 +179,7 @@ def render(cfg: PartitionConfig, lc: LayerCosts, res: dict) -> str:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from ...args import add_model_source, alias, parse_gemm_dtype, parse_len
+    from ...args import add_model_source, alias, parse_gemm_dtype, parse_len, positive_int
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="profile JSON with per-layer breakdown (layer_ms, embed_ms, head_ms)")
@@ -191,7 +191,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     alias(p, "--gpu", "--device")
     p.add_argument("--dtype", type=parse_gemm_dtype, default=None, metavar="DTYPE",
       help="GEMM dtype in SGLang's words: auto (the checkpoint's, the default), bfloat16, float16, fp8")
-    p.add_argument("--pp-size", type=int, required=True)
+    p.add_argument("--pp-size", type=positive_int, required=True, metavar="N", help="pipeline stages (SGLang's --pp-size)")
     p.add_argument("--num-layers", type=int, default=None,
                    help="model layers (default: the model's / the profile's num_hidden_layers)")
     p.add_argument("--prefix-len", type=parse_len, default=None, help="chunk shape: cached prefix L (default 0)")
