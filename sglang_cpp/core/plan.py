@@ -104,7 +104,8 @@ class ChunkPlan:
                 finish[s][k] = start + t[k]
         end = finish[-1][-1] or 1.0
         scale = width / end
-        glyphs = "0123456789abcdefghijklmnopqrstuvwxyz"
+        glyphs = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"  # a unique glyph per chunk up to 62
+        label = lambda k: glyphs[k] if k < len(glyphs) else f"#{k}"  # noqa: E731  past 62: its index, still unique
         lines = [f"plan [{self.policy}] prompt={self.prompt_len} prefix={self.prefix_len} "
                  f"chunks={K} pp={P} predicted TTFT={self.ttft_ms:.1f} ms"]
         for s in range(P):
@@ -113,10 +114,11 @@ class ChunkPlan:
                 a = int((finish[s][k] - t[k]) * scale)
                 b = max(a + 1, int(finish[s][k] * scale))
                 for i in range(a, min(b, width)):
-                    row[i] = glyphs[k % len(glyphs)]
+                    row[i] = glyphs[k] if k < len(glyphs) else "+"
             lines.append(f"stage {s:>2} |{''.join(row)}|")
-        lines.append("chunk  " + " ".join(f"{glyphs[k % 36]}:{c}@{L}" for k, (c, L) in
-                                          enumerate(zip(self.chunks, self.starts))))
+        lines.append("chunk  " + " ".join(f"{label(k)}:{c}@{L}" for k, (c, L) in enumerate(zip(self.chunks, self.starts))))
+        if K > len(glyphs):
+            lines.append(f"(chunks #{len(glyphs)} on show as + in the bars)")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -379,3 +379,15 @@ def test_the_fixed_grid_does_not_depend_on_the_chunked_prefill_size():
     a = fixed_candidates(PlanConfig.from_server(pp_size=4, chunk_size=1000, max_prefill_tokens=16384))
     b = fixed_candidates(PlanConfig.from_server(pp_size=4, chunk_size=12288, max_prefill_tokens=16384))
     assert a == b == [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+
+
+def test_the_timeline_labels_every_chunk_uniquely():
+    """Issue 58 item 7: the ASCII timeline reused its 36 labels past 36 chunks; a plan of 100 chunks names each
+    once in its legend (62 glyphs, then #index), the first 62 in the bars."""
+    from sglang_cpp.core.plan import ChunkPlan
+
+    plan = ChunkPlan(prompt_len=100 * 64, prefix_len=0, chunks=(64,) * 100, pred_ms=(1.0,) * 100, pp_size=4,
+                     policy="fixed")
+    legend = next(ln for ln in plan.timeline().splitlines() if ln.startswith("chunk  "))
+    labels = [item.split(":")[0] for item in legend.split()[1:]]
+    assert len(labels) == 100 == len(set(labels)) and labels[61] == "Z" and labels[62] == "#62"
