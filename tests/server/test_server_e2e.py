@@ -347,7 +347,9 @@ def test_overhead_measured_in_the_pipeline_is_charged_alike_on_every_stage(plan_
     small, big = over[0][0]["transfer_sizes"]
     assert small == over[0][0]["chunk"] and big >= 4 * small
     recv = over[0][0]["transfer_ms"]
-    assert recv[0] == [] and [x for x, _ in recv[1]] == [small, big] and all(ms > 0 for _, ms in recv[1])
+    # >= 0: a receive is timed less the sender's 2 ms delay and clamped at 0 (issue 60: a receiver that leaves the
+    # barrier late on a busy host can time 0)
+    assert recv[0] == [] and [x for x, _ in recv[1]] == [small, big] and all(ms >= 0 for _, ms in recv[1])
     calib = json.loads(plan_run["calib"][0].read_text())["stages"]
     saved_doc = json.loads(open(reported_calibration(plan_run["log"])).read())
     saved = saved_doc["stages"]
@@ -473,12 +475,18 @@ def test_policy_off_leaves_upstream_unchanged(off_run):
     d, log = off_run["dir"], off_run["log"]
     assert _decisions(d / "dec_0.jsonl") == [] and _decisions(d / "dec_1.jsonl") == []  # we decided nothing
     (fit,) = read_events(d / "dec_0.jsonl", "upstream_fit")[:1]
-    assert fit["ok"], "upstream's startup fit failed on this host: " + log[-2000:]
-    assert "Dynamic chunking will be disabled" not in log
+    # issue 60: upstream's fit of 128 timed startup prefills can fail on a busy host (its quadratic term <= 0), and
+    # then SGLang turns dynamic chunking off: either way the plugin decided nothing, and the chunks that ran are
+    # upstream's, its algorithm's with the fit, else fixed chunks of C
+    assert fit["ok"] == ("Dynamic chunking will be disabled" not in log), log[-2000:]
     for rank in (0, 1):
         seq = _ran(d / f"dec_{rank}.jsonl", OFF_PROMPT)
-        up = UpstreamPredictor(a=fit["a"], b=fit["b"], c=fit["c"], chunk_size=OFF_CHUNK, context_len=OFF_CTX)
-        assert seq == up.chunk_sequence(OFF_PROMPT)  # upstream's run equals our reproduction, chunk for chunk
+        if fit["ok"]:
+            up = UpstreamPredictor(a=fit["a"], b=fit["b"], c=fit["c"], chunk_size=OFF_CHUNK, context_len=OFF_CTX)
+            assert seq == up.chunk_sequence(OFF_PROMPT)  # upstream's run equals our reproduction, chunk for chunk
+        else:
+            assert seq == [OFF_CHUNK] * (OFF_PROMPT // OFF_CHUNK) + ([OFF_PROMPT % OFF_CHUNK] if OFF_PROMPT % OFF_CHUNK
+                                                                     else [])
 
 
 def test_quadratic_reproduces_upstream_chunks(quadratic_run, monkeypatch):
@@ -858,7 +866,9 @@ def test_serving_steps_are_logged_per_chunk_and_their_median_becomes_the_charged
         assert all(e["gap_ms"] == pytest.approx(e["forward_ms"] + e["blocked_ms"] + e["loop_ms"], abs=0.01)
                    for e in logged)
         charged = refits[-1]["overheads_ms"][s]
-        assert charged != probe[s]  # the serving steps replaced the probe's value
         loop = [e["loop_ms"] for e in logged]
         medians = [float(np.median(loop[max(0, k - 64):k])) for k in range(8, len(loop) + 1)]
-        assert min(abs(m - charged) for m in medians) < 0.01, (charged, medians)
+        # issue 60: whether a median left the band around the probe's value depends on this host's times; either
+        # the probe's value stays or the charge is the median of a run of logged steps (both branches on fixed
+        # numbers: tests/unit/test_refine.py)
+        assert charged == probe[s] or min(abs(m - charged) for m in medians) < 0.01, (charged, probe[s], medians)

@@ -121,6 +121,22 @@ def test_serving_steps_replace_the_probes_overhead_and_move_c0_by_the_difference
     assert r.model.charged[1].c0 == pytest.approx(fit_cost_model(*zip(*pts), holdout=0.0).c0 + 12.0)
 
 
+def test_a_step_median_inside_the_band_leaves_the_probes_overhead_in_force():
+    """The other branch of the rule the server test can only check either way (issue 60): a median within
+    max(10% of the overhead in force, 0.25 ms) of it is noise, no new model; just past the band it replaces it."""
+    served = with_overheads(PipelineCost((TRUE, TRUE)), 2.0, 2)
+    r = Refiner(served, _grid(TRUE, 0) + _grid(TRUE, 1))
+    for ms in [2.1, 2.2, 1.9, 2.15, 2.18, 2.05, 2.2, 2.19]:  # median 2.165: 0.165 ms off, inside 0.25
+        r.add_step(0, ms)
+    assert r.refit() == [] and r.version == 0 and r.stages[0].overhead.ms == 2.0
+    for ms in [2.3] * 8:  # the last 16 steps' median 2.25: still inside; then more at 2.3 push it to 2.3, past 0.25
+        r.add_step(0, ms)
+    assert r.refit() == [] and r.version == 0
+    for ms in [2.3] * 8:
+        r.add_step(0, ms)
+    assert r.refit() and r.version == 1 and r.stages[0].overhead.ms == pytest.approx(2.3)
+
+
 def test_the_probes_per_token_overhead_stays_in_b_through_a_new_step_median_and_a_forward_refit():
     """The probe's overhead has a term in x (the hidden states received): 0.5 ms of step, 3 ms of receive at
     x = 0 and 1 ms per token, carried beside the forward model. Serving steps (which leave the receive out, a wait on a

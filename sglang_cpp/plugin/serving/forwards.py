@@ -131,8 +131,9 @@ def _run_batch(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)
     timer = DeviceTimer(str(self.device))
     target = getattr(getattr(self, "tp_worker", None), "model_runner", None)
-    # a prefill chunk's window holds the draft's extend; a decode step's stays the target's (the draft's decode
-    # runs through its graph, outside ModelRunner.forward, at small batches: serving_sim's decode fit reads these)
+    # a prefill chunk's window holds the draft's extend; a decode step's stays the target's alone (the draft's
+    # decode runs through its CUDA graph, outside ModelRunner.forward, when one fits, and eagerly otherwise: timed
+    # it would be in some records and not others, and serving_sim's decode fit reads these)
     FORWARD.arm(target, timer, draft_runners(self, target) if event == "forward" else ())
     try:  # timed over ModelRunner.forward alone (ModelRunner_forward), the window calibration times
         out = original(self, batch, *args, **kwargs)

@@ -223,7 +223,7 @@ class CppChunkSizer:
                            prefix=prefix_len, **{k: v for k, v in weighed.items() if k != "kept"})
         if self.calibrated_len and prompt_len > self.calibrated_len:  # any prefix past the samples is a guess
             factor = prompt_len / self.calibrated_len
-            band = int(math.log2(factor))  # said once per doubling of the factor, by world rank 0 (the log: every one)
+            band = int(math.log2(factor))  # said once per doubling, by the request stream's leader (the log: every rank)
             if self.log.speaks and band not in self._extrapolation_bands:
                 self._extrapolation_bands.add(band)
                 logger.warning("[sglang-cpp] PP%d plan for rid=%s extrapolates the cost model %.1fx beyond its "

@@ -101,10 +101,15 @@ def transfer_sizes(align: int, largest: int) -> tuple[int, ...]:
 
 
 SEND_DELAY_S = 0.002  # the sender's wait after the status gather, taken off each timed receive
-# pipelined steps before which a wait on a peer is not bounded: step k's send waits on the next stage's receive of
-# chunk k - 1, posted after its forward of chunk k - 2, so from step 3 every stage has run a forward (the first may
-# JIT-compile or autotune for minutes; the startup deadline bounds those)
-WARM_STEPS = 3
+def bounded_from(pp_rank: int, pp_size: int) -> tuple[int, int]:
+    """(first step whose receive wait is bounded, first step whose send-commit wait is bounded) in the pipelined
+    probe. A first forward may JIT-compile or autotune for minutes (the startup deadline bounds those waits). Step
+    k's receive waits on the previous stage's forward of chunk k (a first forward only at k = 0). Step k's commit
+    waits on the next stage posting its receive of chunk k - 1, which waits on that stage's commit of step k - 2,
+    and so on down the pipe: rank r + d must have finished step k - 2d, so the last stage's first forward is behind
+    every commit before step 2 (P - 1 - r) + 1. (SGLang's metadata rendezvous over gloo blocks the CPU through a
+    peer's forward anyway, parallel_state.py:1612-1698; these bounds hold without relying on it.)"""
+    return 1, 2 * (pp_size - 1 - pp_rank) + 1
 
 
 def time_transfers(pp, pp_rank: int, pp_size: int, template, sizes, timer, ag=None, repeats: int = 3,
@@ -184,6 +189,7 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
         pp = get_pp_group()
         timer = DeviceTimer(str(getattr(sched, "device", "cpu")))  # its sync only: the stream's queued work
         limit = envs.TRANSFER_TIMEOUT_S.get()
+        recv_from, commit_from = bounded_from(pp_rank, pp_size)
         rng = np.random.default_rng(seed + 7919)  # same ids on every stage
         req = synthetic_req(sched, rng, (n_chunks + 1) * chunk, "sglang-cpp-overhead-probe")
         for k in range(n_chunks + 1):
@@ -194,16 +200,16 @@ def probe_stage(sched, pp_rank: int, pp_size: int, n_chunks: int, chunk: int, se
             if pp_rank > 0:
                 tb = time.perf_counter()
                 received = pp.recv_tensor_dict()
-                # NCCL: the receive is queued on the stream; its wait on the peer lands here, bounded once every
-                # stage has run a forward (a first forward may JIT-compile or autotune for minutes)
-                timer.sync(limit if k >= WARM_STEPS else 0.0, f"step {k}'s receive PP{pp_rank - 1} -> PP{pp_rank} "
+                # NCCL: the receive is queued on the stream; its wait on the peer lands here, bounded once no first
+                # forward lies behind it (bounded_from)
+                timer.sync(limit if k >= recv_from else 0.0, f"step {k}'s receive PP{pp_rank - 1} -> PP{pp_rank} "
                            "in the pipelined overhead probe")
                 blocked += time.perf_counter() - tb
             if pp_rank < pp_size - 1:  # the previous chunk's send, committed before this forward as
                 tb = time.perf_counter()  # SGLang's PP loop does (_pp_commit_proxy_send_work): a wait on a peer
                 _commit(pending)
                 # NCCL: wait() makes the stream wait for the next stage; that wait lands here, bounded as above
-                timer.sync(limit if k >= WARM_STEPS else 0.0, f"step {k}'s send PP{pp_rank} -> PP{pp_rank + 1} in "
+                timer.sync(limit if k >= commit_from else 0.0, f"step {k}'s send PP{pp_rank} -> PP{pp_rank + 1} in "
                            "the pipelined overhead probe")
                 blocked += time.perf_counter() - tb
             req.extend_end = req.prefix_len + chunk
