@@ -80,11 +80,9 @@ def served_cap(profile: str | None) -> int:
     exceed; plugin/startup/coverage.py), else 0: `plan --profile <served>` cuts the server's chunks."""
     if not profile:
         return 0
-    from ..core.profile_io import load_profile
+    from ..core.profile_io import load_profile, profile_cap
 
-    doc = load_profile(profile)
-    meta = doc.get("meta") if isinstance(doc, dict) else None
-    return int((meta or {}).get("measured_chunk") or 0)
+    return profile_cap(load_profile(profile), f"--profile {profile}")  # the server's check, the server's cap
 
 
 def run_plan(args) -> int:

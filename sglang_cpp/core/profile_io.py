@@ -192,4 +192,19 @@ def parse_coeffs(text: str) -> CostModel:
     raise ValueError(f"--coeffs {text!r}: give 3 values (upstream a,b,c) or 6 (c0,g,b,d,e,f)")
 
 
-__all__ = ["load_profile", "cost_from_profile", "check_profile", "load_cost", "save_profile", "parse_coeffs"]
+def profile_cap(doc: dict, where: str) -> int:
+    """A served profile's `measured_chunk`: the largest chunk its server measured, which its plans never exceed
+    (plugin/startup/coverage.py); the server honours it as `sglang-cpp plan --profile` does (0: none). Anything
+    but a whole number >= 1 is a ValueError naming the file."""
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    raw = meta.get("measured_chunk") if isinstance(meta, dict) else None
+    if raw is None or (raw == 0 and not isinstance(raw, bool)):
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"{where}: meta.measured_chunk={raw!r} must be a whole number of tokens >= 1 (the largest "
+                         "chunk its server measured), or absent")
+    return raw
+
+
+__all__ = ["load_profile", "cost_from_profile", "check_profile", "load_cost", "save_profile", "parse_coeffs",
+           "profile_cap"]

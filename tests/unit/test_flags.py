@@ -291,3 +291,20 @@ def test_issue_58_every_flag_of_every_command_says_what_it_is():
         getattr(importlib.import_module(mod), add)(p)
         walk(p, [name])
     assert bare == [] and old == []
+
+
+def test_plan_profile_checks_a_served_profiles_cap_as_the_server_does(tmp_path, capsys):
+    """One check of a profile's measured_chunk (core.profile_io.profile_cap) for `plan --profile` and the server:
+    a cap that is not a token count is one line naming the file, not a plan the server would refuse."""
+    import json
+
+    from sglang_cpp.cli import main as cli_main
+
+    prof = tmp_path / "served.json"
+    prof.write_text(json.dumps({"format": "sglang-cpp-profile", "samples": [], "meta": {"measured_chunk": "4k"},
+                                "coeffs": {"c0": 2.0, "b": 0.02, "e": 1e-5, "f": 1e-6}}))
+    assert cli_main(["plan", "--profile", str(prof), "--input-len", "8k", "--pp-size", "2"]) == 2
+    assert f"--profile {prof}: meta.measured_chunk='4k' must be a whole number" in capsys.readouterr().err
+    prof.write_text(prof.read_text().replace('"4k"', "1024"))
+    assert cli_main(["plan", "--profile", str(prof), "--input-len", "8k", "--pp-size", "2", "--json"]) == 0
+    assert max(json.loads(capsys.readouterr().out)["chunks"]) <= 1024

@@ -437,6 +437,17 @@ def test_a_profile_tuned_under_other_key_settings_is_not_applied_and_the_warning
     assert key_mismatches({"server_args": {"speculative_draft_model_path": '"/data/m/EAGLE3"'}},
                           {"server_args": {"speculative_draft_model_path": '"/mnt/ckpt/EAGLE3"'}}) == []
     assert key_mismatches({"regime_names": ["a"]}, {"regime_names": ["a", "b"]}) == []  # a calibration keeps what it reached
+    # the backend SGLang resolved, where both name it: auto here and flashinfer there is a match when both resolved
+    # to the same class, and two autos that resolved to different classes are not
+    assert key_mismatches({"attention_backend": "flashinfer:FlashInferAttnBackend",
+                           "server_args": {"attention_backend": '"flashinfer"'}},
+                          {"attention_backend": "None:FlashInferAttnBackend",
+                           "server_args": {"attention_backend": "null"}}) == []
+    assert key_mismatches({"attention_backend": "None:TritonAttnBackend"},
+                          {"attention_backend": "None:FlashInferAttnBackend"}) == [
+        "attention_backend='None:TritonAttnBackend' there, 'None:FlashInferAttnBackend' here"]
+    assert key_mismatches({"server_args": {"speculative_draft_model_path": '"orgA/EAGLE3"'}},  # a hub id stays whole
+                          {"server_args": {"speculative_draft_model_path": '"orgB/EAGLE3"'}}) != []
     # a measured_chunk that is not a token count: the tuned file is not applied; SGLANG_CPP_PROFILE fails naming it
     monkeypatch.delenv("SGLANG_CPP_PROFILE")
     save_profile(tuned_path(meta), cost=m, meta={**same, "attention_backend": "fa3", "measured_chunk": "4k"})

@@ -14,7 +14,7 @@ from ... import envs
 from .cache_key import timing_args
 from ...machine import device_name
 from ...core.costmodel import PipelineCost, model_from_dict
-from ...core.profile_io import check_profile, cost_from_profile, load_profile, save_profile
+from ...core.profile_io import check_profile, cost_from_profile, load_profile, profile_cap, save_profile
 from .switches import server_chunk_switches, server_switches
 from ...files import device_file_name, tuned_path
 from ...core.upstream import UpstreamPredictor
@@ -151,7 +151,7 @@ def _key_value(field: str, value, held: dict):
         return None
     if field == "attention_backend":  # the plugin's "arg:BackendClass" (arg None: SGLang's auto), a profiler's "arg"
         arg = str(value).split(":")[0] if value is not None else None
-        return None if arg in _UNKNOWN else arg
+        return None if arg in _UNKNOWN else arg  # the classes, where both sides name one: key_mismatches
     if value in _UNKNOWN:
         return None
     return json.dumps(value, sort_keys=True, default=str)
@@ -161,7 +161,7 @@ def _arg_value(value):
     """A server argument as compared: a path by its last component (a profile copied to a host that mounts the
     draft model or the expert map elsewhere is the same)."""
     text = str(value)
-    if "/" in text and " " not in text:
+    if text.strip('"').startswith("/") and " " not in text:  # an absolute path; a hub id (org/name) stays whole
         return text.strip('"').rstrip("/").rsplit("/", 1)[-1]
     return text
 
@@ -172,27 +172,17 @@ def key_mismatches(held: dict, meta: dict) -> list[str]:
     out = []
     for k in PROFILE_KEY:
         a, b = _key_value(k, held.get(k), held), _key_value(k, meta.get(k), meta)
+        if k == "attention_backend":  # the backend SGLang resolved, where both say it: an auto one too
+            ca, cb = (str(v).split(":", 1)[1] if ":" in str(v) else None for v in (held.get(k), meta.get(k)))
+            if ca and cb:
+                a, b = ca, cb
         if a is not None and b is not None and a != b:
             out.append(f"{k}={held[k]!r} there, {meta[k]!r} here")
     ha, ma = held.get("server_args"), meta.get("server_args")
-    if isinstance(ha, dict) and isinstance(ma, dict):
-        out += [f"server_args.{f}={ha[f]} there, {ma[f]} here" for f in sorted(set(ha) & set(ma))
+    if isinstance(ha, dict) and isinstance(ma, dict):  # the backend as given (null: auto) is compared resolved, above
+        out += [f"server_args.{f}={ha[f]} there, {ma[f]} here" for f in sorted(set(ha) & set(ma) - {"attention_backend"})
                 if _arg_value(ha[f]) != _arg_value(ma[f])]
     return out
-
-
-def profile_cap(doc: dict, where: str) -> int:
-    """A served profile's `measured_chunk`: the largest chunk its server measured, which its plans never exceed
-    (plugin/startup/coverage.py); the server honours it as `sglang-cpp plan --profile` does (0: none). Anything
-    but a whole number >= 1 is a ValueError naming the file."""
-    meta = doc.get("meta") if isinstance(doc, dict) else None
-    raw = meta.get("measured_chunk") if isinstance(meta, dict) else None
-    if raw in (None, 0):
-        return 0
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise ValueError(f"{where}: meta.measured_chunk={raw!r} must be a whole number of tokens >= 1 (the largest "
-                         "chunk its server measured), or absent")
-    return raw
 
 
 def covered_len(doc: dict) -> int:
