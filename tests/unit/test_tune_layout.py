@@ -141,3 +141,15 @@ def test_differences_inside_the_models_error_are_ties_not_a_best_or_a_crossover(
     assert ties(ranked, 131072) == [b] and crossovers(win, ranked) == []  # ... but ties a at 32K: b everywhere
     b.best[32768] = ("plan", 0, 1000.0 * (1 + 2 * TIE_BAND))  # and falls behind at 32K: a real crossover
     assert crossovers(win, ranked) == [(32768, 131072, "TP8 x PP4", "TP4 x PP8")]
+
+
+def test_the_plot_wraps_a_launch_line_between_words_only():
+    """Issue 58 item 4: the layout PNG broke `--pp-size` into `--pp-` / `size`; its lines now split between words."""
+    from sglang_cpp.cli.tune.layout_cmd import wrap_flags
+
+    line = ("SGLANG_PP_LAYER_PARTITION=24,23,23,24 python -m sglang.launch_server --model-path '<qwen3 checkpoint>' "
+            "--tp-size 4 --pp-size 8 --chunked-prefill-size 32768 --enable-dynamic-chunking --attn-cp-size 2 "
+            "--enable-prefill-cp --cp-strategy zigzag")
+    for width in (30, 45, 60, 110):
+        lines = wrap_flags(line, width).splitlines()
+        assert " ".join(lines) == line and all(ln.split()[-1] in line.split() for ln in lines)

@@ -61,6 +61,14 @@ def _k(n: int) -> str:
     return f"{n // 1048576}M" if n % 1048576 == 0 else f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
+def wrap_flags(line: str, width: int) -> str:
+    """A launch line in lines of at most `width`, broken only between words: a flag (--pp-size) or a value is never
+    split at its hyphens, so the figure's line can be pasted back together."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, width, break_on_hyphens=False, break_long_words=False))
+
+
 def launch_flags(cfg: LayoutConfig, r, S: int, num_layers: int) -> str:
     """The winner's launch line at length S (its best policy there)."""
     pol, C, _ = r.best[S]
@@ -116,8 +124,6 @@ def to_json(cfg: LayoutConfig, ranked, win, cross) -> dict:
 def plot(path: str, cfg: LayoutConfig, ranked, win: dict, num_layers: int, top: int = 5) -> Path:
     """One panel per input length: its `top` layouts' predicted TTFT relative to the best, the tie band (the
     analytic model's error) shaded, ties and the winner labelled, the winner's launch line under the panel."""
-    import textwrap
-
     from ...files import pyplot, save_figure
 
     plt = pyplot()
@@ -136,7 +142,7 @@ def plot(path: str, cfg: LayoutConfig, ranked, win: dict, num_layers: int, top: 
         ax.invert_yaxis()
         ax.set_xlim(0.95, max(1.0 + 2 * TIE_BAND, max(r.best[S][2] / best for r in ok) * 1.15))
         ax.set_title(f"{_k(S)} tokens: TTFT / best (PREDICTED)", fontsize=8, loc="left")
-        ax.set_xlabel("\n".join(textwrap.wrap(launch_flags(cfg, win[S], S, num_layers), 110)), fontsize=6)
+        ax.set_xlabel(wrap_flags(launch_flags(cfg, win[S], S, num_layers), 110), fontsize=6)
     axes[0, 0].legend(fontsize=6, loc="lower right")
     fig.suptitle(f"{cfg.analytic} on {cfg.gpus} x {cfg.device}: the best {top} layouts per length", fontsize=9)
     fig.tight_layout()
