@@ -16,8 +16,11 @@ _MISSING = object()
 
 
 def save_json(path, doc, indent: int = 1) -> Path:
-    """Write `doc` to `path` atomically (temp file, then rename); parents are created."""
+    """Write `doc` to `path` atomically (temp file, then rename); parents are created. A folder at `path` is
+    one line naming it (ValueError), not the temp file's rename error."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{path} is a folder: give a file name for the JSON (e.g. {p / 'out.json'})")
     p.parent.mkdir(parents=True, exist_ok=True)
     # a temp name of its own: two servers on one node sharing a cache must not write the same temp file
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)

@@ -308,3 +308,13 @@ def test_plan_profile_checks_a_served_profiles_cap_as_the_server_does(tmp_path, 
     prof.write_text(prof.read_text().replace('"4k"', "1024"))
     assert cli_main(["plan", "--profile", str(prof), "--input-len", "8k", "--pp-size", "2", "--json"]) == 0
     assert max(json.loads(capsys.readouterr().out)["chunks"]) <= 1024
+
+
+def test_a_json_path_that_is_a_folder_is_one_line_naming_it(tmp_path, capsys):
+    """Issue 58 item 5: `--json <a folder>` gave an errno naming a temp file."""
+    from sglang_cpp.cli import main as cli_main
+
+    assert cli_main(["tune", "layout", "--analytic", "llama3-8b", "--gpu", "H100", "--gpus", "8", "--input-len", "8k",
+                     "--json", str(tmp_path), "--disable-tqdm"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is a folder: give a file name for the JSON" in err and ".tmp" not in err
