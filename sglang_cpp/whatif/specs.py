@@ -351,6 +351,8 @@ def model_of(source: str, flag: str = "--analytic") -> ModelSpec:
         cfg = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{flag} {source!r}: {path} is not readable JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{flag} {source!r}: {path} holds a JSON {type(cfg).__name__}, not a HF config object")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     window = text.get("sliding_window")
     if window and text.get("use_sliding_window", True) and int(window) < int(text.get("max_position_embeddings") or 1 << 62):

@@ -119,3 +119,11 @@ def test_a_config_without_architectures_or_model_type_is_dense_only_without_expe
     dense = {k: v for k, v in LLAMA31_8B.items() if k not in ("architectures", "model_type")}
     (tmp_path / "config.json").write_text(json.dumps(dense))
     assert model_of(str(tmp_path), "--model-path").num_experts == 0
+
+
+def test_a_config_that_is_not_an_object_is_one_line(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps([1, 2]))
+    with pytest.raises(ValueError, match="holds a JSON list, not a HF config object"):
+        model_of(str(tmp_path / "config.json"), "--model-path")
