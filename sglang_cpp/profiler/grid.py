@@ -86,7 +86,7 @@ class ProfileConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.backend == "hf" and not self.model:
-            raise ValueError("--backend hf needs --model PATH (a local Hugging Face model folder)")
+            raise ValueError("--backend hf needs --model-path PATH (a local Hugging Face model folder)")
         if self.backend == "server" and not self.base_url:
             raise ValueError("--backend server needs --base-url http://HOST:PORT of a running SGLang server")
         for name, lo in (("num_prefixes", 1), ("align", 1), ("repeats", 1), ("warmup", 0)):

@@ -7,6 +7,7 @@ The forward keeps logits for the last token only, as SGLang's prefill does.
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -30,11 +31,11 @@ def load_config(model: str):
     from transformers import AutoConfig
 
     if not Path(model).is_dir():
-        raise ValueError(f"--model {model!r} is not a local folder; download the model and pass its path")
+        raise ValueError(f"--model-path {model!r} is not a local folder; download the model and pass its path")
     try:
         return AutoConfig.from_pretrained(model)
     except (OSError, ValueError, KeyError) as exc:
-        raise ValueError(f"--model {model!r}: cannot read its config.json ({exc})") from None
+        raise ValueError(f"--model-path {model!r}: cannot read its config.json ({exc})") from None
 
 
 def default_max_len(config) -> int:
@@ -167,6 +168,8 @@ def profile_hf(cfg: ProfileConfig, progress: bool = True) -> tuple[list[dict], d
 def _profile(cfg: ProfileConfig, device: str, progress: bool) -> tuple[list[dict], dict]:
     import torch
 
+    if progress:  # the load takes tens of seconds before the first point's bar moves
+        print(f"profile hf: loading {cfg.model} on {device} ...", file=sys.stderr, flush=True)
     model, total_layers = load_model(cfg, device)
     config = model.config
     max_len = cfg.max_len or default_max_len(config)
