@@ -280,8 +280,8 @@ def plot_load(records, path) -> Path:
 
 
 def plot_ttft(records, path) -> Path:
-    """Median TTFT against input length, p90 as the upper error bar; one line per policy label. Streams (a
-    finite request rate): TTFT against the rate instead (`plot_load`)."""
+    """Median TTFT against input length on log axes, p90 as the upper error bar; one line per policy label. Streams
+    (a finite request rate): TTFT against the rate instead (`plot_load`)."""
     from ..files import pyplot, save_figure
 
     if any(_finite_rate(r) is not None for r in records):
@@ -297,8 +297,12 @@ def plot_ttft(records, path) -> Path:
         up = np.array([r["p90_ttft_ms"] for r in rs]) - med
         ax.errorbar(x, med, yerr=[np.zeros_like(med), up], marker="o", capsize=3, label=label or None)
     sim = any(r.get("simulated") for r in records)
-    ax.set_xlabel("input length (tokens)")
-    ax.set_ylabel("TTFT (ms), median; bar to p90")
+    # log axes: TTFT grows about as the square of the length, so a linear axis flattens every length below the
+    # longest (128K-256K, where a plan gains most, sat on the floor of a 1M run's plot)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("input length (tokens, log scale)")
+    ax.set_ylabel("TTFT (ms, log scale), median; bar to p90")
     ax.set_title("TTFT vs input length" + (" (SIMULATED)" if sim else ""))
     if any(r.get("policy") for r in records):
         ax.legend()

@@ -318,3 +318,18 @@ def test_a_json_path_that_is_a_folder_is_one_line_naming_it(tmp_path, capsys):
                      "--json", str(tmp_path), "--disable-tqdm"]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path} is a folder: give a file name for the JSON" in err and ".tmp" not in err
+
+
+def test_issue_58_the_ttft_plot_is_on_log_axes(tmp_path, monkeypatch):
+    """The what-if plot's linear millisecond axis flattened 128K-256K beside 1M: both axes are logarithmic."""
+    from sglang_cpp.bench import ttft
+    from sglang_cpp import files
+
+    seen = {}
+    monkeypatch.setattr(files, "save_figure", lambda fig, path: seen.setdefault("fig", fig) and path)
+    recs = [{"policy": p, "random_input_len": n, "median_ttft_ms": ms, "p90_ttft_ms": ms * 1.1, "simulated": True}
+            for p, k in (("plan", 1.0), ("fixed", 1.3)) for n, ms in ((131072, 8e3 * k), (262144, 3e4 * k),
+                                                                       (1048576, 4e5 * k))]
+    ttft.plot_ttft(recs, tmp_path / "w.png")
+    (ax,) = seen["fig"].axes
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and len(ax.get_lines()) >= 2
