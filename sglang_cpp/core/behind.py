@@ -14,7 +14,7 @@ import numpy as np
 
 from . import detmath
 from .equal_time_search import _cols, _roots, search_rows
-from .objective import PlanConfig
+from .objective import PlanConfig, chunk_rows
 
 N_PREFIXES = 257  # prefixes on which the prompts behind are integrated, over all their ranges at once
 
@@ -23,13 +23,7 @@ def paced_totals(chunks: list[list], starts: list[int], cost) -> tuple[np.ndarra
     """Each chunk list's total S and largest chunk M, every chunk priced at the pipeline's pace (the slowest
     stage's time, `cost.time`, its overhead included): what the closed form of `advance_paced` needs. Sums
     by cumsum along each zero-padded row: a fixed order of additions, the same on every stage."""
-    lens = np.array([len(ch) for ch in chunks], np.int64)
-    flat = np.array([c for ch in chunks for c in ch], np.int64)
-    row = np.repeat(np.arange(len(chunks)), lens)
-    first = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    col = np.arange(len(flat)) - np.repeat(first, lens)
-    before = np.cumsum(flat) - flat
-    L = np.asarray(starts, np.int64)[row] + before - np.repeat(before[first], lens)
+    lens, flat, row, col, L = chunk_rows(chunks, starts)
     t = np.zeros((len(chunks), int(lens.max())))
     t[row, col] = np.asarray(cost.time(L.astype(float), flat.astype(float)), float)
     return np.cumsum(t, axis=1)[:, -1], t.max(axis=1)

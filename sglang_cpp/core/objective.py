@@ -122,16 +122,26 @@ def _ttft(chunks, prefix_len: int, cost, pp_size: int, o: float = 0.0) -> float:
     return makespan_equal(t.tolist(), pp_size)
 
 
+def chunk_rows(lists: list, starts) -> tuple:
+    """Many chunk lists as one flat job list: (lengths, chunks, row, column, prefix of each chunk), every list
+    after its own start (`starts`: one per list, or one for all). Integers throughout, so exact: the one home of
+    this indexing for everything that prices many lists in one cost call."""
+    lens = np.array([len(ch) for ch in lists], np.int64)
+    flat = np.concatenate([np.asarray(ch, np.int64) for ch in lists])
+    row = np.repeat(np.arange(len(lists)), lens)
+    first = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    col = np.arange(len(flat)) - np.repeat(first, lens)
+    before = np.cumsum(flat) - flat  # tokens before each chunk over the concatenation, less its list's start
+    L = np.broadcast_to(np.asarray(starts, np.int64), (len(lists),))[row] + before - np.repeat(before[first], lens)
+    return lens, flat, row, col, L
+
+
 def _ttfts(lists: list, prefix_len: int, cost, pp_size: int, o: float = 0.0) -> list[float]:
     """`_ttft` of many chunk lists, every chunk priced in one cost call (the same element-wise values, so the
     same floats as one call per list): the threshold walks and the fixed grid score dozens of lists a plan."""
     if not lists:
         return []
-    lens = np.array([len(ch) for ch in lists], np.int64)
-    flat = np.concatenate([np.asarray(ch, np.int64) for ch in lists])
-    first = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    before = np.cumsum(flat) - flat  # tokens before each chunk over the concatenation, less its list's start
-    starts = prefix_len + before - np.repeat(before[first], lens)
+    lens, flat, _, _, starts = chunk_rows(lists, prefix_len)
     t = _times(cost, starts, flat, o).tolist()
     out, k = [], 0
     for n in lens.tolist():

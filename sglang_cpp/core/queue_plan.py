@@ -34,7 +34,8 @@ from .load import Load, expected_behind
 from .behind import Behind, advance_paced, paced_totals
 from .equal_time_search import EqualCounts
 from .plan import ChunkPlan
-from .objective import PlanConfig, _check, _times, advance, fixed_candidates, fixed_split, make_plan, stage_times
+from .objective import (PlanConfig, _check, _times, advance, chunk_rows, fixed_candidates, fixed_split, make_plan,
+                        stage_times)
 
 MAX_WAITING = 16  # prompts behind the current one that a plan looks at (planning time is linear in them)
 N_GRID = 64  # target times on which the equal-time cuts are read
@@ -93,15 +94,8 @@ class QueueView:
 def _times_of(chunks: list[list], starts: list[int], cost, P: int) -> np.ndarray:
     """Stage times (n, P, K) of n chunk lists, each after its own prefix, zero-padded to the longest (a
     zero-time job is transparent in the flow shop). Prefixes in integers (exact), one numpy pass for all."""
-    lens = np.array([len(ch) for ch in chunks], np.int64)
-    K = int(lens.max())
-    flat = np.array([c for ch in chunks for c in ch], np.int64)
-    row = np.repeat(np.arange(len(chunks)), lens)
-    first = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    col = np.arange(len(flat)) - np.repeat(first, lens)
-    before = np.cumsum(flat) - flat  # tokens before each chunk over the concatenation: less its list's start
-    L = np.asarray(starts, np.int64)[row] + before - np.repeat(before[first], lens)
-    t = np.zeros((len(chunks), P, K))
+    lens, flat, row, col, L = chunk_rows(chunks, starts)
+    t = np.zeros((len(chunks), P, int(lens.max())))
     t[row, :, col] = stage_times(cost, L.astype(float), flat.astype(float), P).T  # priced once per real chunk
     return t
 

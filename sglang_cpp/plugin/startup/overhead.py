@@ -101,6 +101,8 @@ def transfer_sizes(align: int, largest: int) -> tuple[int, ...]:
 
 
 SEND_DELAY_S = 0.002  # the sender's wait after the status gather, taken off each timed receive
+
+
 def bounded_from(pp_rank: int, pp_size: int) -> tuple[int, int]:
     """(first step whose receive wait is bounded, first step whose send-commit wait is bounded) in the pipelined
     probe. A first forward may JIT-compile or autotune for minutes (the startup deadline bounds those waits). Step

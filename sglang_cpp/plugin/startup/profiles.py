@@ -141,17 +141,14 @@ _UNKNOWN = (None, "", "None", "none")
 
 
 def _key_value(field: str, value, held: dict):
-    """A key field's value as compared, or None where a side does not know it: an unset backend ("None", SGLang's
-    auto), a generic device name a remote profile reports, an HF profile's page size (no SGLang pool)."""
+    """A key field's value as compared, or None where a side does not know it: an unset value, a generic device
+    name a remote profile reports, an HF profile's page size (no SGLang pool). The backend: `_backend`."""
     if field == "layer_partition":
         return None if value is None else (str(value) or "default")
     if field == "device_name" and str(value).lower() in ("cuda", "cpu", "unknown", "gpu"):
         return None
     if field == "page_size" and "server_args" not in held and "base_url" not in held:
         return None
-    if field == "attention_backend":  # the plugin's "arg:BackendClass" (arg None: SGLang's auto), a profiler's "arg"
-        arg = str(value).split(":")[0] if value is not None else None
-        return None if arg in _UNKNOWN else arg  # the classes, where both sides name one: key_mismatches
     if value in _UNKNOWN:
         return None
     return json.dumps(value, sort_keys=True, default=str)
@@ -166,16 +163,24 @@ def _arg_value(value):
     return text
 
 
+def _backend(value) -> tuple:
+    """(the backend asked for, the class SGLang resolved), None where unknown: the plugin writes "arg:Class"
+    (arg None: SGLang's auto), a profiler the arg alone."""
+    arg, _, cls = str(value).partition(":") if value is not None else ("", "", "")
+    return (None if arg in _UNKNOWN else arg), (cls or None)
+
+
 def key_mismatches(held: dict, meta: dict) -> list[str]:
     """The key fields a profile's meta holds with another value than this server's (`server_meta`), named with
-    both values; a field either side leaves out or cannot know is not compared."""
+    both values; a field either side leaves out or cannot know is not compared. The attention backend is
+    compared as SGLang resolved it where both sides name the class (an auto one too), else as asked for."""
     out = []
     for k in PROFILE_KEY:
-        a, b = _key_value(k, held.get(k), held), _key_value(k, meta.get(k), meta)
-        if k == "attention_backend":  # the backend SGLang resolved, where both say it: an auto one too
-            ca, cb = (str(v).split(":", 1)[1] if ":" in str(v) else None for v in (held.get(k), meta.get(k)))
-            if ca and cb:
-                a, b = ca, cb
+        if k == "attention_backend":
+            (aa, ac), (ba, bc) = _backend(held.get(k)), _backend(meta.get(k))
+            a, b = (ac, bc) if ac and bc else (aa, ba)
+        else:
+            a, b = _key_value(k, held.get(k), held), _key_value(k, meta.get(k), meta)
         if a is not None and b is not None and a != b:
             out.append(f"{k}={held[k]!r} there, {meta[k]!r} here")
     ha, ma = held.get("server_args"), meta.get("server_args")
