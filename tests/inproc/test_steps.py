@@ -329,7 +329,6 @@ def test_a_transfer_a_failed_peer_strands_fails_within_its_timeout_naming_it(mon
     posting nothing (`synchronize()` has no timeout; only the 600 s startup deadline or NCCL's watchdog ended
     it). The probe's wait polls an event on the stream instead: past SGLANG_CPP_TRANSFER_TIMEOUT_S it raises
     naming the transfer, this rank says so at the next gather, and every rank raises there."""
-    import time
     from types import SimpleNamespace
 
     import torch
@@ -351,12 +350,12 @@ def test_a_transfer_a_failed_peer_strands_fails_within_its_timeout_naming_it(mon
     monkeypatch.setattr(overhead, "tick", lambda what: None)
     monkeypatch.setattr(overhead, "_rank", lambda: 1)
     pp = SimpleNamespace(recv_tensor_dict=lambda all_gather_group=None: {})
-    said, t0 = [], time.monotonic()
+    said = []  # the stuck event never completes: only the bound can end the wait, so raising proves it bounded
     with pytest.raises(RuntimeError, match=r"transfer timing failed: world rank 1: TimeoutError: the receive of the "
                                            r"transfer PP0 -> PP1 of 128 tokens did not complete within 0.05 s"):
         overhead.time_transfers(pp, 1, 2, {"hidden_states": torch.zeros(128, 8)}, (128,), timer, None,
                                 agree=lambda e: said.append(e) or [e])
-    assert time.monotonic() - t0 < 5 and len(said) == 2  # the warm-up's receive timed out; said at the next gather
+    assert len(said) == 2  # the warm-up's receive timed out; said at the next gather
 
 
 def test_a_startup_forward_waits_for_its_stream_not_the_device(monkeypatch):
