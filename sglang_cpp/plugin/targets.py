@@ -158,7 +158,8 @@ STATE_READS = {
         "1037-1064 (draft_worker: None without speculative decoding and on PP stages that host no draft), 1203-1208 "
         "(model_worker = draft_worker), speculative/eagle_worker_v2.py:235 (draft_runner), 1334-1344 (_draft_worker "
         "on the last PP rank), 1548-1602 and 1062 (a prefill batch: the target's extend, then the draft's on "
-        "draft_runner), arg_groups/validation_hook.py:119-160 (with PP: single-layer EAGLE only), "
+        "draft_runner), arg_groups/validation_hook.py:119-164 (with PP: EAGLE on a PD prefill node or with "
+        "SGLANG_ENABLE_PP_SPEC, DSPARK on a PD prefill node), "
         "multi_layer_eagle_worker_v2.py:189-191 (one runner per step); forwards.draft_runners arms the window with "
         "them, so a served chunk on that stage is timed with the draft's extend",
     "get_parallel(): attn_dp_enabled, attn_tp_rank, attn_cp_rank, enable_dp_attention_local_control_broadcast; "

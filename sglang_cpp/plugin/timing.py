@@ -121,15 +121,18 @@ class ForwardWindow:
     starts that timer before the first forward of those runners while armed and stops it after each (a batch
     whose worker runs the model twice, e.g. an encoder-SWA replay before the extend, tp_worker.py:639-650, or
     the target's extend and then the draft's, eagle_worker_v2.py:1548-1602 and 1062, is timed from the first start to
-    the last end). Any other runner, or a forward outside run_batch: untimed."""
+    the last end). Only the scheduler's own runner opens the window: a draft forward before it (an idle draft under
+    DP spec prefill coordination, eagle_worker_v2.py:1604-1640) is untimed. Any other runner, or a forward outside
+    run_batch: untimed."""
 
     def __init__(self):
         self._runners: tuple = ()
-        self._timer = None
+        self._target = self._timer = None
         self._started = False
         self.marks: set = set()  # what else ran inside the armed window (e.g. an EPLB rebalance step)
 
     def arm(self, runner, timer: DeviceTimer, also: tuple = ()) -> None:
+        self._target = runner
         self._runners = tuple(r for r in (runner, *also) if r is not None)
         self._timer, self._started = timer, False
         self.marks = set()
@@ -143,6 +146,7 @@ class ForwardWindow:
     def disarm(self) -> bool:
         """Whether the armed forward ran (its timer started and stopped)."""
         started, self._runners, self._timer, self._started = self._started, (), None, False
+        self._target = None
         return started
 
     def run(self, runner, call: Callable, *args, **kwargs):
@@ -150,6 +154,8 @@ class ForwardWindow:
         if timer is None or not any(runner is r for r in self._runners):
             return call(*args, **kwargs)
         if not self._started:
+            if runner is not self._target:  # a draft's forward extends the target's window, never opens it
+                return call(*args, **kwargs)  # (an idle draft before the target: DP spec prefill coordination)
             self._started = True
             timer.start()
         try:

@@ -266,6 +266,8 @@ def test_speculative_decoding_with_pp_warns_that_the_draft_extend_is_not_calibra
     assert "EAGLE" in on and "pp=4" in on and "draft model's extend" in on and "online refinement" in on
     off = speculative_warning("EAGLE3", 2, False)
     assert "SGLANG_CPP_ONLINE=0" in off and "tune fit --from-log" in off
+    dspark = speculative_warning("DSPARK", 2, True)  # its draft KV injection runs outside any timed forward
+    assert "injected outside the model's forward" in dspark and "online refinement cannot fit it" in dspark
 
 
 def _gpu_check():

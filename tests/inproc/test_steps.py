@@ -137,6 +137,8 @@ def test_with_speculative_decoding_the_served_window_holds_the_drafts_extend_too
     def run_batch(sched, batch):
         fake.tick(5)  # ForwardBatch.init_new
         hooks.ModelRunner_forward(model_forward, other)  # neither the target nor the draft: untimed
+        hooks.ModelRunner_forward(model_forward, draft)  # an idle draft before the target (DP spec coordination):
+        fake.tick(2)  # it opens no window, so neither it nor this gap is timed
         hooks.ModelRunner_forward(model_forward, runner)  # the target's extend
         fake.tick(3)  # the draft's input prepared from the target's hidden states
         hooks.ModelRunner_forward(model_forward, draft)  # the draft's extend

@@ -459,3 +459,16 @@ def test_a_profile_tuned_under_other_key_settings_is_not_applied_and_the_warning
     monkeypatch.setenv("SGLANG_CPP_PROFILE", str(tmp_path / "p2.json"))
     with pytest.raises(ValueError, match=r"SGLANG_CPP_PROFILE=.*meta.measured_chunk=-1 must be a whole number"):
         resolve_source(meta, cfg)
+
+
+def test_a_profile_cap_below_the_smallest_chunk_is_not_applied_and_said(caplog):
+    """Review finding: a served profile's measured_chunk below this server's smallest chunk (alignment or
+    SGLANG_CPP_MIN_CHUNK) would leave no chunk size between the bounds (PlanConfig refuses lo > hi on every rank):
+    it is not applied, with one WARNING naming the profile; a cap at or above it is kept as it is."""
+    from sglang_cpp.plugin.startup.profiles import cap_for
+
+    with caplog.at_level("WARNING", logger="sglang_cpp"):
+        assert cap_for(100, 128, "SGLANG_CPP_PROFILE=/p.json") == 0
+        assert cap_for(128, 128, "SGLANG_CPP_PROFILE=/p.json") == 128 and cap_for(0, 128, "x") == 0
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "SGLANG_CPP_PROFILE=/p.json: measured_chunk=100 is below this server's smallest chunk (128 tokens" in line

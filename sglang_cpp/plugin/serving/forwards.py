@@ -39,7 +39,8 @@ def Scheduler_on_idle(result, self, *args, **kwargs):
 def draft_runners(sched, target) -> tuple:
     """The speculative draft model's runners on this stage (none without one, and on a PP stage that hosts no
     draft): SGLang's scheduler runs them inside `run_batch` after the target's forward (scheduler.py:1203-1208:
-    model_worker = draft_worker; with PP only single-layer EAGLE, validation_hook.py:119-160), EAGLE v2's draft
+    model_worker = draft_worker; with PP, SGLang allows EAGLE on a PD prefill node or with SGLANG_ENABLE_PP_SPEC,
+    and DSPARK on a PD prefill node, validation_hook.py:119-164), EAGLE v2's draft
     extend on `_draft_worker.draft_runner` (eagle_worker_v2.py:235, 1334-1344; the prefill path 1548-1602, its
     draft extend at 1062), the multi-layer workers' per-step runners. A chunk on that stage costs both forwards,
     so the served window holds both (issue 57 item 1). Not covered: a draft whose prefill KV is injected outside

@@ -35,6 +35,9 @@ def speculative_warning(algorithm: str, pp_size: int, online: bool) -> str:
            "it, after the first requests" if online else
            "SGLANG_CPP_ONLINE=0 keeps this under-costing for the server's life: turn it on, or pass a profile fitted "
            "on served forwards (sglang-cpp tune fit --from-log)")
+    if algorithm.upper() == "DSPARK":  # its draft KV is injected outside any ModelRunner.forward: never timed
+        fix = ("its draft's prefill KV is injected outside the model's forward (dspark_worker_v2.py:873-880), so "
+               "served forwards leave it out too and online refinement cannot fit it: that stage stays under-costed")
     return (f"[sglang-cpp] speculative decoding ({algorithm}) with pp={pp_size}: the last stage's prefill chunks also "
             "run the draft model's extend, which the startup calibration does not time, so plans under-cost that "
             f"stage until it is measured; {fix}")

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from ... import envs
@@ -190,6 +191,17 @@ def key_mismatches(held: dict, meta: dict) -> list[str]:
     return out
 
 
+def cap_for(cap: int, lo: int, where: str) -> int:
+    """A served profile's cap as this server can honour it: one below the smallest chunk its plans may cut (`lo`:
+    the alignment or SGLANG_CPP_MIN_CHUNK, whichever is larger) is not applied, with one WARNING naming the
+    profile (it would leave no chunk size between the bounds); 0 stays 0."""
+    if cap and cap < lo:
+        logger.warning("[sglang-cpp] %s: measured_chunk=%d is below this server's smallest chunk (%d tokens: --page-size "
+                       "alignment or SGLANG_CPP_MIN_CHUNK), so its cap is not applied; profile this server", where, cap, lo)
+        return 0
+    return int(cap)
+
+
 def covered_len(doc: dict) -> int:
     """Longest prefix+chunk a profile measured (0: unknown, e.g. coefficients only)."""
     if doc.get("samples"):
@@ -286,10 +298,11 @@ def resolve_cost(sched, cfg, max_context: int = 0, kv_tokens: int = 0, tp_rank: 
     if src["kind"] == "profile":
         cost = model_from_dict(src["model"], f"SGLANG_CPP_PROFILE={src['where']}")
         logger.info("[sglang-cpp] cost model from %s (world rank 0's fit): %s", src["where"], cost)
-        if src.get("cap"):
+        cap = cap_for(int(src.get("cap") or 0), replace(cfg, measured_chunk=0).plan_config().lo, src["where"])
+        if cap:
             logger.info("[sglang-cpp] plans cut no chunk above %d tokens, the profile's measured_chunk (what its "
-                        "server measured), as `sglang-cpp plan --profile` does", src["cap"])
-        return cost, src["covered"], kept.get("samples", []), {"cap": int(src.get("cap") or 0)}
+                        "server measured), as `sglang-cpp plan --profile` does", cap)
+        return cost, src["covered"], kept.get("samples", []), {"cap": cap}
     if src["kind"] == "cache":
         reached = src["covered"]
         logger.info("[sglang-cpp] cost model from calibration cache %s on world rank 0 (measured up to %d tokens)",
